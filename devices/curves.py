@@ -1,0 +1,122 @@
+"""Flash read model: sustained read throughput (bytes/s) as a function of chunk size and reads in flight.
+
+Two forms, chosen by the profile:
+
+* **Table** (measured): throughput over a grid `chunk_bytes` x `in_flight`. Interpolation is
+  piecewise linear in (log2 chunk_bytes, in_flight), applied in two separable steps. Piecewise-linear
+  interpolation never overshoots, so it is monotone between table points wherever the data are, and
+  it is exact at every table point. Outside the grid it clamps, with a physical reading:
+    - chunk < smallest chunk: a read cannot be faster than the smallest measured read, so it costs
+      the same time as one: bytes_per_s = bw(c_min, q) * chunk / c_min;
+    - chunk > largest chunk: the device is saturated: bytes_per_s = bw(c_max, q);
+    - in_flight > largest in_flight: no further parallelism: bw(c, q_max);
+    - in_flight < smallest in_flight (only if the table starts above 1): latency-bound, scaled by
+      q / q_min.
+* **Closed form** (datasheet / paper devices, no measured grid): each read costs
+  `latency_s + chunk / sequential_bytes_per_s`; with q reads in flight the device delivers
+  `q * chunk / (latency_s + chunk / seq)`, capped by the controller's IOPS limit `iops_max * chunk`
+  and by the sequential bandwidth. Every parameter comes from the profile, with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TableReadCurve:
+    """A measured grid. `table_bytes_per_s[i][j]` is the throughput at `chunk_bytes[i]`, `in_flight[j]`."""
+
+    chunk_bytes: tuple[int, ...]
+    in_flight: tuple[int, ...]
+    table_bytes_per_s: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        c = np.asarray(self.chunk_bytes, dtype=float)
+        q = np.asarray(self.in_flight, dtype=float)
+        bw = np.asarray(self.table_bytes_per_s, dtype=float)
+        if c.ndim != 1 or len(c) < 1 or np.any(c <= 0) or np.any(np.diff(c) <= 0):
+            raise ValueError("read_table.chunk_bytes must be positive and strictly increasing")
+        if q.ndim != 1 or len(q) < 1 or np.any(q < 1) or np.any(np.diff(q) <= 0):
+            raise ValueError("read_table.in_flight must be >= 1 and strictly increasing")
+        if bw.shape != (len(c), len(q)):
+            raise ValueError(
+                f"read_table.bytes_per_s must have {len(c)} rows (chunk sizes) of {len(q)} values "
+                f"(in-flight counts), got shape {bw.shape}"
+            )
+        if not np.all(np.isfinite(bw)) or np.any(bw <= 0):
+            raise ValueError("read_table.bytes_per_s values must be finite and > 0")
+        object.__setattr__(self, "_log_c", np.log2(c))
+        object.__setattr__(self, "_q", q)
+        object.__setattr__(self, "_bw", bw)
+
+    def bytes_per_s(self, chunk_bytes: float, in_flight: float = 1) -> float:
+        """Sustained throughput for reads of `chunk_bytes` with `in_flight` outstanding."""
+        return float(self.bytes_per_s_many(np.asarray([chunk_bytes], float), in_flight)[0])
+
+    def bytes_per_s_many(self, chunk_bytes: np.ndarray, in_flight: float = 1) -> np.ndarray:
+        """Vectorised over chunk sizes (one in-flight count)."""
+        if in_flight <= 0:
+            raise ValueError(f"in_flight must be > 0, got {in_flight}")
+        chunk = np.asarray(chunk_bytes, dtype=float)
+        if np.any(chunk <= 0):
+            raise ValueError("chunk_bytes must be > 0")
+        q_tab: np.ndarray = self._q  # type: ignore[attr-defined]
+        bw_tab: np.ndarray = self._bw  # type: ignore[attr-defined]
+        log_c: np.ndarray = self._log_c  # type: ignore[attr-defined]
+        # Step 1: the column for this in-flight count (linear in q, clamped at the ends).
+        q_scale = 1.0
+        q = float(in_flight)
+        if q < q_tab[0]:
+            q_scale, q = q / q_tab[0], q_tab[0]
+        col = np.array([np.interp(q, q_tab, bw_tab[i]) for i in range(len(log_c))]) * q_scale
+        # Step 2: along log2(chunk), clamped; below the table a read costs a smallest read's time.
+        lc = np.log2(chunk)
+        out = np.interp(np.clip(lc, log_c[0], log_c[-1]), log_c, col)
+        small = lc < log_c[0]
+        out[small] = col[0] * chunk[small] / 2.0 ** log_c[0]
+        return out
+
+
+@dataclass(frozen=True)
+class ClosedFormReadCurve:
+    """min(q*c / (latency + c/seq), iops_max*c, seq): see the module docstring."""
+
+    sequential_bytes_per_s: float
+    latency_s: float
+    iops_max: float
+
+    def __post_init__(self) -> None:
+        for name in ("sequential_bytes_per_s", "latency_s", "iops_max"):
+            v = getattr(self, name)
+            if not np.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be finite and > 0, got {v}")
+
+    def bytes_per_s(self, chunk_bytes: float, in_flight: float = 1) -> float:
+        return float(self.bytes_per_s_many(np.asarray([chunk_bytes], float), in_flight)[0])
+
+    def bytes_per_s_many(self, chunk_bytes: np.ndarray, in_flight: float = 1) -> np.ndarray:
+        if in_flight <= 0:
+            raise ValueError(f"in_flight must be > 0, got {in_flight}")
+        c = np.asarray(chunk_bytes, dtype=float)
+        if np.any(c <= 0):
+            raise ValueError("chunk_bytes must be > 0")
+        per_read_s = self.latency_s + c / self.sequential_bytes_per_s
+        parallel = in_flight * c / per_read_s
+        return np.minimum(np.minimum(parallel, self.iops_max * c), self.sequential_bytes_per_s)
+
+
+ReadCurve = TableReadCurve | ClosedFormReadCurve
+
+
+def read_time_s(curve: ReadCurve, chunk_bytes: float, n_reads: int, in_flight: int) -> float:
+    """Time to complete `n_reads` reads of `chunk_bytes` with at most `in_flight` outstanding.
+
+    With fewer reads than slots only `n_reads` are in flight, so the device runs at that depth.
+    """
+    if n_reads <= 0:
+        return 0.0
+    q = min(in_flight, n_reads)
+    return n_reads * chunk_bytes / curve.bytes_per_s(chunk_bytes, q)

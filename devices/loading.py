@@ -1,0 +1,58 @@
+"""Reading YAML/JSON data files into validated pydantic models with one-line, file-and-field errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from devices.errors import FlashsimError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file that must hold a mapping; FlashsimError names the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FlashsimError(f"{path}: file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise FlashsimError(f"{path}: cannot read ({e.__class__.__name__}): {e}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise FlashsimError(f"{path}: invalid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise FlashsimError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first pydantic error as 'field a.b.c: message' (one line)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (check its spelling; see the bundled files for the schema)"
+    elif first["type"] == "missing":
+        msg = "required field is missing"
+    more = len(err.errors()) - 1
+    return f"field '{loc}': {msg}" + (f" (and {more} more problem(s))" if more else "")
+
+
+def validate_file(model: type[M], path: Path, data: dict[str, Any] | None = None) -> M:
+    """Validate a file's mapping against `model`; FlashsimError names the file and the field."""
+    data = read_mapping(path) if data is None else data
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise FlashsimError(f"{path}: {validation_message(e)}") from None

@@ -1,0 +1,201 @@
+"""DeviceProfile: the validated schema of a device data file, and where bundled profiles live.
+
+One YAML file per device in `devices/profiles/`: the only place device numbers live. Every section
+carries a `source` string saying where its numbers come from (datasheet, paper, measured, estimate;
+"peak" where a datasheet gives a peak). Units are in the key names: `_bytes`, `_bytes_per_s`,
+`_flops_per_s`, `_s`. Unknown keys are errors. Extra profile folders can be listed in the
+environment variable FLASHSIM_PROFILE_PATH (os.pathsep-separated); they shadow bundled ones.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
+from devices.errors import FlashsimError, unknown_name
+from devices.loading import validate_file
+
+SCHEMA_VERSION = 1
+BUNDLED_DIR = Path(__file__).parent / "profiles"
+DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Provenance of a profile as a whole."""
+
+    kind: Literal["datasheet", "paper", "measured", "estimate", "mixed"]
+    references: list[str] = Field(default_factory=list)
+    date: str | None = None
+    host: str | None = None
+    tool: str | None = None
+    notes: str | None = None
+
+
+class MemorySpec(_Strict):
+    """DRAM seen by the inference process."""
+
+    capacity_bytes: int = Field(gt=0)
+    reserved_bytes: int = Field(ge=0, description="taken by the OS, runtime and display")
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    unified: bool = Field(description="CPU, accelerator and flash DMA share one DRAM")
+    source: str
+
+    @model_validator(mode="after")
+    def _reserved_below_capacity(self) -> MemorySpec:
+        if self.reserved_bytes >= self.capacity_bytes:
+            raise ValueError(
+                f"reserved_bytes ({self.reserved_bytes}) must be < capacity_bytes ({self.capacity_bytes})"
+            )
+        return self
+
+
+class ComputeSpec(_Strict):
+    """Effective throughput of the unit that runs the FFN (matrix-vector products, decode)."""
+
+    gemv_flops_per_s: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], float]
+    gather_bytes_per_s: float = Field(gt=0, description="copying scattered rows into a dense buffer")
+    op_overhead_s: float = Field(ge=0, description="fixed cost per operation (launch / dispatch)")
+    source: str
+
+    @field_validator("gemv_flops_per_s")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("give at least one dtype's throughput")
+        for k, x in v.items():
+            if not x > 0:
+                raise ValueError(f"{k} must be > 0, got {x}")
+        return v
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Throughput for `dtype`; falls back to the nearest wider dtype the profile lists."""
+        for d in (dtype, *_WIDER.get(dtype, ())):
+            if d in self.gemv_flops_per_s:
+                return self.gemv_flops_per_s[d]
+        return min(self.gemv_flops_per_s.values())
+
+
+_WIDER = {"int4": ("int8", "fp16", "bf16", "fp32"), "int8": ("fp16", "bf16", "fp32"),
+          "fp16": ("bf16", "fp32"), "bf16": ("fp16", "fp32"), "fp32": ("fp16", "bf16")}
+
+
+class ReadTable(_Strict):
+    """Measured throughput grid: bytes_per_s[i][j] at chunk_bytes[i] with in_flight[j] reads outstanding."""
+
+    chunk_bytes: list[int]
+    in_flight: list[int]
+    bytes_per_s: list[list[float]]
+
+    @model_validator(mode="after")
+    def _check(self) -> ReadTable:
+        TableReadCurve(tuple(self.chunk_bytes), tuple(self.in_flight),
+                       tuple(tuple(r) for r in self.bytes_per_s))
+        return self
+
+
+class FlashSpec(_Strict):
+    """The storage the weights are read from."""
+
+    sequential_read_bytes_per_s: float = Field(gt=0)
+    read_latency_s: float = Field(gt=0, description="one small (4 KiB) read at queue depth 1")
+    max_in_flight: int = Field(ge=1, description="hardware queue depth usable by one process")
+    iops_max: float | None = Field(default=None, gt=0, description="closed-form model's controller IOPS cap")
+    read_table: ReadTable | None = None
+    source: str
+
+    @model_validator(mode="after")
+    def _one_model(self) -> FlashSpec:
+        if self.read_table is None and self.iops_max is None:
+            raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
+        return self
+
+    @cached_property
+    def curve(self) -> ReadCurve:
+        """The read model: the table when measured, the closed form otherwise."""
+        if self.read_table is not None:
+            t = self.read_table
+            return TableReadCurve(tuple(t.chunk_bytes), tuple(t.in_flight),
+                                  tuple(tuple(r) for r in t.bytes_per_s))
+        assert self.iops_max is not None
+        return ClosedFormReadCurve(self.sequential_read_bytes_per_s, self.read_latency_s, self.iops_max)
+
+    def bytes_per_s(self, chunk_bytes: float, in_flight: int | None = None) -> float:
+        return self.curve.bytes_per_s(chunk_bytes, in_flight or self.max_in_flight)
+
+
+class DeviceProfile(_Strict):
+    """A device: memory, compute and flash, each with its source."""
+
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str
+    source: Source
+    memory: MemorySpec
+    compute: ComputeSpec
+    flash: FlashSpec
+
+    @property
+    def available_bytes(self) -> int:
+        """DRAM left for the model after the OS's reserve."""
+        return self.memory.capacity_bytes - self.memory.reserved_bytes
+
+    def summary(self) -> dict:
+        """The flat view printed by `flashsim devices` (units in the key names)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "dram_bytes": self.memory.capacity_bytes,
+            "dram_available_bytes": self.available_bytes,
+            "dram_bandwidth_bytes_per_s": self.memory.bandwidth_bytes_per_s,
+            "unified_memory": self.memory.unified,
+            "flash_sequential_bytes_per_s": self.flash.sequential_read_bytes_per_s,
+            "flash_4k_random_bytes_per_s": self.flash.bytes_per_s(4096),
+            "flash_read_model": "table" if self.flash.read_table is not None else "closed_form",
+            "source_kind": self.source.kind,
+        }
+
+
+def _search_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("FLASHSIM_PROFILE_PATH", "").split(os.pathsep) if p]
+    return [*extra, BUNDLED_DIR]
+
+
+def list_profiles() -> list[str]:
+    """Names of every profile on the search path (bundled and FLASHSIM_PROFILE_PATH), sorted."""
+    names = {p.stem for d in _search_dirs() if d.is_dir() for p in d.glob("*.yaml")}
+    return sorted(names)
+
+
+def profile_path(name: str) -> Path:
+    """The file a profile name resolves to (first match on the search path)."""
+    for d in _search_dirs():
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return p
+    raise unknown_name("device", name, list_profiles())
+
+
+def load_profile(name_or_path: str | Path) -> DeviceProfile:
+    """Load a bundled profile by name, or any profile file by path; raise FlashsimError."""
+    p = Path(name_or_path)
+    by_path = p.suffix in (".yaml", ".yml", ".json") or p.is_file()
+    path = p if by_path else profile_path(str(name_or_path))
+    profile = validate_file(DeviceProfile, path)
+    if not by_path:
+        check_profile_name(profile, path)
+    return profile
+
+
+def check_profile_name(profile: DeviceProfile, path: Path) -> None:
+    """Bundled files must be named after the profile they hold."""
+    if path.stem != profile.name:
+        raise FlashsimError(f"{path}: field 'name': {profile.name!r} does not match the file name")

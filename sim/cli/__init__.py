@@ -1,0 +1,1 @@
+"""The `flashsim` command line: one module per verb group, wired in `sim.cli.main`."""

@@ -1,0 +1,61 @@
+"""Entry point of the `flashsim` console script: builds the parser from the verb modules and turns
+user errors into one line on stderr with exit code 2 (a traceback only with --debug)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from devices.errors import FlashsimError
+
+# Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
+COMMAND_MODULES = (
+    "sim.cli.cmd_catalog",
+    "sim.cli.cmd_demo",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse already exits 2 on usage errors; keep its message to one line plus the usage hint."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="flashsim",
+        description="Will this LLM run on that device, from flash, fast enough? "
+        "A trace-driven discrete-event simulator of flash, memory and compute, plus a real backend.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2 if args.command is None else 0
+    try:
+        return int(args.func(args) or 0)
+    except FlashsimError as e:
+        if args.debug:
+            raise
+        print(f"flashsim: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("flashsim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

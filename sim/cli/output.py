@@ -1,0 +1,43 @@
+"""Shared output helpers for the CLI: JSON on stdout, plain fixed-width tables for people."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return x.item()
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object (or list) on stdout."""
+    json.dump(_jsonable(obj), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> None:
+    """A plain table; `align` is a string of 'l'/'r' per column (default: text left, numbers right)."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    if align is None:
+        align = "".join("r" if rows and isinstance(rows[0][i], (int, float)) else "l" for i in range(len(headers)))
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(r, widths, align)).rstrip()
+
+    print(fmt(headers))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print(fmt(r))

@@ -1,0 +1,99 @@
+"""Device profiles: every bundled file validates and cites sources; malformed files fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devices import FlashsimError, list_profiles, load_profile
+from devices.schema import BUNDLED_DIR
+
+ISSUE_DEVICES = {"jetson-orin-nano-8gb", "jetson-agx-orin-32gb", "jetson-agx-orin-64gb", "apple-m1-max",
+                 "rtx4090-nvme", "phone-ufs4", "this-host"}
+
+
+def test_every_issue_device_is_bundled() -> None:
+    assert set(list_profiles()) >= ISSUE_DEVICES
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_DEVICES))
+def test_bundled_profile_loads_and_cites_sources(name: str) -> None:
+    p = load_profile(name)
+    assert p.name == name
+    assert p.source.references, "a profile cites where its numbers come from"
+    for section in (p.memory, p.compute, p.flash):
+        assert section.source.strip()
+    assert 0 < p.available_bytes < p.memory.capacity_bytes
+    # sanity: the flash model never exceeds sequential bandwidth by more than the table's own data
+    assert p.flash.bytes_per_s(1 << 20) <= 1.2 * p.flash.sequential_read_bytes_per_s
+
+
+def test_m1_max_matches_llm_in_a_flash_figures() -> None:
+    f = load_profile("apple-m1-max").flash
+    assert f.sequential_read_bytes_per_s == pytest.approx(6.1e9)
+    assert f.bytes_per_s(8192, 32) == pytest.approx(1.25e9, rel=0.06)
+    assert f.bytes_per_s(16384, 32) == pytest.approx(2.25e9, rel=0.06)
+
+
+def test_phone_ufs4_matches_issue_figures() -> None:
+    f = load_profile("phone-ufs4").flash
+    assert f.bytes_per_s(4096, 32) == pytest.approx(450e6, rel=0.02)
+    assert f.bytes_per_s(512 * 1024, 32) == pytest.approx(3.5e9, rel=0.02)
+    assert f.max_in_flight == 32
+
+
+def test_this_host_is_the_measured_table() -> None:
+    f = load_profile("this-host").flash
+    assert f.read_table is not None
+    assert f.bytes_per_s(4096, 1) == pytest.approx(67 * 2**20)
+    assert f.bytes_per_s(1 << 20, 1) == pytest.approx(2266 * 2**20)
+
+
+def _write(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    mutate(data)
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize(
+    "mutate, expect",
+    [
+        (lambda d: d["memory"].pop("capacity_bytes"), r"field 'memory.capacity_bytes': required field is missing"),
+        (lambda d: d["memory"].update(capacity_bytes=-1), r"memory.capacity_bytes"),
+        (lambda d: d["flash"].update(speed=1), r"field 'flash.speed': unknown key"),
+        (lambda d: d["flash"]["read_table"].update(chunk_bytes=[4096, 4096, 32768, 65536, 262144, 1048576]),
+         r"chunk_bytes must be positive and strictly increasing"),
+        (lambda d: d["memory"].update(reserved_bytes=d["memory"]["capacity_bytes"]), r"reserved_bytes"),
+        (lambda d: d["compute"].update(gemv_flops_per_s={"fp64": 1.0}), r"compute.gemv_flops_per_s"),
+    ],
+)
+def test_malformed_profile_names_file_and_field(tmp_path: Path, mutate, expect: str) -> None:
+    path = _write(tmp_path, mutate)
+    with pytest.raises(FlashsimError, match=expect) as e:
+        load_profile(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "x.yaml"
+    p.write_text("name: x\nmemory: [unclosed\n")
+    with pytest.raises(FlashsimError, match=r"x.yaml: invalid YAML at line"):
+        load_profile(p)
+
+
+def test_unknown_device_suggests_close_names() -> None:
+    with pytest.raises(FlashsimError, match=r"unknown device 'jetson-orin-nano'; did you mean 'jetson-orin-nano-8gb'"):
+        load_profile("jetson-orin-nano")
+
+
+def test_profile_path_env_adds_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    data["name"] = "my-board"
+    (tmp_path / "my-board.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("FLASHSIM_PROFILE_PATH", str(tmp_path))
+    assert "my-board" in list_profiles()
+    assert load_profile("my-board").name == "my-board"
