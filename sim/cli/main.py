@@ -12,8 +12,13 @@ from devices.errors import FlashsimError
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
-    "sim.cli.cmd_catalog",
-    "sim.cli.cmd_demo",
+    "sim.cli.cmd_catalog",   # devices, models
+    "sim.cli.cmd_capture",   # capture
+    "sim.cli.cmd_trace",     # trace stats|synth|profile
+    "sim.cli.cmd_replay",    # replay
+    "sim.cli.cmd_real",      # real convert|run|..., validate, calibrate
+    "sim.cli.cmd_bench",     # bench flash|compute
+    "sim.cli.cmd_demo",      # demo
 )
 
 
