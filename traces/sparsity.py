@@ -34,7 +34,10 @@ def parse_rule(text: str) -> tuple[str, float | None]:
         return rule, None
     if frac is None:
         raise FlashsimError(f"--sparsity {rule} needs a target fraction, e.g. {rule}:0.1")
-    f = float(frac)
+    try:
+        f = float(frac)
+    except ValueError:
+        raise FlashsimError(f"--sparsity {text!r}: {frac!r} is not a number; e.g. {rule}:0.1") from None
     if not 0 < f <= 1:
         raise FlashsimError(f"--sparsity {rule}:{frac}: the fraction must be in (0, 1]")
     return rule, f
