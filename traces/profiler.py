@@ -86,8 +86,8 @@ def profile_traces(traces: Sequence[Trace]) -> NeuronProfile:
             for layer in range(L):
                 if by_mag:
                     idx, mag = t.top(layer)
-                    np.add.at(acc[layer], np.asarray(idx[sel]).astype(np.int64).ravel(),
-                              np.asarray(mag[sel]).astype(np.float64).ravel())
+                    acc[layer] += np.bincount(np.asarray(idx[sel]).ravel(), minlength=N,
+                                              weights=np.asarray(mag[sel], np.float64).ravel())
                 else:
                     acc[layer] += t.mask(layer, sel).sum(axis=0)
     for acc in scores_task.values():
@@ -114,11 +114,21 @@ def save_profile(profile: NeuronProfile, out: str | Path) -> Path:
     for task in profile.tasks:
         arrays[f"scores_task.{task}"] = profile.scores_task[task]
         arrays[f"rank_base.{task}"] = profile.base_ranking(task)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FlashsimError(f"{out}: cannot create its folder ({e.strerror})") from None
+    if out.is_dir():
+        raise FlashsimError(f"{out}: is a directory; give a file name ending in .npz")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise FlashsimError(f"{out}: cannot write the profile ({e.strerror})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
@@ -141,8 +151,26 @@ def load_neuron_profile(path: str | Path) -> NeuronProfile:
     if meta.get("schema_version") != PROFILE_SCHEMA_VERSION:
         raise FlashsimError(f"{path}: field 'schema_version': {meta.get('schema_version')!r} is not supported")
     scores_all = arrays["scores_all"]
+    if scores_all.ndim != 2 or scores_all.dtype != np.float32:
+        raise FlashsimError(f"{path}: array 'scores_all' must be float32 [layers, neurons], "
+                            f"got {scores_all.dtype} {list(scores_all.shape)}")
     scores_task = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("scores_task.")}
-    for name, a in [("scores_all", scores_all), *scores_task.items()]:
-        if a.shape != scores_all.shape or not np.all(np.isfinite(a)):
-            raise FlashsimError(f"{path}: array {name!r} has a wrong shape or non-finite values")
+    for name, a in [("scores_all", scores_all), *((f"scores_task.{k}", v) for k, v in scores_task.items())]:
+        if a.shape != scores_all.shape or a.dtype != np.float32:
+            raise FlashsimError(f"{path}: array {name!r} is {a.dtype} {list(a.shape)}, expected float32 "
+                                f"{list(scores_all.shape)}")
+        if not np.all(np.isfinite(a)) or np.any(a < 0):
+            raise FlashsimError(f"{path}: array {name!r} has negative, NaN or infinite scores")
+    if sorted(scores_task) != sorted(meta.get("tasks", [])):
+        raise FlashsimError(f"{path}: field 'meta_json.tasks' {meta.get('tasks')} does not match the "
+                            f"scores_task arrays {sorted(scores_task)}")
+    n = scores_all.shape[1]
+    for name in ["rank_secondary", *(f"rank_base.{t}" for t in scores_task)]:
+        r = arrays.get(name)
+        if r is None:
+            raise FlashsimError(f"{path}: array {name!r} is missing; re-run `flashsim trace profile`")
+        if r.shape != scores_all.shape or not np.array_equal(np.sort(r, axis=1),
+                                                              np.broadcast_to(np.arange(n), r.shape)):
+            raise FlashsimError(f"{path}: array {name!r} is not a ranking (a permutation of the "
+                                f"{n} neurons per layer)")
     return NeuronProfile(scores_all, scores_task, meta)
