@@ -1,7 +1,191 @@
-"""`flashsim bench`: being built (see the open issues); registers nothing yet."""
+"""`flashsim bench flash|compute`: microbenchmarks that write a device profile.
+
+    bench flash     random reads (chunk size x reads in flight, direct I/O), sequential bandwidth,
+                    4 KiB latency; or `--import-fio FIO.json` -> the profile's `flash` section
+    bench compute   dense and gathered GEMV per dtype, DRAM bandwidth, per-op overhead
+                    -> the profile's `compute` section and memory bandwidth/capacity
+
+By default the profile `this-host` in devices/profiles/ is updated (other sections kept);
+`--out FILE` writes elsewhere, `--name` names the profile, `--no-write` only measures.
+"""
+
+from __future__ import annotations
 
 import argparse
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from devices.errors import FlashsimError
+from devices.units import format_bytes, format_rate, parse_bytes
+from sim.cli.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("bench", help="microbenchmarks of flash and compute -> a device profile")
+    bsub = p.add_subparsers(dest="bench_cmd", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    f = bsub.add_parser("flash", help="direct-I/O read throughput over chunk size x reads in flight")
+    f.add_argument("--path", help="file on the disk to measure; created (random bytes) if missing and removed "
+                   "afterwards unless --keep-file; an existing file is only read (default: a temporary file "
+                   "in the current directory)")
+    f.add_argument("--size", help="size of a created file (default 2GiB; --quick 64MiB)")
+    f.add_argument("--chunks", help="comma-separated read sizes, multiples of 4KiB (default 4KiB,8KiB,...,1MiB)")
+    f.add_argument("--in-flight", help="comma-separated reads in flight (default 1,2,4,8,16,32,64)")
+    f.add_argument("--duration-s", type=float, help="seconds per grid point (default 1; --quick 0.2)")
+    f.add_argument("--quick", action="store_true", help="small grid (4KiB,64KiB,1MiB x 1,4), short points")
+    f.add_argument("--buffered", action="store_true", help="buffered reads with page-cache eviction, not O_DIRECT")
+    f.add_argument("--keep-file", action="store_true", help="keep a file this command created")
+    f.add_argument("--import-fio", help="build the flash section from fio --output-format=json results instead")
+    f.add_argument("--seed", type=int, default=0, help="seed of the random offsets and file contents")
+    _profile_args(f)
+    f.set_defaults(func=_flash)
+
+    c = bsub.add_parser("compute", help="GEMV throughput per dtype, gather rate, DRAM bandwidth, per-op overhead")
+    c.add_argument("--quick", action="store_true", help="smaller matrices and shorter timing")
+    c.add_argument("--framework", choices=["auto", "torch", "numpy"], default="auto")
+    c.add_argument("--seed", type=int, default=0)
+    _profile_args(c)
+    c.set_defaults(func=_compute)
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", default="this-host", help="profile name (default this-host)")
+    p.add_argument("--out", help="profile file to write (default devices/profiles/NAME.yaml)")
+    p.add_argument("--no-write", action="store_true", help="measure and print only")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _target(args: argparse.Namespace) -> Path:
+    from real.profile_writer import default_path
+
+    return Path(args.out) if args.out else default_path(args.name)
+
+
+# ---- flash ---------------------------------------------------------------------------------------------
+def _flash(args: argparse.Namespace) -> int:
+    from real.bench_flash import (
+        DEFAULT_CHUNKS,
+        DEFAULT_IN_FLIGHT,
+        QUICK_CHUNKS,
+        QUICK_IN_FLIGHT,
+        FlashBenchConfig,
+        flash_section,
+        parse_list,
+        run_flash_bench,
+    )
+
+    today = dt.date.today().isoformat()
+    if args.import_fio:
+        from real.fio_import import import_fio
+
+        measuring = [f"--{k.replace('_', '-')}" for k in ("path", "size", "chunks", "in_flight", "duration_s")
+                     if getattr(args, k) is not None] + [f"--{k.replace('_', '-')}" for k in
+                                                          ("quick", "buffered", "keep_file") if getattr(args, k)]
+        if measuring:
+            raise FlashsimError(f"--import-fio takes the whole table from fio; drop {', '.join(measuring)}")
+
+        result = import_fio(Path(args.import_fio))
+        command = f"flashsim bench flash --import-fio {args.import_fio}"
+        how = f"imported from fio JSON {args.import_fio}"
+    else:
+        chunks = (parse_list(args.chunks, lambda t: parse_bytes(t, "--chunks"), "--chunks") if args.chunks
+                  else QUICK_CHUNKS if args.quick else DEFAULT_CHUNKS)
+        depths = (parse_list(args.in_flight, lambda t: _int(t, "--in-flight"), "--in-flight") if args.in_flight
+                  else QUICK_IN_FLIGHT if args.quick else DEFAULT_IN_FLIGHT)
+        duration = args.duration_s if args.duration_s is not None else 0.2 if args.quick else 1.0
+        cfg = FlashBenchConfig(chunks=tuple(chunks), in_flight=tuple(depths), duration_s=duration, seed=args.seed,
+                               direct=False if args.buffered else None)
+        size = parse_bytes(args.size, "--size") if args.size else (64 << 20 if args.quick else 2 << 30)
+        path = Path(args.path) if args.path else Path.cwd() / f"flashsim-bench-{os.getpid()}.dat"
+        command = ("flashsim bench flash --chunks " + ",".join(str(c) for c in cfg.chunks) + " --in-flight "
+                   + ",".join(map(str, cfg.in_flight)) + f" --duration-s {cfg.duration_s:g} --seed {cfg.seed}"
+                   + (f" --path {args.path}" if args.path else "") + (f" --size {size}" if not path.exists() else "")
+                   + (" --buffered" if args.buffered else ""))
+        result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
+            len(cfg.chunks) * len(cfg.in_flight) + 2, args.json))
+        how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
+               f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
+    result["command"] = command
+    if not args.no_write:
+        from real.profile_writer import MEASURED_PREFIX, write_profile
+
+        target = _target(args)
+        section = flash_section(result, f"{MEASURED_PREFIX} flash ({today}): {how}; `{command}`")
+        write_profile(target, args.name, flash=section, command=command)
+        result["profile"] = {"name": args.name, "path": str(target)}
+    if args.json:
+        print_json(result)
+        return 0
+    g = result["grid"]
+    print(f"flash read throughput, MiB/s ({result.get('method', '')}; "
+          f"{'direct I/O' if result['direct_io'] else 'buffered'}){'; ' + result['note'] if result.get('note') else ''}")
+    from real.bench_flash import table_rows
+
+    print_table(["chunk"] + [f"q={q}" for q in g["in_flight"]], table_rows(g), align="r" * (len(g["in_flight"]) + 1))
+    print(f"sequential: {format_rate(result['sequential']['bytes_per_s'])}; 4 KiB latency at q=1: "
+          f"{result['latency_4k_qd1']['mean_s'] * 1e6:.0f} us (mean)")
+    if "profile" in result:
+        print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")
+    return 0
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise FlashsimError(f"{what}: {text!r} is not an integer") from None
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    if quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="bench flash", unit="point", file=sys.stderr, leave=False)
+
+    def step(label: str) -> None:
+        bar.set_postfix_str(label)
+        bar.update(1)
+        if bar.n >= total:
+            bar.close()
+
+    return step
+
+
+# ---- compute -------------------------------------------------------------------------------------------
+def _compute(args: argparse.Namespace) -> int:
+    from devices.schema import load_profile
+    from real.bench_compute import compute_sections, run_compute_bench
+
+    result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed)
+    command = f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
+    result["command"] = command
+    if not args.no_write:
+        from real.profile_writer import write_profile
+
+        target = _target(args)
+        base = load_profile(target) if target.is_file() else load_profile("this-host")
+        compute, memory = compute_sections(result, dt.date.today().isoformat(), command, base.memory.source)
+        write_profile(target, args.name, compute=compute, memory=memory, command=command)
+        result["profile"] = {"name": args.name, "path": str(target)}
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"compute ({result['framework']}, {result['threads']} threads, GEMV {result['dense_shape'][0]}x"
+          f"{result['dense_shape'][1]}, gather {result['gather_fraction']:.0%} of rows)")
+    rows = [[k, f"{v['dense_gemv_flops_per_s'] / 1e9:.1f}", f"{v['dense_gemv_s'] * 1e3:.2f}",
+             f"{v['dense_gemv_min_s'] * 1e3:.2f}", f"{v['gathered_gemv_s'] * 1e3:.2f}",
+             format_rate(v["gather_bytes_per_s"]), f"{v['gather_min_s'] * 1e3:.2f}"]
+            for k, v in result["per_dtype"].items()]
+    print_table(["dtype", "dense GFLOP/s", "dense ms", "(min)", "gathered ms", "gather", "gather min ms"], rows,
+                align="lrrrrrr")
+    mem = result["memory"]
+    print(f"DRAM copy: {format_rate(mem['memcpy_bytes_per_s'])} copied = {format_rate(mem['stream_copy_bytes_per_s'])} "
+          f"traffic; per-op overhead {result['op_overhead_s'] * 1e6:.2f} us")
+    if "profile" in result:
+        print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
+    return 0

@@ -1,7 +1,238 @@
-"""`flashsim real`: being built (see the open issues); registers nothing yet."""
+"""`flashsim real`: the real backend's weight store and storage tools.
+
+    real convert   a Hugging Face model (or a ModelSpec's shape with random weights) -> weight store
+    real info      what a store holds
+    real verify    check every file's size, alignment and SHA-256
+    real read      read random neuron sets through the direct-I/O reader (throughput, chunk sizes)
+    real mmap      the OS demand-paging baseline: dense FFN over mmapped weights under a page-cache budget
+
+Later sub-commands (model and shape runs, predictor training) join the same `real` parser here.
+"""
+
+from __future__ import annotations
 
 import argparse
+from typing import Any
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from devices.units import format_bytes, format_rate, parse_bytes
+from sim.cli.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("real", help="real backend: weight stores, direct-I/O reads, mmap baseline")
+    rsub = p.add_subparsers(dest="real_cmd", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    c = rsub.add_parser("convert", help="write a weight store from a model, or random weights of a shape")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="smollm2-135m, a Hugging Face model folder, or a FILE.gguf")
+    src.add_argument("--shape", help="shape mode: a bundled model spec name or config (random weights)")
+    c.add_argument("--random", action="store_true", help="shape mode: confirm random weights (required with --shape)")
+    c.add_argument("--seed", type=int, default=0, help="shape mode: seed of the random weights (default 0)")
+    c.add_argument("--out", required=True, help="the store directory to create")
+    c.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="stored dtype (default fp32 for --model, fp16 for --shape)")
+    c.add_argument("--order", choices=["original", "hot-first"], default="original", help="neuron order on disk")
+    c.add_argument("--profile", help="with --order hot-first: a neuron profile .npz (`flashsim trace profile`)")
+    c.add_argument("--profile-task", help="rank by this task's base ranking instead of the model-wide one")
+    c.add_argument("--layout", choices=["bundled", "unbundled", "both"], default="bundled",
+                   help="bundled (gate|up|down per neuron), unbundled (one region per matrix), or both")
+    c.add_argument("--alignment", choices=["padded", "packed"], default="padded",
+                   help="padded: every bundle/row on a 4 KiB boundary (default); packed: back to back")
+    c.add_argument("--files", choices=["per-layer", "single"], default="per-layer", help="one file per layer, or one file")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    c.add_argument("--json", action="store_true", help="print the store summary as JSON")
+    c.set_defaults(func=_convert)
+
+    i = rsub.add_parser("info", help="show what a weight store holds")
+    i.add_argument("store")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_info)
+
+    v = rsub.add_parser("verify", help="check a store's files: sizes, alignment, SHA-256 checksums")
+    v.add_argument("store")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=_verify)
+
+    r = rsub.add_parser("read", help="read random neuron sets through the direct-I/O reader and report throughput")
+    r.add_argument("store")
+    r.add_argument("--layout", choices=["bundled", "unbundled"], default="bundled")
+    r.add_argument("--fraction", type=float, default=0.1, help="share of a layer's neurons per read (default 0.1)")
+    r.add_argument("--run", type=int, default=0, help="neurons per run of adjacent slots, runs separated by a gap "
+                   "(0: uniformly random neurons; default)")
+    r.add_argument("--tokens", type=int, default=10, help="tokens; each reads every layer once (default 10)")
+    r.add_argument("--in-flight", type=int, default=8, help="reads in flight (threads; default 8)")
+    r.add_argument("--max-chunk", default="1MiB", help="largest coalesced read (default 1MiB)")
+    r.add_argument("--buffered", action="store_true", help="buffered reads + page-cache eviction instead of O_DIRECT")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_read)
+
+    m = rsub.add_parser("mmap", help="the OS demand-paging baseline: dense FFN over mmapped weights under a budget")
+    m.add_argument("store")
+    m.add_argument("--budget", required=True, help="page-cache budget for the FFN: bytes (e.g. 64MiB) or a share (50%%)")
+    m.add_argument("--tokens", type=int, default=5)
+    m.add_argument("--advice", choices=["normal", "random", "sequential"], default="normal", help="madvise for the mapping")
+    m.add_argument("--layout", choices=["bundled", "unbundled"], help="default: unbundled when the store has it")
+    m.add_argument("--framework", choices=["auto", "torch", "numpy"], default="auto")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=_mmap)
+
+
+# ---- convert, info, verify ---------------------------------------------------------------------------
+def _convert(args: argparse.Namespace) -> int:
+    from real.convert import convert_model, write_shape_store
+    from real.store import open_store
+
+    common: dict[str, Any] = dict(layout=args.layout, alignment=args.alignment, file_mode=args.files,
+                                  order=args.order, profile=args.profile, task=args.profile_task,
+                                  overwrite=args.overwrite, progress=not args.json)
+    if args.shape:
+        from devices.model_spec import load_model
+
+        if not args.random:
+            raise FlashsimError("--shape writes random weights of that size: add --random (with --seed S)")
+        out = write_shape_store(load_model(args.shape), args.out, seed=args.seed, dtype=args.dtype or "fp16", **common)
+    else:
+        if args.random:
+            raise FlashsimError("--random is for --shape; --model converts the model's real weights")
+        out = convert_model(args.model, args.out, dtype=args.dtype or "fp32", **common)
+    return _print_store(open_store(out, verify="sizes"), args.json, "wrote")
+
+
+def _print_store(store: Any, as_json: bool, verb: str) -> int:
+    s = store.summary()
+    if as_json:
+        print_json(s)
+        return 0
+    print(f"{verb} {s['path']}: {s['mode']} store of {s['model']} ({s['dtype']}, {s['n_layers']} layers x "
+          f"{s['n_neurons']} neurons, d_model {s['d_model']}), order {s['order']}, {s['alignment']}, {s['file_mode']}")
+    rows = [[name, format_bytes(lay["unit_bytes"]), format_bytes(lay["stride_bytes"]), lay["regions_per_layer"],
+             format_bytes(lay["region_bytes"] * lay["regions_per_layer"])] for name, lay in s["layouts"].items()]
+    print_table(["layout", "unit", "stride", "regions/layer", "per layer"], rows, align="lrrrr")
+    print(f"FFN files {format_bytes(s['ffn_file_bytes'])}, all files {format_bytes(s['total_file_bytes'])}; "
+          f"resident tensors {'complete' if s['resident_complete'] else 'partial (shape mode)'}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from real.store import open_store
+
+    return _print_store(open_store(args.store, verify="sizes"), args.json, "store")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from real.store import open_store
+
+    store = open_store(args.store, verify="full")
+    n, total = len(store.manifest.files), sum(f.bytes for f in store.manifest.files.values())
+    if args.json:
+        print_json({"path": str(store.path), "ok": True, "files": n, "bytes": total})
+    else:
+        print(f"{store.path}: OK ({n} files, {format_bytes(total)}, sizes, alignment and SHA-256 checked)")
+    return 0
+
+
+# ---- read ------------------------------------------------------------------------------------------------
+def neuron_sets(store: Any, layer: int, fraction: float, run: int, rng: np.random.Generator) -> np.ndarray:
+    """Neuron ids to read: `fraction` of the layer, uniformly random (run = 0) or as runs of `run`
+    adjacent slots with at least one free slot between runs (each run is one read)."""
+    N = store.n_neurons
+    k = max(1, int(round(fraction * N)))
+    if run <= 0:
+        return np.sort(rng.choice(N, min(k, N), replace=False))
+    n_blocks = N // (run + 1)
+    n_runs = min(n_blocks, max(1, k // run))
+    blocks = np.sort(rng.choice(n_blocks, n_runs, replace=False))
+    slots = (blocks[:, None] * (run + 1) + np.arange(run)[None, :]).ravel()
+    return store.neuron_at[layer][slots].astype(np.int64)
+
+
+def _read(args: argparse.Namespace) -> int:
+    from real.cache import LayerCache
+    from real.reader import BundleReader
+    from real.store import open_store
+
+    if not 0 < args.fraction <= 1:
+        raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
+    if args.tokens < 1 or args.in_flight < 1:
+        raise FlashsimError("--tokens and --in-flight must be >= 1")
+    store = open_store(args.store, verify="sizes")
+    rng = np.random.default_rng(args.seed)
+    max_chunk = parse_bytes(args.max_chunk, "--max-chunk")
+    with BundleReader(store, layout=args.layout, in_flight=args.in_flight, max_chunk_bytes=max_chunk,
+                      direct=False if args.buffered else None) as reader:
+        capacity = min(store.n_neurons, int(round(args.fraction * store.n_neurons)) + max(1, args.run))
+        cache = LayerCache(capacity, store.n_neurons, store.bundle_bytes, reader.dest_row_bytes)
+        stats = []
+        for _ in range(args.tokens):
+            for layer in range(store.n_layers):
+                ids = store.sort_by_position(layer, neuron_sets(store, layer, args.fraction, args.run, rng))
+                start, stop = cache.append(ids)
+                stats.append(reader.read(layer, ids, cache.rows[start:stop]))
+                cache.clear()
+        desc = reader.describe()
+    seconds = sum(s.seconds for s in stats)
+    nbytes = sum(s.bytes_read for s in stats)
+    chunks = np.concatenate([s.chunk_bytes for s in stats])
+    out = {**desc, "store": str(store.path), "tokens": args.tokens, "layers": store.n_layers, "calls": len(stats),
+           "neurons_per_call": float(np.mean([s.neurons for s in stats])), "reads": int(len(chunks)),
+           "bytes_read": int(nbytes), "bytes_useful": int(sum(s.bytes_useful for s in stats)),
+           "bytes_copied": int(sum(s.bytes_copied for s in stats)), "seconds": seconds,
+           "bytes_per_s": nbytes / seconds if seconds > 0 else 0.0,
+           "chunk_bytes_median": float(np.median(chunks)) if len(chunks) else 0.0,
+           "chunk_bytes_mean": float(chunks.mean()) if len(chunks) else 0.0,
+           "seconds_per_call_median": float(np.median([s.seconds for s in stats]))}
+    if args.json:
+        print_json(out)
+        return 0
+    mode = "direct I/O" if out["direct_io"] else f"BUFFERED ({out['fallback_reason'] or '--buffered'})"
+    print(f"{store.path}: {out['calls']} reads of {out['neurons_per_call']:.0f} neurons ({args.layout}, {mode}, "
+          f"{args.in_flight} in flight, chunks up to {format_bytes(max_chunk)})")
+    print(f"  {out['reads']} reads, median chunk {format_bytes(out['chunk_bytes_median'])}, "
+          f"{format_bytes(nbytes)} read ({format_bytes(out['bytes_useful'])} useful, "
+          f"{format_bytes(out['bytes_copied'])} copied) in {seconds:.3f} s: {format_rate(out['bytes_per_s'])}")
+    return 0
+
+
+# ---- mmap ------------------------------------------------------------------------------------------------
+def _mmap(args: argparse.Namespace) -> int:
+    from real.mmap_baseline import MmapFfnBaseline
+    from real.store import open_store
+
+    store = open_store(args.store, verify="sizes")
+    layout = args.layout or ("unbundled" if "unbundled" in store.layouts else "bundled")
+    info = store.layout(layout)
+    ffn_bytes = info.region_bytes * info.regions_per_layer * store.n_layers
+    text = args.budget.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1]) / 100
+        except ValueError:
+            raise FlashsimError(f"--budget {args.budget}: give bytes (64MiB) or a share (50%)") from None
+        if share < 0:
+            raise FlashsimError(f"--budget must be >= 0, got {args.budget}")
+        budget = int(share * ffn_bytes)
+    else:
+        budget = parse_bytes(text, "--budget")
+    if args.tokens < 1:
+        raise FlashsimError("--tokens must be >= 1")
+    with MmapFfnBaseline(store, budget, layout=layout, advice=args.advice, framework=args.framework) as b:
+        recs = [r.to_dict() for r in b.run(args.tokens, seed=args.seed)]
+        fw = b.framework
+    out = {"store": str(store.path), "layout": layout, "framework": fw, "budget_bytes": budget,
+           "ffn_bytes": ffn_bytes, "advice": args.advice, "tokens": recs,
+           "ms_per_token_median": float(np.median([r["seconds"] for r in recs]) * 1e3)}
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"{store.path}: dense FFN over mmap ({layout}, {fw}), page-cache budget {format_bytes(budget)} "
+          f"of {format_bytes(ffn_bytes)}")
+    rows = [[r["token"], f"{r['seconds'] * 1e3:.1f}", r["major_faults"],
+             format_bytes(r["storage_read_bytes"]) if r["storage_read_bytes"] is not None else "n/a",
+             format_bytes(r["evicted_bytes"]), format_bytes(r["resident_bytes"])] for r in recs]
+    print_table(["token", "ms", "major faults", "read from disk", "evicted", "resident (mincore)"], rows, align="rrrrrr")
+    return 0

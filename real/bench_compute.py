@@ -1,0 +1,158 @@
+"""`flashsim bench compute`: dense and gathered GEMV per dtype, DRAM bandwidth and per-op overhead
+(FLOP/s, bytes/s, seconds), with torch when installed, NumPy otherwise.
+
+* Dense GEMV: y = W x with W [M, K] = [11008, 4096] (one Llama-2-7B FFN matrix; --quick uses
+  [4096, 2048]), one token, the framework's default threads. FLOPs = 2 M K per call.
+* Gathered GEMV: copy a seeded random 10% of W's rows into a preallocated buffer
+  (`index_select(..., out=)` / `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
+  gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
+  rotate through GATHER_SETS different index sets, as successive tokens do, so the rows are not
+  still in the CPU cache from the previous repetition.
+* DRAM bandwidth: a copy of a 512 MiB buffer (--quick: 128 MiB; both far beyond any L3), counted
+  as STREAM does, bytes read + bytes written per second (2 x size / time). The neuron cache's
+  `bytes_moved` is one side of a copy, so a move costs 2 x bytes_moved / bandwidth.
+* Per-op overhead: an elementwise add of 1-element tensors into a preallocated output.
+Every figure is the median over repetitions (at least 5, for at least `min_time_s` in total); the
+JSON also gives the minima, whose gap to the medians shows contention from other work on the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+DENSE_SHAPE = (11008, 4096)
+QUICK_SHAPE = (4096, 2048)
+GATHER_FRACTION = 0.10
+GATHER_SETS = 8
+COPY_BYTES = 512 << 20
+QUICK_COPY_BYTES = 128 << 20
+
+
+def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5) -> np.ndarray:
+    """Wall times of repeated calls (after one warm-up call)."""
+    fn()  # warm-up: first-touch page faults, lazy init
+    times: list[float] = []
+    t_total = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - t_total < min_time_s:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if len(times) > 100000:
+            break
+    return np.asarray(times)
+
+
+def _median_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5) -> float:
+    return float(np.median(_times_s(fn, min_time_s, min_reps)))
+
+
+def _have_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 0) -> dict[str, Any]:
+    """All compute measurements (JSON-ready)."""
+    use_torch = framework == "torch" or (framework == "auto" and _have_torch())
+    M, K = QUICK_SHAPE if quick else DENSE_SHAPE
+    min_time_s = 0.1 if quick else 0.5
+    rng = np.random.default_rng(seed)
+    w32 = (rng.random((M, K), dtype=np.float32) - 0.5) * 0.04
+    x32 = rng.standard_normal(K, dtype=np.float32)
+    sets = [np.sort(rng.choice(M, int(M * GATHER_FRACTION), replace=False)) for _ in range(GATHER_SETS)]
+    turn = itertools.cycle(range(GATHER_SETS))
+    idx = sets[0]
+    per_dtype: dict[str, dict[str, float]] = {}
+    if use_torch:
+        import torch
+
+        threads = torch.get_num_threads()
+        dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        sets_t = [torch.from_numpy(i) for i in sets]
+        for name, tdt in dtypes.items():
+            w = torch.from_numpy(w32).to(tdt)
+            x = torch.from_numpy(x32).to(tdt)
+            buf = torch.empty((len(idx), K), dtype=tdt)
+            out = torch.empty(M, dtype=tdt)
+            out_g = torch.empty(len(idx), dtype=tdt)
+            with torch.no_grad():
+                t_dense = _times_s(lambda w=w, x=x, out=out: torch.mv(w, x, out=out), min_time_s)
+                t_gather = _times_s(lambda w=w, buf=buf: torch.index_select(w, 0, sets_t[next(turn)], out=buf),
+                                    min_time_s)
+                t_mv = _times_s(lambda buf=buf, x=x, out_g=out_g: torch.mv(buf, x, out=out_g), min_time_s)
+            per_dtype[name] = _entry(M, K, len(idx), w.element_size(), t_dense, t_gather, t_mv)
+        a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
+        t_op = _median_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
+        fw = f"torch {torch.__version__}"
+    else:
+        threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
+        for name, ndt in {"fp32": np.float32, "fp16": np.float16}.items():
+            w, x = w32.astype(ndt), x32.astype(ndt)
+            buf = np.empty((len(idx), K), ndt)
+            t_dense = _times_s(lambda w=w, x=x: w @ x, min_time_s)
+            t_gather = _times_s(lambda w=w, buf=buf: np.take(w, sets[next(turn)], axis=0, out=buf), min_time_s)
+            t_mv = _times_s(lambda buf=buf, x=x: buf @ x, min_time_s)
+            per_dtype[name] = _entry(M, K, len(idx), w.itemsize, t_dense, t_gather, t_mv)
+        a, b, c = np.ones(1), np.ones(1), np.empty(1)
+        t_op = _median_s(lambda: np.add(a, b, out=c), min_time_s, min_reps=1000)
+        fw = f"numpy {np.__version__}"
+    copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
+    return {
+        "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
+        "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
+        "memory_capacity_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+    }
+
+
+def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.ndarray,
+           mv: np.ndarray) -> dict[str, float]:
+    """Medians (what the profile uses: typical conditions) and minima (the best seen: on a host
+    shared with other work, a large median/min gap shows contention, not the hardware)."""
+    t_dense, t_gather, t_mv = (float(np.median(a)) for a in (dense, gather, mv))
+    return {
+        "dense_gemv_s": t_dense, "dense_gemv_min_s": float(dense.min()), "dense_gemv_flops_per_s": 2.0 * M * K / t_dense,
+        "gather_s": t_gather, "gather_min_s": float(gather.min()), "gather_bytes_per_s": rows * K * es / t_gather,
+        "gathered_gemv_s": t_gather + t_mv, "gathered_gemv_flops_per_s": 2.0 * rows * K / (t_gather + t_mv),
+        "gathered_compute_only_flops_per_s": 2.0 * rows * K / t_mv,
+    }
+
+
+def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, float]:
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    t = _median_s(lambda: np.copyto(dst, src), min_time_s, min_reps=3)
+    return {"copy_bytes": nbytes, "copy_s": t, "memcpy_bytes_per_s": nbytes / t,
+            "stream_copy_bytes_per_s": 2.0 * nbytes / t}
+
+
+def compute_sections(result: dict[str, Any], date: str, command: str,
+                     old_memory_source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(compute section, memory updates) of the profile from a bench result."""
+    per = result["per_dtype"]
+    gather_dtype = "fp32" if "fp32" in per else next(iter(per))
+    prefix = f"measured by flashsim bench compute ({date}, {result['framework']}, {result['threads']} threads)"
+    compute = {
+        "gemv_flops_per_s": {k: float(f"{v['dense_gemv_flops_per_s']:.4g}") for k, v in per.items()},
+        "gather_bytes_per_s": float(f"{per[gather_dtype]['gather_bytes_per_s']:.4g}"),
+        "op_overhead_s": float(f"{result['op_overhead_s']:.4g}"),
+        "source": f"{prefix}: dense GEMV {result['dense_shape'][0]}x{result['dense_shape'][1]} per dtype; "
+                  f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype}); 1-element add per op; `{command}`",
+    }
+    mem = result["memory"]
+    kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
+    memory = {
+        "capacity_bytes": int(result["memory_capacity_bytes"]),
+        "bandwidth_bytes_per_s": float(f"{mem['stream_copy_bytes_per_s']:.4g}"),
+        "source": f"{prefix}: capacity = physical RAM (sysconf); bandwidth = STREAM-style copy traffic "
+                  f"(2 x {mem['copy_bytes'] >> 20} MiB / time); reserved_bytes and unified kept from: {kept}",
+    }
+    return compute, memory

@@ -1,0 +1,187 @@
+"""The neuron cache: per-layer preallocated matrices of neuron bundles in DRAM (sizes in bytes).
+
+LLM in a flash's DRAM management: each layer owns one matrix of `capacity` rows, allocated once
+(page aligned and pre-faulted, so direct-I/O reads can land in it and no page fault happens later).
+Rows [0, n) are occupied. New neurons are appended at the end (rows [n, n + k)); deleting neurons
+moves the last occupied rows into the holes, so the occupied rows stay dense and nothing is ever
+reallocated. `slot_of` (int32 [N], -1 = absent) and `neuron_at` (int32 [capacity], -1 = empty)
+index both ways.
+
+Cost accounting is exact: `bytes_moved` counts the bytes copied by deletions (rows moved x
+row_bytes; padding beyond row_bytes is never copied). A copy reads and writes each byte once, so it
+generates 2 x bytes_moved of DRAM traffic; `bytes_inserted` counts bytes copied in by `insert`
+(rows a reader fills in place through `append` cost no copy and are not counted here).
+
+Row layout: gate row | up row | down column (the store's bundle), `row_bytes` long, in a row of
+`row_stride_bytes` (>= row_bytes; equal to the store's padded stride for zero-copy reads). Per-token
+work allocates only O(k) index arrays, never weight memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from real.buffers import AlignedBuffer
+
+MOVE_BATCH_ROWS = 256  # rows copied per batch through the preallocated scratch
+
+
+@dataclass(frozen=True)
+class MoveStats:
+    rows_moved: int
+    bytes_moved: int
+
+
+class LayerCache:
+    """Up to `capacity` neurons (of `n_neurons`) of one layer.
+
+    Raises ValueError when capacity < 0, n_neurons < 1, row_bytes < 1 or row_stride_bytes < row_bytes.
+    """
+
+    def __init__(self, capacity: int, n_neurons: int, row_bytes: int, row_stride_bytes: int | None = None):
+        stride = row_bytes if row_stride_bytes is None else row_stride_bytes
+        if capacity < 0 or n_neurons < 1 or row_bytes < 1 or stride < row_bytes:
+            raise ValueError(f"bad cache shape: capacity={capacity}, n_neurons={n_neurons}, "
+                             f"row_bytes={row_bytes}, row_stride_bytes={stride}")
+        self.capacity, self.n_neurons = capacity, n_neurons
+        self.row_bytes, self.row_stride_bytes = row_bytes, stride
+        self._buf = AlignedBuffer(max(1, capacity) * stride)
+        self.rows = self._buf.view2d(capacity, stride)          # uint8 [capacity, stride]
+        self._data = self.rows[:, :row_bytes]                     # the copied part of each row
+        self._scratch = np.empty((min(MOVE_BATCH_ROWS, max(1, capacity)), row_bytes), np.uint8)
+        self._mark = np.zeros(max(1, capacity), bool)
+        self.slot_of = np.full(n_neurons, -1, np.int32)
+        self.neuron_at = np.full(max(1, capacity), -1, np.int32)[:capacity]
+        self.n = 0
+        self.bytes_moved = 0
+        self.rows_moved = 0
+        self.bytes_inserted = 0
+
+    # ---- queries ---------------------------------------------------------------------------------------
+    @property
+    def resident_bytes(self) -> int:
+        """DRAM the occupied rows take (whole strides)."""
+        return self.n * self.row_stride_bytes
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.capacity * self.row_stride_bytes
+
+    def resident_ids(self) -> np.ndarray:
+        return self.neuron_at[: self.n]
+
+    def contains(self, neuron_ids: np.ndarray) -> np.ndarray:
+        return self.slot_of[np.asarray(neuron_ids, dtype=np.int64)] >= 0
+
+    def missing(self, neuron_ids: np.ndarray) -> np.ndarray:
+        """The ids (in the given order) that are not resident."""
+        ids = np.asarray(neuron_ids, dtype=np.int64)
+        return ids[self.slot_of[ids] < 0]
+
+    def occupied(self) -> np.ndarray:
+        """uint8 [n, row_stride_bytes]: the occupied rows (a view)."""
+        return self.rows[: self.n]
+
+    def segment(self, index: int, segment_bytes: int, dtype: np.dtype | str) -> np.ndarray:
+        """[n, segment_bytes / itemsize] view of one segment (e.g. 0 = gate) of the occupied rows.
+        bf16 stores: pass np.uint16 and decode, or use `torch_segment`."""
+        a = self.rows[: self.n, index * segment_bytes: (index + 1) * segment_bytes]
+        return a.view(np.dtype(dtype))
+
+    def torch_segment(self, index: int, segment_bytes: int, torch_dtype: object) -> object:
+        """The same view as a torch tensor sharing memory (torch imported lazily; bf16 works)."""
+        import torch
+
+        t = torch.from_numpy(self.rows[: self.n, index * segment_bytes: (index + 1) * segment_bytes])
+        return t.view(torch_dtype)  # type: ignore[arg-type]
+
+    # ---- updates ---------------------------------------------------------------------------------------
+    def append(self, neuron_ids: np.ndarray) -> tuple[int, int]:
+        """Reserve rows [n, n + k) for absent neurons (in the given order) and index them; the
+        caller fills `rows[start:stop]` (e.g. `BundleReader.read(..., dest=cache.rows[start:stop])`)."""
+        ids = np.asarray(neuron_ids, dtype=np.int64)
+        k = len(ids)
+        if self.n + k > self.capacity:
+            raise FlashsimError(f"neuron cache full: {self.n} + {k} rows > capacity {self.capacity}; "
+                                "evict first or give the layer more memory")
+        if k and (np.any(self.slot_of[ids] >= 0) or len(np.unique(ids)) != k):
+            raise ValueError("append: some neurons are already resident or repeated")
+        start, stop = self.n, self.n + k
+        self.slot_of[ids] = np.arange(start, stop, dtype=np.int32)
+        self.neuron_at[start:stop] = ids
+        self.n = stop
+        return start, stop
+
+    def insert(self, neuron_ids: np.ndarray, data: np.ndarray) -> tuple[int, int]:
+        """Append and copy `data` (uint8 [k, >= row_bytes]) into the new rows."""
+        start, stop = self.append(neuron_ids)
+        self._data[start:stop] = np.asarray(data, np.uint8)[:, : self.row_bytes]
+        self.bytes_inserted += (stop - start) * self.row_bytes
+        return start, stop
+
+    def delete(self, neuron_ids: np.ndarray, missing_ok: bool = False) -> MoveStats:
+        """Evict neurons: the last occupied rows move into their holes. Returns what was copied."""
+        ids = np.asarray(neuron_ids, dtype=np.int64)
+        slots = self.slot_of[ids].astype(np.int64)
+        if np.any(slots < 0):
+            if not missing_ok:
+                raise ValueError("delete: some neurons are not resident")
+            ids, slots = ids[slots >= 0], slots[slots >= 0]
+        k = len(slots)
+        if k == 0:
+            return MoveStats(0, 0)
+        if len(np.unique(slots)) != k:
+            raise ValueError("delete: repeated neuron ids")
+        n_new = self.n - k
+        self._mark[slots] = True
+        holes = np.sort(slots[slots < n_new])
+        tail = np.arange(n_new, self.n)
+        movers = tail[~self._mark[n_new: self.n]][::-1]  # the last rows first
+        self._mark[slots] = False
+        for a in range(0, len(holes), len(self._scratch)):
+            h, m = holes[a: a + len(self._scratch)], movers[a: a + len(self._scratch)]
+            np.take(self._data, m, axis=0, out=self._scratch[: len(m)])
+            self._data[h] = self._scratch[: len(m)]
+        moved_ids = self.neuron_at[movers]
+        self.slot_of[ids] = -1
+        self.neuron_at[holes] = moved_ids
+        self.slot_of[moved_ids] = holes.astype(np.int32)
+        self.neuron_at[n_new: self.n] = -1
+        self.n = n_new
+        stats = MoveStats(len(holes), len(holes) * self.row_bytes)
+        self.rows_moved += stats.rows_moved
+        self.bytes_moved += stats.bytes_moved
+        return stats
+
+    def clear(self) -> None:
+        self.slot_of[self.neuron_at[: self.n]] = -1
+        self.neuron_at[: self.n] = -1
+        self.n = 0
+
+
+class NeuronCache:
+    """One LayerCache per layer (capacities may differ), with totals across layers."""
+
+    def __init__(self, capacities: list[int], n_neurons: int, row_bytes: int, row_stride_bytes: int | None = None):
+        self.layers = [LayerCache(c, n_neurons, row_bytes, row_stride_bytes) for c in capacities]
+
+    def __getitem__(self, layer: int) -> LayerCache:
+        return self.layers[layer]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(c.bytes_moved for c in self.layers)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(c.resident_bytes for c in self.layers)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(c.allocated_bytes for c in self.layers)

@@ -1,0 +1,35 @@
+"""Fixtures for the real backend: tiny model shapes and stores written into tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devices.model_spec import ModelSpec
+from real.convert import write_shape_store
+from real.store import WeightStore, open_store
+
+
+def tiny_spec(d_model: int = 128, d_ff: int = 256, n_layers: int = 2, ffn_kind: str = "swiglu",
+              ffn_bias: bool = False) -> ModelSpec:
+    return ModelSpec(name="tiny", family="llama", n_layers=n_layers, d_model=d_model, d_ff=d_ff, n_heads=4,
+                     n_kv_heads=2, head_dim=d_model // 4, vocab_size=100, ffn_kind=ffn_kind, ffn_bias=ffn_bias)
+
+
+@pytest.fixture
+def spec() -> ModelSpec:
+    return tiny_spec()
+
+
+@pytest.fixture
+def make_store(tmp_path: Path):
+    """make_store(name, spec=tiny, **write_shape_store kwargs) -> opened WeightStore."""
+
+    def make(name: str = "store", spec: ModelSpec | None = None, **kw) -> WeightStore:
+        kw.setdefault("seed", 7)
+        kw.setdefault("dtype", "fp32")
+        path = write_shape_store(spec or tiny_spec(), tmp_path / name, **kw)
+        return open_store(path, verify="full")
+
+    return make

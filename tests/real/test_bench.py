@@ -1,0 +1,126 @@
+"""`flashsim bench flash|compute` -> a valid DeviceProfile (written to tmp_path), fio import."""
+
+from __future__ import annotations
+
+import configparser
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devices.schema import load_profile
+from real.fio_import import fio_jobfile, import_fio
+from sim.cli.main import main
+
+FIO = Path(__file__).parent / "data" / "fio_psync_2x2.json"
+
+
+def _quick_flash(tmp_path: Path, *extra: str) -> list[str]:
+    return ["bench", "flash", "--quick", "--duration-s", "0.02", "--size", "8MiB", "--path",
+            str(tmp_path / "bench.dat"), *extra]
+
+
+def test_bench_flash_writes_a_valid_profile(tmp_path, capsys):
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
+    res = json.loads(capsys.readouterr().out)
+    g = res["grid"]
+    assert g["chunk_bytes"] == [4096, 65536, 1 << 20] and g["in_flight"] == [1, 4]
+    assert all(v > 0 for row in g["bytes_per_s"] for v in row) and res["direct_io"]
+    assert not (tmp_path / "bench.dat").exists()        # a file the bench created is removed
+    prof = load_profile(out)
+    assert prof.name == "this-host" and prof.flash.read_table.chunk_bytes == [4096, 65536, 1 << 20]
+    assert prof.flash.max_in_flight == 4 and prof.flash.source.startswith("measured by flashsim bench flash")
+    assert prof.source.kind == "mixed"                 # compute still comes from the seed profile
+    assert prof.flash.bytes_per_s(65536, 4) == pytest.approx(g["bytes_per_s"][1][1], rel=1e-3)
+    assert prof.flash.sequential_read_bytes_per_s == pytest.approx(res["sequential"]["bytes_per_s"], rel=1e-3)
+    assert prof.memory == load_profile("this-host").memory   # untouched sections kept
+
+
+def test_bench_compute_then_flash_merge(tmp_path, capsys):
+    out = tmp_path / "mine.yaml"
+    assert main(["bench", "compute", "--quick", "--out", str(out), "--name", "my-box"]) == 0
+    text = capsys.readouterr().out
+    assert "fp32" in text and "DRAM copy" in text
+    prof = load_profile(out)
+    assert prof.name == "my-box" and set(prof.compute.gemv_flops_per_s) == {"fp32", "fp16", "bf16"}
+    assert prof.compute.source.startswith("measured by flashsim bench compute")
+    assert prof.memory.source.startswith("measured by flashsim bench compute") and prof.source.kind == "mixed"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--name", "my-box")) == 0
+    merged = load_profile(out)
+    assert merged.compute == prof.compute and merged.source.kind == "measured"
+    refs = merged.source.references
+    assert sum(r.startswith("flashsim bench compute") for r in refs) == 1
+    assert sum(r.startswith("flashsim bench flash") for r in refs) == 1
+    assert yaml.safe_load(out.read_text())["flash"]["read_table"]["in_flight"] == [1, 4]
+
+
+def test_existing_file_is_read_not_removed_and_no_write(tmp_path, capsys):
+    f = tmp_path / "mine.dat"
+    f.write_bytes(b"\1" * (2 << 20))
+    assert main(["bench", "flash", "--path", str(f), "--chunks", "4KiB,16KiB", "--in-flight", "1,2",
+                 "--duration-s", "0.01", "--no-write"]) == 0
+    assert "q=2" in capsys.readouterr().out
+    assert f.read_bytes() == b"\1" * (2 << 20) and list(tmp_path.iterdir()) == [f]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chunks", "5000"], "multiple of 4096"),
+    (["--in-flight", "4,2"], "strictly increasing"),
+    (["--in-flight", "x"], "not an integer"),
+    (["--duration-s", "0"], "must be > 0"),
+])
+def test_bench_flash_bad_input(tmp_path, capsys, argv, message):
+    assert main(["bench", "flash", "--no-write", "--path", str(tmp_path / "b.dat"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_fio_import(tmp_path, capsys):
+    res = import_fio(FIO)
+    g = res["grid"]
+    assert g["chunk_bytes"] == [4096, 65536] and g["in_flight"] == [1, 4]
+    assert g["bytes_per_s"][0][0] == 70530126 and g["bytes_per_s"][1][1] == 1440703362
+    assert res["sequential"]["bytes_per_s"] == 2626596931
+    assert res["latency_4k_qd1"]["mean_s"] == pytest.approx(57630.661779e-9)
+    out = tmp_path / "fio.yaml"
+    assert main(["bench", "flash", "--import-fio", str(FIO), "--out", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.flash.bytes_per_s(4096, 4) == pytest.approx(167329684, rel=1e-3) and "fio" in prof.flash.source
+
+
+def test_fio_import_refuses_incomplete_or_buffered(tmp_path, capsys):
+    data = json.loads(FIO.read_text())
+    data["jobs"] = [j for j in data["jobs"] if j["jobname"] != "rand-64k-4"]
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    assert main(["bench", "flash", "--import-fio", str(tmp_path / "a.json"), "--no-write"]) == 2
+    assert "no randread job with bs=65536 at 4 reads in flight" in capsys.readouterr().err
+    data = json.loads(FIO.read_text())
+    data["global options"]["direct"] = "0"
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    assert main(["bench", "flash", "--import-fio", str(tmp_path / "b.json"), "--no-write"]) == 2
+    assert "without direct=1" in capsys.readouterr().err
+    assert main(["bench", "flash", "--import-fio", str(FIO), "--chunks", "4KiB", "--no-write"]) == 2
+    assert "drop --chunks" in capsys.readouterr().err
+    (tmp_path / "c.json").write_text("fio: no such file\n")
+    assert main(["bench", "flash", "--import-fio", str(tmp_path / "c.json"), "--no-write"]) == 2
+    assert "not fio JSON output" in capsys.readouterr().err
+
+
+def test_fio_jobfile_has_the_grid():
+    cp = configparser.ConfigParser(allow_no_value=True)
+    cp.read_string(fio_jobfile("/data/f", [4096, 65536], [1, 4], runtime_s=0.3))
+    assert cp["global"]["direct"] == "1" and cp["global"]["runtime"] == "300ms"
+    assert [s for s in cp.sections() if s.startswith("rand-")] == ["rand-4096-1", "rand-4096-4", "rand-65536-1",
+                                                                  "rand-65536-4"]
+    assert cp["rand-65536-4"]["numjobs"] == "4" and cp["seq"]["rw"] == "read"
+
+
+def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
+    import real.bench_flash as bf
+
+    monkeypatch.setattr(bf, "filesystem_type", lambda p: "tmpfs")
+    assert main(_quick_flash(tmp_path, "--no-write")) == 2
+    assert "on tmpfs, which is RAM, not flash" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
