@@ -1,0 +1,137 @@
+"""Compute: the time of each compute phase, and its slowdown by flash DMA on unified memory.
+
+A phase (attention, predictor, FFN, memory management, lm_head) costs
+
+    t = gather_bytes / gather_bytes_per_s + max(FLOPs / flops_per_s, bytes / dram_bytes_per_s)
+        + kernels * op_overhead_s
+
+(device numbers from the profile; FLOP rate for the weights' dtype). Decode at batch 1 is
+memory-bound, so the max() is nearly always the bytes term: the weights (and KV cache) the phase
+touches, streamed from DRAM once. A sparse FFN first gathers the computed neurons' rows into a
+dense buffer (environment.md measured this copy as two thirds of a sparse FFN on the CPU host).
+
+Kernel counts (each pays one `op_overhead_s`, a launch/dispatch cost):
+  attention 8 (input norm, q/k/v projections, rotary, fused attention, output projection,
+  residual), FFN 3 + matrices (norm, one GEMV per matrix, activation, residual) + 1 gather when
+  sparse, predictor 3 (two low-rank GEMVs and the top selection), lm_head 3 (final norm, GEMV,
+  embedding lookup), memory management 1 (one batched row copy per layer when rows move).
+
+**Unified-memory contention.** Flash DMA writes the bytes it reads into the same DRAM the compute
+units stream weights from, so while a transfer runs at r bytes/s it takes r of the DRAM bandwidth
+B and a memory-bound phase progresses at (B - r) / B of its full speed. `stretch` integrates that
+over the scheduled transfers overlapping the phase. (The FLOP-bound part is not slowed; flash is
+never slowed by compute: an SSD's 2-7 GB/s is far below any DRAM bandwidth, so the SSD, not DRAM,
+limits the transfer.) Discrete-GPU hosts (unified: false) have no contention: reads land in host
+RAM and cross PCIe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from devices.model_spec import ModelSpec
+from devices.schema import DeviceProfile
+
+ATTENTION_KERNELS = 8
+FFN_BASE_KERNELS = 3
+PREDICTOR_KERNELS = 3
+HEAD_KERNELS = 3
+MGMT_KERNELS = 1
+# A DMA stream can never take the whole DRAM bandwidth from compute: floor the remaining share.
+MIN_BANDWIDTH_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Costs of a compute phase in seconds at full DRAM bandwidth (arrays or floats)."""
+
+    flop_s: np.ndarray
+    mem_s: np.ndarray
+    gather_s: np.ndarray
+    ovh_s: np.ndarray
+
+    def total_s(self) -> np.ndarray:
+        """Duration without contention."""
+        return self.gather_s + np.maximum(self.flop_s, self.mem_s) + self.ovh_s
+
+
+class ComputeModel:
+    """Phase costs for one model (as stored) on one device."""
+
+    def __init__(self, spec: ModelSpec, profile: DeviceProfile):
+        self.spec, self.profile = spec, profile
+        self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
+        self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
+        self.gather_bytes_per_s = profile.compute.gather_bytes_per_s
+        self.op_s = profile.compute.op_overhead_s
+        self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
+
+    def attention(self, n_tokens: np.ndarray, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray,
+                  predictor_flops_per_token: float = 0.0, predictor_bytes: int = 0) -> Phase:
+        """One layer's attention (plus the FFN predictor) for each step: arrays [S]."""
+        s = self.spec
+        n = np.asarray(n_tokens, np.float64)
+        flops = n * 2.0 * s.attn_params_per_layer + 4.0 * s.q_dim * np.asarray(ctx_sum, np.float64)
+        flops = flops + n * predictor_flops_per_token
+        kv_entries = np.where(decode, ctx_sum, kv_tokens).astype(np.float64)
+        nbytes = s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
+        nbytes = nbytes + predictor_bytes
+        kernels = ATTENTION_KERNELS + (PREDICTOR_KERNELS if predictor_flops_per_token > 0 else 0)
+        z = np.zeros_like(n)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z, z + kernels * self.op_s)
+
+    def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool = True) -> Phase:
+        """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers`: the
+        computed rows must be gathered out of a larger resident matrix (see Residency.gathers)."""
+        s = self.spec
+        c = np.asarray(n_computed, np.float64)
+        n = np.asarray(n_tokens, np.float64)
+        if n.ndim == 1 and c.ndim == 2:
+            n = n[:, None]
+        flops = 2.0 * n * c * s.ffn_matrices * s.d_model
+        nbytes = c * s.ffn_neuron_bytes
+        sparse = (c > 0) & (c < s.d_ff) & gathers
+        gather = np.where(sparse, nbytes / self.gather_bytes_per_s, 0.0)
+        kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices + sparse, 0)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather, kernels * self.op_s)
+
+    def memory_management(self, moved_neurons: np.ndarray) -> Phase:
+        """Copy rows inside the cache matrix: each byte is read and written once."""
+        m = np.asarray(moved_neurons, np.float64)
+        nbytes = 2.0 * m * self.spec.ffn_neuron_bytes
+        z = np.zeros_like(m)
+        return Phase(z, nbytes / self.dram_bytes_per_s, z, np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
+
+    def head(self, n_sequences: int, n_tokens: np.ndarray) -> Phase:
+        """Final norm + lm_head for one logits row per sequence, plus the embedding lookup."""
+        s = self.spec
+        n = np.asarray(n_tokens, np.float64)
+        head_bytes = s.lm_head_bytes if not s.tied_embeddings else s.embedding_bytes
+        flops = np.full_like(n, 2.0 * n_sequences * s.vocab_size * s.d_model)
+        nbytes = head_bytes + s.final_norm_bytes + n * s.d_model * s.dtype_bytes
+        z = np.zeros_like(n)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z, z + HEAD_KERNELS * self.op_s)
+
+
+def stretch(t0_s: float, work_s: float, segments, ) -> float:  # type: ignore[no-untyped-def]
+    """Duration of `work_s` seconds of memory-bound work starting at t0 while flash DMA transfers
+    run in `segments` [(start, end, DRAM share left to compute)] (sorted, non-overlapping: the
+    FIFO device). Outside transfers the work runs at full speed."""
+    if work_s <= 0:
+        return 0.0
+    t, left = t0_s, work_s
+    for a, b, share in segments:
+        if b <= t:
+            continue
+        if a > t:
+            if left <= a - t:
+                return t + left - t0_s
+            left -= a - t
+            t = a
+        if left <= (b - t) * share:
+            return t + left / share - t0_s
+        left -= (b - t) * share
+        t = b
+    return t + left - t0_s

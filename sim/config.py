@@ -1,0 +1,231 @@
+"""Run configuration: one policy per slot plus the workload, memory, flash and simulation sections.
+
+`RunConfig` is frozen and validated on construction; unknown keys are errors that name the key.
+It comes from a preset (`sim.policies.presets`), a mapping/YAML (`RunConfig.from_dict`,
+`load_config`) and `--set key=value` overrides (`with_overrides`):
+
+    --set prefetch=delta              put policy `delta` in slot `prefetch` (default parameters)
+    --set window.k=3                  parameter `k` of the policy in use named `window`
+    --set residency.k=3               ... the same, addressed by slot
+    --set workload.batch=4            a section parameter (workload, memory, flash, sim)
+    --set seed=7                      shorthand for sim.seed
+
+Slot switches are applied before parameters, so `--set residency=window --set window.k=2` works in
+any order. Values are parsed to the parameter's type (sizes accept units: '4GiB').
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from devices.errors import FlashsimError
+from devices.loading import read_mapping
+from sim.components.memory import BudgetTimeline
+from sim.params import build_params, check, param, params_to_dict
+from sim.policies.registry import REGISTRIES, SLOTS, find_slot
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    """What is generated: prompt, decode tokens, batch."""
+
+    prompt_tokens: int | None = param(None, "prompt tokens per sequence (prefill, one batched step); "
+                                            "default: each replayed prompt's own length")
+    tokens: int | None = param(None, "decode steps to simulate (one token per sequence each); "
+                                     "default: every generated token in the trace")
+    batch: int = param(1, "sequences decoded together (each step computes the union of their active sets)")
+
+    def __post_init__(self) -> None:
+        check(self.batch >= 1, f"batch must be >= 1, got {self.batch}")
+        check(self.tokens is None or self.tokens >= 1, f"tokens must be >= 1, got {self.tokens}")
+        check(self.prompt_tokens is None or self.prompt_tokens >= 0,
+              f"prompt_tokens must be >= 0, got {self.prompt_tokens}")
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    """DRAM budget and what stays resident."""
+
+    dram_budget_bytes: int | None = param(None, "DRAM for the model, caches and KV cache (default: the "
+                                                "device's capacity minus its reserved memory)", unit="bytes")
+    stream_non_ffn: bool = param(False, "also read attention weights, embeddings and lm_head from flash "
+                                        "every step instead of keeping them resident")
+
+    def __post_init__(self) -> None:
+        check(self.dram_budget_bytes is None or self.dram_budget_bytes > 0,
+              f"dram_budget_bytes must be > 0, got {self.dram_budget_bytes}")
+
+
+@dataclass(frozen=True)
+class FlashParams:
+    """How the storage is driven."""
+
+    in_flight: int | None = param(None, "reads kept in flight (default: the device's max_in_flight)")
+
+    def __post_init__(self) -> None:
+        check(self.in_flight is None or self.in_flight >= 1, f"in_flight must be >= 1, got {self.in_flight}")
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """Simulation options."""
+
+    seed: int = param(0, "seed of every random stream (noisy predictors, orderings)")
+    contention: bool = param(True, "on unified-memory devices, flash DMA slows memory-bound compute")
+    rescale: bool = param(False, "replay a trace on a model of another shape (layers and neurons tiled)")
+
+    def __post_init__(self) -> None:
+        check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+
+
+SECTIONS: dict[str, type] = {"workload": WorkloadParams, "memory": MemoryParams, "flash": FlashParams,
+                             "sim": SimParams}
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A slot's policy name with its validated parameters."""
+
+    slot: str
+    name: str
+    params: Any
+
+    @classmethod
+    def build(cls, slot: str, spec: str | Mapping[str, Any]) -> PolicyChoice:
+        if isinstance(spec, str):
+            name, params = spec, {}
+        elif isinstance(spec, Mapping):
+            if "name" not in spec:
+                raise FlashsimError(f"{slot}: give the policy as a name or a mapping with 'name'")
+            params = {k: v for k, v in spec.items() if k != "name"}
+            name = str(spec["name"])
+        else:
+            raise FlashsimError(f"{slot}: expected a policy name or mapping, got {spec!r}")
+        reg = REGISTRIES[slot]
+        cls_ = reg.get(name)
+        return cls(slot, name, build_params(cls_.Params, params, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **params_to_dict(self.params)}
+
+    def instantiate(self) -> Any:
+        return REGISTRIES[self.slot].get(self.name)(self.params)
+
+
+def _default_choice(slot: str) -> PolicyChoice:
+    defaults = {"residency": "naive", "predictor": "none", "layout": "bundling", "prefetch": "none",
+                "precision": "native"}
+    return PolicyChoice.build(slot, defaults[slot])
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs besides the trace, model and device."""
+
+    preset: str = "custom"
+    residency: PolicyChoice = field(default_factory=lambda: _default_choice("residency"))
+    predictor: PolicyChoice = field(default_factory=lambda: _default_choice("predictor"))
+    layout: PolicyChoice = field(default_factory=lambda: _default_choice("layout"))
+    prefetch: PolicyChoice = field(default_factory=lambda: _default_choice("prefetch"))
+    precision: PolicyChoice = field(default_factory=lambda: _default_choice("precision"))
+    workload: WorkloadParams = field(default_factory=WorkloadParams)
+    memory: MemoryParams = field(default_factory=MemoryParams)
+    flash: FlashParams = field(default_factory=FlashParams)
+    sim: SimParams = field(default_factory=SimParams)
+    budget_timeline: BudgetTimeline | None = None
+
+    def slots(self) -> dict[str, PolicyChoice]:
+        return {s: getattr(self, s) for s in SLOTS}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"preset": self.preset}
+        out.update({s: c.to_dict() for s, c in self.slots().items()})
+        out.update({name: params_to_dict(getattr(self, name)) for name in SECTIONS})
+        out["budget_timeline"] = self.budget_timeline.to_list() if self.budget_timeline else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "config") -> RunConfig:
+        """Strict: unknown top-level keys, slots, sections or parameters raise FlashsimError."""
+        allowed = {"preset", *SLOTS, *SECTIONS, "budget_timeline"}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise FlashsimError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+        kwargs: dict[str, Any] = {"preset": str(data.get("preset", "custom"))}
+        for s in SLOTS:
+            if s in data:
+                kwargs[s] = PolicyChoice.build(s, data[s])
+        for name, sec in SECTIONS.items():
+            if name in data:
+                if not isinstance(data[name], Mapping):
+                    raise FlashsimError(f"{where}: {name} must be a mapping")
+                kwargs[name] = build_params(sec, data[name], name)
+        tl = data.get("budget_timeline")
+        if tl is not None:
+            try:
+                kwargs["budget_timeline"] = BudgetTimeline(tuple(float(p[0]) for p in tl),
+                                                           tuple(int(p[1]) for p in tl))
+            except (TypeError, ValueError, IndexError) as e:
+                raise FlashsimError(f"{where}: budget_timeline: {e}") from None
+        return cls(**kwargs)
+
+    def with_overrides(self, settings: Iterable[str]) -> RunConfig:
+        """Apply `key=value` strings (see the module docstring). A slot switched to another policy
+        is built once, with its defaults plus every parameter set for it in the same call."""
+        parsed = []
+        for item in settings:
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise FlashsimError(f"--set {item!r}: expected key=value, e.g. window.k=3")
+            if key == "seed":
+                key = "sim.seed"
+            parsed.append((item, key, value))
+        switched = {key: value for _item, key, value in parsed if key in SLOTS}
+        names = {s: switched.get(s, getattr(self, s).name) for s in SLOTS}
+        slot_params: dict[str, dict[str, Any]] = {s: {} for s in SLOTS}
+        section_params: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        for item, key, value in parsed:
+            if key in SLOTS:
+                continue
+            head, dot, name = key.partition(".")
+            if not dot:
+                raise FlashsimError(f"--set {item!r}: unknown setting {key!r}; use a slot "
+                                    f"({', '.join(SLOTS)}) to choose a policy, or SLOT.PARAM / "
+                                    f"SECTION.PARAM ({', '.join(SECTIONS)}) for a parameter")
+            if head in SECTIONS:
+                section_params[head][name] = value
+            else:
+                slot_params[self._slot_of(item, head, names)][name] = value
+        kwargs: dict[str, Any] = {}
+        for s in SLOTS:
+            if s in switched or slot_params[s]:
+                base = params_to_dict(getattr(self, s).params) if s not in switched else {}
+                kwargs[s] = PolicyChoice.build(s, {"name": names[s], **base, **slot_params[s]})
+        for sec, values in section_params.items():
+            if values:
+                kwargs[sec] = build_params(SECTIONS[sec], {**params_to_dict(getattr(self, sec)), **values}, sec)
+        return replace(self, **kwargs) if kwargs else self
+
+    @staticmethod
+    def _slot_of(item: str, head: str, names: dict[str, str]) -> str:
+        if head in SLOTS:
+            return head
+        for slot, name in names.items():
+            if name == head:
+                return slot
+        owner = find_slot(head)
+        if owner is not None:
+            raise FlashsimError(f"--set {item!r}: policy {head!r} is not in use (slot {owner} holds "
+                                f"{names[owner]!r}); add --set {owner}={head} first")
+        raise FlashsimError(f"--set {item!r}: {head!r} is not a slot ({', '.join(SLOTS)}), a policy in use "
+                            f"({', '.join(sorted(names.values()))}) or a section ({', '.join(SECTIONS)})")
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """A RunConfig from a YAML or JSON file (strict)."""
+    path = Path(path)
+    return RunConfig.from_dict(read_mapping(path), where=str(path))

@@ -1,0 +1,296 @@
+"""Engine: build a simulation from (trace, model, device, config) and run it.
+
+    result = simulate(trace, spec, profile, config)              # fast path when it applies
+    result = simulate(trace, spec, profile, config, fast=False)  # always the discrete-event run
+    sim = build(trace, spec, profile, config); result = sim.run(timeline=True)
+
+`build` resolves the workload against the trace, builds and binds the policies, sizes the fixed
+memory and checks the budget (FlashsimError with the shortfall). `run` plans (set algebra,
+vectorised) and times the plan with SimPy (`sim.components.pipeline`) or analytically
+(`sim.fastpath`; `fast="auto"` uses it whenever the configuration has no timing feedback).
+
+Sweeps call `simulate` in a loop: the resolved workload and the per-layer needed sets of a trace
+are cached (`SetAlgebraCache`, keyed by trace identity, workload and model shape), and so is the
+quality proxy per computed-set configuration, so changing the device or the budget does not
+recompute them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import simpy
+
+from devices.errors import FlashsimError
+from devices.model_spec import ModelSpec
+from devices.schema import DeviceProfile
+from devices.units import format_bytes
+from sim.components.compute import MIN_BANDWIDTH_SHARE, ComputeModel
+from sim.components.flash import FlashDevice
+from sim.components.memory import MemoryModel
+from sim.components.pipeline import Decoder
+from sim.config import RunConfig
+from sim.fastpath import decline_reason, run_fast
+from sim.planner import Planner
+from sim.policies.base import PolicyContext, Residency
+from sim.policies.stack import PolicyStack
+from sim.records import MemorySample, Recorder
+from sim.results import RunResult
+from sim.rng import RngStreams
+from sim.workload import Steps, TraceView, build_steps
+from traces.format import Trace
+
+
+class SetAlgebraCache:
+    """Trace views (with their per-layer needed sets) reused across runs; bounded by entry count."""
+
+    def __init__(self, max_views: int = 4):
+        self.max_views = max_views
+        self._views: OrderedDict[tuple, TraceView] = OrderedDict()
+        self.quality: dict[tuple, dict] = {}
+
+    def view(self, trace: Trace, config: RunConfig, spec: ModelSpec) -> TraceView:
+        w = config.workload
+        key = (_trace_key(trace), w.prompt_tokens, w.tokens, w.batch, spec.n_layers, spec.d_ff, config.sim.rescale)
+        v = self._views.get(key)
+        if v is None:
+            steps = build_steps(trace, w.prompt_tokens, w.tokens, w.batch)
+            v = TraceView(trace, steps, spec.n_layers, spec.d_ff, rescale=config.sim.rescale)
+            self._views[key] = v
+            while len(self._views) > self.max_views:
+                old, _ = self._views.popitem(last=False)
+                self.quality = {k: q for k, q in self.quality.items() if k[0] != old}
+        else:
+            self._views.move_to_end(key)
+        v.cache_key = key  # type: ignore[attr-defined]
+        return v
+
+
+    def quality_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig) -> dict:
+        """The quality sums of one computed-set configuration: the computed sets depend only on the
+        trace view, the predictor (and its seed) and what the residency allows (SelectInfer), never
+        on the device or the budget."""
+        allowed = stack.residency.describe() if type(stack.residency).allowed is not Residency.allowed else None
+        key = (view.cache_key, json.dumps(stack.predictor.describe(), sort_keys=True, default=str),  # type: ignore[attr-defined]
+               json.dumps(allowed, sort_keys=True, default=str), config.sim.seed,
+               stack.precision.transform(view.trace.spec).d_ff)
+        return self.quality.setdefault(key, {})
+
+
+def _trace_key(trace: Trace) -> tuple:
+    files = {k: v.sha256 for k, v in trace.manifest.files.items()}
+    return (str(trace.path), hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest())
+
+
+DEFAULT_CACHE = SetAlgebraCache()
+
+
+@dataclass
+class Simulation:
+    """A built run: call `run()`."""
+
+    trace: Trace
+    spec: ModelSpec
+    profile: DeviceProfile
+    config: RunConfig
+    view: TraceView
+    stack: PolicyStack
+    memory: MemoryModel
+    planner: Planner
+    budget_bytes: int
+    ctx: PolicyContext
+    notes: list[str] = field(default_factory=list)
+    _used: bool = False
+
+    @property
+    def steps(self) -> Steps:
+        return self.view.steps
+
+    def fast_path_reason(self) -> str | None:
+        names = {s: p.name for s, p in self.stack.policies.items()}
+        return decline_reason(self.stack.timing_feedback, names, self.config.budget_timeline is not None)
+
+    def _fresh(self) -> None:
+        """Runs start from empty policy state: re-bind and re-plan when this Simulation ran before."""
+        if self._used:
+            self.ctx.notes.clear()
+            self.ctx.rng = RngStreams(self.config.sim.seed)
+            self.stack.bind(self.ctx)
+            p = self.planner
+            self.planner = Planner(self.stack, self.view, self.spec, self.profile, self.memory, p.compute,
+                                   p.in_flight, p.stream_non_ffn, quality_memo=p.quality_memo)
+            self.notes = self.ctx.notes
+        self._used = True
+
+    def run(self, fast: bool | Literal["auto"] = "auto", timeline: bool = False) -> RunResult:
+        self._fresh()
+        reason = self.fast_path_reason()
+        if fast is True and reason:
+            raise FlashsimError(f"the analytic fast path does not apply: {reason}; run the discrete-event "
+                                "simulation instead (fast=False / omit --fast)")
+        use_fast = (fast is True) or (fast == "auto" and reason is None and not timeline)
+        rec = Recorder(timeline=timeline)
+        flash = FlashDevice(log=timeline, dram_bytes_per_s=self.profile.memory.bandwidth_bytes_per_s
+                            if self._unified() else None, min_share=MIN_BANDWIDTH_SHARE)
+        tl = self.config.budget_timeline
+        if tl is None:
+            plan = self.planner.plan_all(self.budget_bytes)
+            if use_fast:
+                run_fast(plan, rec)
+            else:
+                env = simpy.Environment()
+                dec = Decoder(env, plan, flash, self.stack.prefetch.trigger, self._unified(), rec)
+                env.process(dec.run())
+                env.run()
+        else:
+            plan = self._run_timeline(rec, flash)
+        cfg = self.resolved_config(engine="fast" if use_fast else "des")
+        return RunResult(tokens=rec.tokens, config=cfg, engine="fast" if use_fast else "des",
+                         batch=self.steps.batch, mass=(plan.mass_num.copy(), plan.mass_den.copy()),
+                         recall=(plan.rec_num.copy(), plan.rec_den.copy()), notes=list(self.notes),
+                         memory=rec.memory, intervals=rec.intervals, flash_log=flash.log,
+                         device=self.profile.name)
+
+    def _unified(self) -> bool:
+        return self.profile.memory.unified and self.config.sim.contention
+
+    def _run_timeline(self, rec: Recorder, flash: FlashDevice):  # type: ignore[no-untyped-def]
+        tl = self.config.budget_timeline
+        assert tl is not None
+        env = simpy.Environment()
+        start_budget = tl.at(0.0, self.budget_bytes)
+        # "now": in force; "step_max": the largest in force during the current step, against which the
+        # step's upper-bound accounting is checked (a drop mid-step is checked exactly when it happens)
+        budget = {"now": start_budget, "step_max": start_budget}
+        planner, memory, stack = self.planner, self.memory, self.stack
+        current = {"step": 0}
+
+        def check_and_shrink(t_s: float) -> int:
+            b = budget["now"]
+            s = current["step"]
+            need = memory.fixed_bytes + int(memory.kv_bytes[s])
+            if need > b:
+                raise FlashsimError(
+                    f"budget timeline: at t={t_s:.6f} s (step {s}) only {format_bytes(b)} is available but "
+                    f"{format_bytes(need)} must stay resident (weights {format_bytes(memory.fixed_bytes)} + KV "
+                    f"cache {format_bytes(int(memory.kv_bytes[s]))}), {need - b:,} bytes short; this policy "
+                    "cannot shrink further")
+            # fit the current step and the next (its KV cache is one token larger)
+            if stack.residency.page_granular:
+                nxt = min(s + 2, len(memory.kv_bytes))
+                stack.residency.shrink_bytes(int(memory.cache_bytes(b, s, nxt).min()))  # type: ignore[attr-defined]
+            else:
+                stack.residency.on_budget_change(int(memory.cap_neurons(b, s, s + 1).min()))
+            resident = need + stack.residency.dynamic_bytes()
+            if resident > b:
+                raise FlashsimError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
+                                    f"{format_bytes(b)} ({resident - b:,} bytes over)")
+            return resident
+
+        def budget_process():  # type: ignore[no-untyped-def]
+            for t, b in zip(tl.t_s, tl.available_bytes):
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                budget["now"] = int(b)
+                budget["step_max"] = max(budget["step_max"], int(b))
+                resident = check_and_shrink(env.now)
+                rec.memory.append(MemorySample(env.now, resident, int(b)))
+                rec.budget_changes.append((env.now, int(b)))
+
+        def plan_cell(s: int, layer: int) -> None:
+            if layer == 0:
+                current["step"] = s
+                budget["step_max"] = budget["now"]
+            planner.plan_cell(s, layer, budget["now"])
+
+        def finish_step(s: int) -> None:
+            planner.finish_steps(s, s + 1, budget["step_max"])
+
+        check_and_shrink(0.0)
+        env.process(budget_process())
+        dec = Decoder(env, planner.arr, flash, stack.prefetch.trigger, self._unified(), rec,
+                      plan_cell=plan_cell, finish_step=finish_step)
+        env.process(dec.run())
+        env.run()
+        rec.memory.sort(key=lambda m: m.t_s)
+        return planner.arr
+
+    def resolved_config(self, engine: str = "") -> dict[str, Any]:
+        cfg = self.config.to_dict()
+        cfg.update({
+            "policies": {s: p.describe() for s, p in self.stack.policies.items()},
+            "model": self.spec.name, "model_dtype": self.spec.dtype, "device": self.profile.name,
+            "trace": str(self.trace.path), "trace_model": self.trace.spec.name,
+            "rescaled": self.view.rescaled, "dram_budget_bytes": self.budget_bytes,
+            "fixed_bytes": self.memory.fixed_bytes, "fixed_parts": dict(self.memory.parts),
+            "in_flight": self.planner.in_flight, "steps": self.steps.n, "decode_steps": self.steps.n_decode,
+            "prompt_tokens": list(self.steps.prompt_lengths), "engine": engine,
+            "fast_path": self.fast_path_reason() or "applies",
+        })
+        return cfg
+
+
+def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: RunConfig,
+          cache: SetAlgebraCache | None = None) -> Simulation:
+    """Resolve and validate everything a run needs (FlashsimError for bad input)."""
+    cache = cache or DEFAULT_CACHE
+    base_spec = spec if spec is not None else trace.spec
+    choices = config.slots()
+    policies = {slot: c.instantiate() for slot, c in choices.items()}
+    stack = PolicyStack(policies["residency"], policies["predictor"], policies["layout"], policies["prefetch"],
+                        policies["precision"])
+    eff_spec = stack.precision.transform(base_spec)
+    if stack.residency.page_granular and stack.predictor.name != "none":
+        raise FlashsimError(f"residency {stack.residency.name!r} pages the model file and computes densely; "
+                            f"it cannot use predictor {stack.predictor.name!r} (use --set predictor=none)")
+    view = cache.view(trace, config, eff_spec)
+    budget = config.memory.dram_budget_bytes
+    if budget is None:
+        budget = profile.available_bytes
+    elif budget > profile.memory.capacity_bytes:
+        raise FlashsimError(f"--dram-budget {format_bytes(budget)} exceeds the DRAM of {profile.name} "
+                            f"({format_bytes(profile.memory.capacity_bytes)})")
+    notes: list[str] = []
+    ctx = PolicyContext(spec=eff_spec, profile=profile, budget_bytes=budget, rng=RngStreams(config.sim.seed),
+                        view=view, notes=notes)
+    stack.bind(ctx)
+    if view.rescaled:
+        notes.append(f"rescaled: trace {trace.spec.name} ({trace.n_layers} x {trace.n_neurons}) tiled onto "
+                     f"{eff_spec.name} ({eff_spec.n_layers} x {eff_spec.d_ff})")
+    memory = _memory_model(stack, eff_spec, view.steps, config)
+    memory.check_fits(budget if config.budget_timeline is None else config.budget_timeline.at(0.0, budget))
+    in_flight = config.flash.in_flight or profile.flash.max_in_flight
+    memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
+    planner = Planner(stack, view, eff_spec, profile, memory, ComputeModel(eff_spec, profile), in_flight,
+                      config.memory.stream_non_ffn, quality_memo=memo)
+    return Simulation(trace, eff_spec, profile, config, view, stack, memory, planner, budget, ctx, notes)
+
+
+def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: RunConfig) -> MemoryModel:
+    L = spec.n_layers
+    parts: dict[str, int] = {}
+    if stack.residency.page_granular:
+        pass  # every weight lives in the page cache, accounted as cache
+    elif config.memory.stream_non_ffn:
+        parts["norm_weights"] = L * spec.norm_bytes_per_layer + spec.final_norm_bytes
+        head = spec.lm_head_bytes if not spec.tied_embeddings else spec.embedding_bytes
+        parts["stream_buffer"] = max(spec.attn_bytes_per_layer, head)
+    else:
+        parts["non_ffn_weights"] = spec.non_ffn_bytes
+    static = sum(int(np.bitwise_count(stack.static_mask(layer)).sum()) for layer in range(L))
+    parts["static_ffn_neurons"] = static * spec.ffn_neuron_bytes
+    parts["predictor_weights"] = L * stack.predictor.weight_bytes_per_layer()
+    kv = steps.kv_tokens * spec.kv_bytes_per_token
+    return MemoryModel(parts, kv, L, spec.ffn_neuron_bytes)
+
+
+def simulate(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: RunConfig,
+             fast: bool | Literal["auto"] = "auto", timeline: bool = False,
+             cache: SetAlgebraCache | None = None) -> RunResult:
+    """Build and run one simulation (see the module docstring)."""
+    return build(trace, spec, profile, config, cache).run(fast=fast, timeline=timeline)

@@ -1,0 +1,267 @@
+"""Planner: from policy decisions (sets) to the numbers timing needs, per step and layer.
+
+This is the "what the trace decides" half of the simulator. For every (step, layer) it turns the
+`PolicyStack`'s sets into: read batches (chunk-size counts through the layout, then service times
+from the read curve), compute phase costs, memory-management bytes, cache sizes and the quality
+proxy; per step it adds the lm_head, streamed tensors and the DRAM accounting. Nothing here
+depends on simulated time, so the DES (`sim.components.pipeline`) and the analytic fast path
+(`sim.fastpath`) consume the same `PlanArrays`.
+
+Two ways to fill them: `plan_all` (layer by layer over all steps: vectorised; used when the budget
+is fixed) and `plan_cell` (one step of one layer, called by the DES when a budget timeline can
+change the cache share between layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from devices.model_spec import ModelSpec
+from devices.schema import DeviceProfile
+from devices.units import format_bytes
+from sim import bitsets
+from sim.components.compute import ComputeModel, Phase
+from sim.components.flash import ReadCost, region_time_s
+from sim.components.memory import MemoryModel
+from sim.policies.base import CapacityError
+from sim.policies.stack import LayerPlan, PolicyStack
+from sim.quality import layer_quality
+from sim.workload import TraceView
+
+# Steps planned per call: the policies' carried state makes chunks equivalent to one long range,
+# and a chunk's packed sets (steps x words x 8 B, ~350 KB for a 7B layer) stay in the CPU caches.
+PLAN_CHUNK_STEPS = 256
+
+SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
+             "pf_reads", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
+             "computed", "needed", "correct", "hits", "before", "after", "peak")
+S_FIELDS = ("head_read_s", "head_read_bytes", "head_reads", "mass_num", "mass_den", "rec_num", "rec_den",
+            "cache_bytes", "dram_bytes", "budget_bytes")
+
+
+@dataclass
+class PlanArrays:
+    """Per (step, layer) and per step numbers; see SL_FIELDS / S_FIELDS. Seconds, bytes, counts."""
+
+    S: int
+    L: int
+    sl: dict[str, np.ndarray] = field(default_factory=dict)
+    s: dict[str, np.ndarray] = field(default_factory=dict)
+    attn: Phase | None = None        # [S] (identical for every layer)
+    head: Phase | None = None        # [S]
+    kv_bytes: np.ndarray | None = None
+    fixed_bytes: int = 0
+    phase: np.ndarray | None = None
+    n_tokens: np.ndarray | None = None
+    planned_steps: int = 0
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        d = self.__dict__
+        if name in d.get("sl", {}):
+            return d["sl"][name]
+        if name in d.get("s", {}):
+            return d["s"][name]
+        raise AttributeError(name)
+
+    def ffn_phase(self) -> Phase:
+        return Phase(self.ffn_flop_s, self.ffn_mem_s, self.ffn_gather_s, self.ffn_ovh_s)
+
+    def mgmt_total_s(self) -> np.ndarray:
+        return self.mgmt_mem_s + self.mgmt_ovh_s
+
+
+class Planner:
+    """Fills PlanArrays for one run from its bound PolicyStack."""
+
+    def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
+                 memory: MemoryModel, compute: ComputeModel, in_flight: int, stream_non_ffn: bool,
+                 quality_memo: dict | None = None):
+        self.stack, self.view, self.spec, self.profile = stack, view, spec, profile
+        self.memory, self.compute = memory, compute
+        self.steps = view.steps
+        S, L = self.steps.n, spec.n_layers
+        self.S, self.L = S, L
+        layout = stack.layout
+        self.read_cost = ReadCost(profile.flash.curve, layout.chunk_sizes(), in_flight)
+        self.in_flight = in_flight
+        self.stream_non_ffn = stream_non_ffn
+        self.manages_cache = stack.residency.manages_cache
+        self.insert_copy = bool(getattr(stack.residency.params, "insert_copy", False))
+        # (layer, start, stop) -> quality sums; shared by runs whose computed sets are identical
+        self.quality_memo = quality_memo
+        a = PlanArrays(S, L)
+        a.sl = {f: np.zeros((S, L)) for f in SL_FIELDS}
+        a.s = {f: np.zeros(S) for f in S_FIELDS}
+        decode = self.steps.phase == 1
+        pred = stack.predictor
+        a.attn = compute.attention(self.steps.n_tokens, self.steps.attn_ctx_sum, self.steps.kv_tokens, decode,
+                                   pred.flops_per_token_per_layer(), pred.weight_bytes_per_layer())
+        a.head = compute.head(self.steps.batch, self.steps.n_tokens)
+        a.kv_bytes = memory.kv_bytes
+        a.fixed_bytes = memory.fixed_bytes
+        a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
+        self.arr = a
+        self._stream_rows(a)
+
+    # ---- streamed non-FFN tensors -------------------------------------------------------------
+    def _stream_rows(self, a: PlanArrays) -> None:
+        if not self.stream_non_ffn or self.stack.residency.page_granular:
+            return
+        spec, curve, chunk = self.spec, self.profile.flash.curve, self.stack.layout.max_chunk_bytes()
+        attn_bytes = spec.attn_bytes_per_layer
+        t, n = region_time_s(curve, attn_bytes, chunk, self.in_flight)
+        a.stream_s[:] = t
+        a.stream_bytes[:] = attn_bytes
+        a.stream_reads[:] = n
+        head_bytes = spec.lm_head_bytes if not spec.tied_embeddings else spec.embedding_bytes
+        th, nh = region_time_s(curve, head_bytes, chunk, self.in_flight)
+        # The embedding lookup reads one row per token (random rows: one read each).
+        row = int(np.ceil(spec.d_model * spec.dtype_bytes))
+        n_tok = self.steps.n_tokens.astype(np.float64)
+        q = np.minimum(n_tok, self.in_flight)
+        row_bw = np.array([curve.bytes_per_s(row, int(x)) for x in q])
+        a.head_read_s[:] = th + n_tok * row / row_bw
+        a.head_read_bytes[:] = head_bytes + n_tok * row
+        a.head_reads[:] = nh + n_tok
+
+    # ---- filling ------------------------------------------------------------------------------
+    def plan_all(self, budget_bytes: int) -> PlanArrays:
+        a = self.arr
+        if self.stack.residency.page_granular:
+            self._plan_pages(0, self.S, budget_bytes)
+        else:
+            cap = self.memory.cap_neurons(budget_bytes, 0, self.S)
+            for layer in range(self.L):
+                for a0 in range(0, self.S, PLAN_CHUNK_STEPS):
+                    b0 = min(self.S, a0 + PLAN_CHUNK_STEPS)
+                    self._fill_layer(layer, a0, b0, cap[a0:b0 + 1])
+        self.finish_steps(0, self.S, budget_bytes)
+        return a
+
+    def plan_cell(self, step: int, layer: int, budget_bytes: int) -> None:
+        if self.stack.residency.page_granular:
+            if layer == 0:
+                self._plan_pages(step, step + 1, budget_bytes)
+            return
+        cap = self.memory.cap_neurons(budget_bytes, step, step + 1)
+        self._fill_layer(layer, step, step + 1, cap)
+
+    def _fill_layer(self, layer: int, a0: int, b0: int, cap: np.ndarray) -> None:
+        try:
+            lp = self.stack.plan(layer, a0, b0, cap)
+        except CapacityError as e:
+            nb = self.spec.ffn_neuron_bytes
+            short = (e.need - e.cap) * nb * self.L
+            raise FlashsimError(
+                f"DRAM budget too small at step {e.step}: layer {e.layer} computes {e.need} neurons "
+                f"({format_bytes(e.need * nb)}) but its share of the cache holds {e.cap} "
+                f"({format_bytes(e.cap * nb)}); the caches need about {format_bytes(short)} ({short:,} bytes) "
+                "more over all layers; raise --dram-budget or use a sparser policy") from None
+        self._store(layer, a0, b0, lp)
+
+    def _store(self, layer: int, a0: int, b0: int, lp: LayerPlan) -> None:
+        a, rc, layout = self.arr, self.read_cost, self.stack.layout
+        rows = slice(a0, b0)
+        counts = layout.read_counts(layer, lp.demand)
+        a.dem_s[rows, layer] = rc.time_s(counts)
+        a.dem_bytes[rows, layer] = rc.bytes(counts)
+        a.dem_reads[rows, layer] = counts.sum(axis=1)
+        if lp.prefetch_next.any():
+            pc = layout.read_counts(layer, lp.prefetch_next)
+            tgt = np.arange(a0, b0) + 1
+            ok = tgt < self.S
+            a.pf_s[tgt[ok], layer] = rc.time_s(pc)[ok]
+            a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
+            a.pf_reads[tgt[ok], layer] = pc.sum(axis=1)[ok]
+        n_comp = bitsets.count(lp.computed)
+        n_need = bitsets.count(lp.needed)
+        n_corr = bitsets.count(lp.computed & lp.needed)
+        c = lp.cache
+        a.computed[rows, layer] = n_comp
+        a.needed[rows, layer] = n_need
+        a.correct[rows, layer] = n_corr
+        a.hits[rows, layer] = lp.hits
+        a.before[rows, layer] = c.before
+        a.after[rows, layer] = c.after
+        a.peak[rows, layer] = c.peak
+        ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, self.stack.residency.gathers)
+        a.ffn_flop_s[rows, layer] = ffn.flop_s
+        a.ffn_mem_s[rows, layer] = ffn.mem_s
+        a.ffn_gather_s[rows, layer] = ffn.gather_s
+        a.ffn_ovh_s[rows, layer] = ffn.ovh_s
+        if self.manages_cache:
+            moved = c.evicted + (c.inserted if self.insert_copy else 0)
+            mg = self.compute.memory_management(moved)
+            a.mgmt_mem_s[rows, layer] = mg.mem_s
+            a.mgmt_ovh_s[rows, layer] = mg.ovh_s
+        key = (layer, a0, b0)
+        q = self.quality_memo.get(key) if self.quality_memo is not None else None
+        if q is None:
+            q = layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
+            if self.quality_memo is not None:
+                self.quality_memo[key] = q
+        mn, md, rn, rd = q
+        a.mass_num[rows] += mn
+        a.mass_den[rows] += md
+        a.rec_num[rows] += rn
+        a.rec_den[rows] += rd
+
+    def _plan_pages(self, a0: int, b0: int, budget_bytes: int) -> None:
+        """Page-granular residency (mmap): the policy reports misses per tensor group."""
+        a = self.arr
+        res = self.stack.residency
+        cap_bytes = self.memory.cache_bytes(budget_bytes, a0, b0)
+        pages = res.advance_pages(a0, b0, cap_bytes)  # type: ignore[attr-defined]
+        rows = slice(a0, b0)
+        for key, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
+                                     ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
+            misses = pages[key]                      # [S, L] read-ahead windows missed
+            t, nbytes = res.miss_cost(misses, self.profile.flash.curve)  # type: ignore[attr-defined]
+            a.sl[t_f][rows] = t
+            a.sl[b_f][rows] = nbytes
+            a.sl[r_f][rows] = misses
+        t, nbytes = res.miss_cost(pages["head"], self.profile.flash.curve)  # type: ignore[attr-defined]
+        a.head_read_s[rows] = t
+        a.head_read_bytes[rows] = nbytes
+        a.head_reads[rows] = pages["head"]
+        N = self.spec.d_ff
+        a.computed[rows] = N
+        for layer in range(self.L):
+            needed = self.view.needed(layer, a0, b0)
+            full = np.broadcast_to(bitsets.full(N), needed.shape)
+            a.needed[rows, layer] = bitsets.count(needed)
+            a.correct[rows, layer] = a.needed[rows, layer]
+            mn, md, rn, rd = layer_quality(self.view, layer, a0, b0, np.ascontiguousarray(full), needed)
+            a.mass_num[rows] += mn
+            a.mass_den[rows] += md
+            a.rec_num[rows] += rn
+            a.rec_den[rows] += rd
+        a.hits[rows] = pages["ffn_hit_neurons"]
+        ffn = self.compute.ffn(self.steps.n_tokens[rows], a.computed[rows])
+        a.ffn_flop_s[rows], a.ffn_mem_s[rows] = ffn.flop_s, ffn.mem_s
+        a.ffn_gather_s[rows], a.ffn_ovh_s[rows] = ffn.gather_s, ffn.ovh_s
+        a.s["cache_bytes"][rows] = pages["cached_bytes"]
+
+    def finish_steps(self, a0: int, b0: int, budget_bytes: int | np.ndarray) -> None:
+        """DRAM accounting of steps [a0, b0) once all their layers are planned; checks the budget."""
+        a = self.arr
+        rows = slice(a0, b0)
+        if not self.stack.residency.page_granular:
+            nb = self.spec.ffn_neuron_bytes
+            base = np.maximum(a.before[rows], a.after[rows])
+            excess = (a.peak[rows] - base).max(axis=1)
+            a.s["cache_bytes"][rows] = (base.sum(axis=1) + excess) * nb
+        a.s["budget_bytes"][rows] = budget_bytes
+        a.s["dram_bytes"][rows] = a.fixed_bytes + a.kv_bytes[rows] + a.s["cache_bytes"][rows]
+        over = a.s["dram_bytes"][rows] - a.s["budget_bytes"][rows]
+        if np.any(over > 0):
+            i = int(np.argmax(over > 0))
+            s = a0 + i
+            raise FlashsimError(
+                f"DRAM budget {format_bytes(a.s['budget_bytes'][s])} exceeded at step {s}: weights, KV cache and "
+                f"the layer being streamed need {format_bytes(a.s['dram_bytes'][s])}, {int(over[i]):,} bytes more; "
+                "raise --dram-budget or use a policy that keeps less resident")
+        a.planned_steps = max(a.planned_steps, b0)

@@ -1,0 +1,288 @@
+"""Policy interfaces: the hooks every policy slot offers, when they are called, and what they return.
+
+A run is configured by filling five orthogonal **slots**, each with one registered policy:
+
+    residency   what stays in DRAM across tokens, what is read from flash   naive, hybrid, window, dense,
+                                                                           mmap, selective
+    predictor   which FFN neurons each step computes                       none, oracle, noisy, recorded
+    layout      how neurons lie on flash and become reads                  bundling
+    prefetch    what is read ahead of need, and when                       none, lookahead, delta
+    precision   the stored weight format                                   native, quantized
+
+Policies are plain Python (no SimPy, no `yield`): the simulator calls them vectorised over a
+range of steps of ONE layer, the real backend calls the very same objects with ranges of length 1,
+one token at a time. State that must survive between calls (a window's last k computed sets, an
+LRU's recency, a noisy predictor's random stream) lives in `self.state`, per layer, so running a
+range in one call or step by step gives identical results (tested for every policy).
+
+Units and representations: neuron sets are packed bit rows (`sim.bitsets`): words [S, W] for S steps
+of one layer. Steps are described by `StepSlice` (absolute step indices, phase, tokens per step).
+Sizes are bytes, times seconds.
+
+Hook reference (called by `sim.policies.stack.PolicyStack`, in this order for each layer and range):
+
+1. `Precision.transform(spec)` once before binding: the ModelSpec all other policies see.
+2. `Policy.bind(ctx)` once per run: receives the `PolicyContext`; resets state.
+3. `Residency.static_mask(layer)` once per layer: neurons resident for the whole run (loaded
+   before the first token; counted as fixed memory). Default: none.
+4. `Residency.allowed(layer, steps)`: neurons each step MAY compute (SelectInfer's static+dynamic
+   sets), or None for no restriction.
+5. `Predictor.predict(layer, steps, needed)` -> words [S, W]: the neurons each step computes,
+   given the true active sets `needed` (the union over the step's tokens). Called exactly once per
+   step, in step order.
+6. `Prefetcher.predict(layer, steps, computed)` -> words [S, W]: the prediction, made before each
+   step, of that step's computed set (what to read ahead). `trigger` says when the read is issued.
+7. `Residency.advance(layer, steps, computed, next_hint, cap_neurons)` -> `CacheSteps`: the
+   demand reads, prefetch reads, hits, evictions and cache sizes of each step (cap_neurons has
+   one entry per step plus one for the following step).
+8. `Residency.on_budget_change(cap_neurons)` when the DRAM budget changes during a run (the
+   simulator's budget timeline): shrink caches to fit at least.
+
+Policy output is checked in one place, `PolicyStack` (`PolicyOutputError`): shapes and dtypes,
+no neuron outside the layer, every demand read a computed neuron.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from sim import bitsets
+from sim.params import params_to_dict
+
+if TYPE_CHECKING:
+    from devices.model_spec import ModelSpec
+    from devices.schema import DeviceProfile
+    from sim.rng import RngStreams
+    from sim.workload import TraceView
+
+
+@dataclass(frozen=True)
+class StepSlice:
+    """A range [start, stop) of simulation steps (step 0 may be the batched prefill)."""
+
+    start: int
+    stop: int
+    phase: np.ndarray        # uint8 [S]: 0 prefill, 1 decode
+    n_tokens: np.ndarray     # int64 [S]: tokens processed together in each step (prompt or batch)
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def __post_init__(self) -> None:
+        if self.stop < self.start or len(self.phase) != self.size or len(self.n_tokens) != self.size:
+            raise ValueError(f"inconsistent StepSlice [{self.start}, {self.stop})")
+
+
+@dataclass
+class PolicyContext:
+    """Everything a policy may look at. Built by the engine (or the real backend) once per run."""
+
+    spec: ModelSpec                 # the model as stored (after the precision policy)
+    profile: DeviceProfile
+    budget_bytes: int               # DRAM budget at the start of the run
+    rng: RngStreams
+    view: TraceView                 # activations as the run sees them (workload and rescale applied)
+    notes: list[str] = field(default_factory=list)   # things results must say (e.g. self-profiled)
+
+    @property
+    def n_layers(self) -> int:
+        return self.spec.n_layers
+
+    @property
+    def n_neurons(self) -> int:
+        return self.spec.d_ff
+
+
+class Policy(ABC):  # noqa: B024 (the slot classes below declare the abstract hooks)
+    """A plug-in: its `Params` dataclass, a name given by the registry, and per-layer state."""
+
+    slot: ClassVar[str] = ""
+    name: ClassVar[str] = ""                 # set by Registry.register
+    timing_feedback: ClassVar[bool] = False  # True: its effect depends on simulated time (no fast path)
+
+    @dataclass(frozen=True)
+    class Params:
+        """No parameters."""
+
+    def __init__(self, params: Any = None):
+        self.params = params if params is not None else type(self).Params()
+        self.ctx: PolicyContext | None = None
+        self.state: dict[Any, Any] = {}
+
+    def bind(self, ctx: PolicyContext) -> None:
+        """Attach to a run's context and start from empty state."""
+        self.ctx = ctx
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = {}
+
+    def snapshot(self) -> Any:
+        return copy.deepcopy(self.state)
+
+    def restore(self, snap: Any) -> None:
+        self.state = copy.deepcopy(snap)
+
+    @property
+    def W(self) -> int:
+        assert self.ctx is not None, f"{self.name}: bind() first"
+        return bitsets.n_words(self.ctx.n_neurons)
+
+    def describe(self) -> dict[str, Any]:
+        """Name and resolved parameters, for the results' `config`."""
+        return {"name": self.name, **params_to_dict(self.params)}
+
+
+# ---- slot interfaces ---------------------------------------------------------------------------
+class Precision(Policy):
+    """Stored weight format. `transform` returns the ModelSpec every other part of the run uses."""
+
+    slot = "precision"
+
+    @abstractmethod
+    def transform(self, spec: ModelSpec) -> ModelSpec: ...
+
+
+class Predictor(Policy):
+    """Chooses the neurons each step computes."""
+
+    slot = "predictor"
+
+    @abstractmethod
+    def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
+        """words [S, W]: computed neurons of `layer` at each step; `needed` is the true active union."""
+
+    def weight_bytes_per_layer(self) -> int:
+        """DRAM held by the predictor's own weights for one layer (0 for oracles)."""
+        return 0
+
+    def flops_per_token_per_layer(self) -> float:
+        """Compute the predictor itself costs per token and layer."""
+        return 0.0
+
+
+class Layout(Policy):
+    """How FFN neurons lie on flash and how a set of neurons becomes reads."""
+
+    slot = "layout"
+
+    @abstractmethod
+    def read_units(self) -> tuple[int, int]:
+        """(unit_bytes, units_per_neuron): one neuron is `units_per_neuron` reads of `unit_bytes`
+        when nothing coalesces (bundled: 1 x bundle; unbundled: one row per FFN matrix)."""
+
+    @abstractmethod
+    def read_counts(self, layer: int, words: np.ndarray) -> np.ndarray:
+        """int64 [S, G]: reads of each chunk size `chunk_sizes()[g]` needed to fetch each row's set."""
+
+    @abstractmethod
+    def chunk_sizes(self) -> np.ndarray:
+        """int64 [G]: the chunk sizes `read_counts` counts, in bytes."""
+
+    def max_chunk_bytes(self) -> int:
+        """Largest single read: also used to stream large contiguous tensors (attention, lm_head)."""
+        return int(self.chunk_sizes()[-1])
+
+
+class Prefetcher(Policy):
+    """Predicts each step's computed set ahead of time so its reads overlap earlier compute.
+
+    trigger: "previous-step" (issued while the previous step computes this layer: delta
+    prefetch), "previous-layer" (issued while this step computes the previous layer: lookahead),
+    or "none"."""
+
+    slot = "prefetch"
+    trigger: ClassVar[str] = "none"
+
+    @abstractmethod
+    def predict(self, layer: int, steps: StepSlice, computed: np.ndarray) -> np.ndarray:
+        """words [S, W]: predicted computed set of each step in `steps`, made before the step."""
+
+
+@dataclass
+class CacheSteps:
+    """What a residency policy decided for S steps of one layer (dynamic part; static excluded).
+
+    demand     words [S, W]  read on demand before the step's FFN (computed, not resident)
+    prefetch   words [S, W]  read ahead DURING step s for step s+1 (or for step s itself when the
+                             prefetcher's trigger is previous-layer: the engine re-labels)
+    hits       int [S]       computed neurons already resident (static included by the stack)
+    before     int [S]       dynamic cache size when the step reaches this layer (incl. prefetched)
+    after      int [S]       dynamic cache size kept for the next step (incl. its prefetch)
+    peak       int [S]       largest dynamic size of this layer during the step
+    inserted   int [S]       neurons written into the cache (demand + prefetch)
+    evicted    int [S]       neurons removed from the cache
+    """
+
+    demand: np.ndarray
+    prefetch: np.ndarray
+    hits: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    peak: np.ndarray
+    inserted: np.ndarray
+    evicted: np.ndarray
+
+    @staticmethod
+    def concat(parts: list[CacheSteps]) -> CacheSteps:
+        return CacheSteps(*(np.concatenate([getattr(p, f) for p in parts])
+                            for f in ("demand", "prefetch", "hits", "before", "after", "peak",
+                                      "inserted", "evicted")))
+
+
+class CapacityError(Exception):
+    """A step's computed set does not fit the layer's cache share (converted to FlashsimError)."""
+
+    def __init__(self, layer: int, step: int, need_neurons: int, cap_neurons: int):
+        super().__init__(f"step {step}, layer {layer}: {need_neurons} neurons computed, cache holds {cap_neurons}")
+        self.layer, self.step, self.need, self.cap = layer, step, need_neurons, cap_neurons
+
+
+class Residency(Policy):
+    """Decides what stays resident and what is read. Subclasses set the static set and the cache."""
+
+    slot = "residency"
+    #: True when demand reads go into a managed cache matrix (insert/evict rows: memory-management
+    #: cost), False when they stream through a buffer and are dropped after the layer.
+    manages_cache: ClassVar[bool] = False
+    #: True for page-granular policies (mmap) that plan the whole model's reads themselves.
+    page_granular: ClassVar[bool] = False
+    #: True when a sparse FFN must gather its computed rows out of a larger resident matrix every
+    #: step (the set changes per token). False when computed rows are already contiguous: streamed
+    #: into a fresh buffer (naive), or a set fixed for the whole decode that is compacted once
+    #: (SelectInfer's static + dynamic neurons).
+    gathers: ClassVar[bool] = True
+
+    def static_mask(self, layer: int) -> np.ndarray:
+        """words [W]: neurons resident for the whole run (default: none)."""
+        return np.zeros(self.W, bitsets.WORD)
+
+    def allowed(self, layer: int, steps: StepSlice) -> np.ndarray | None:
+        """words [S, W] of neurons each step may compute, or None (no restriction)."""
+        return None
+
+    @abstractmethod
+    def advance(self, layer: int, steps: StepSlice, computed: np.ndarray, next_hint: np.ndarray | None,
+                cap_neurons: np.ndarray) -> CacheSteps:
+        """Cache decisions for `steps` of `layer`.
+
+        computed   words [S, W] dynamic computed sets (static neurons already removed)
+        next_hint  words [S, W] prefetcher's prediction for step s+1 (None: no prefetch)
+        cap_neurons int [S+1]   this layer's share of the DRAM left for caches, in neurons, during
+                                each step and (last entry) during the step after the range: what
+                                is kept at the end of a step must fit the next step's share
+        """
+
+    def on_budget_change(self, cap_neurons: int) -> np.ndarray:
+        """Shrink every layer's cache to at most `cap_neurons`; returns evicted count per layer."""
+        return np.zeros(self.ctx.n_layers if self.ctx else 0, np.int64)
+
+    def dynamic_bytes(self) -> int:
+        """Bytes held right now by this policy's caches (beyond its static set)."""
+        return 0

@@ -1,0 +1,164 @@
+"""RunResult: per-token records, the summary, and exports (Parquet, JSON, Chrome/Perfetto trace).
+
+Summary (decode steps unless the key says otherwise; a decode step yields one token per sequence):
+    ms_per_token, tokens_per_s (= batch x decode steps / decode time), latency_p50_ms, latency_p90_ms,
+    io_ms_per_token, compute_ms_per_token, stall_ms_per_token, memory_mgmt_ms_per_token,
+    flash_bytes_per_token, flash_reads_per_token, flash_throughput_bytes_per_s (bytes / flash busy time),
+    dram_peak_bytes (all steps), activation_mass_kept, recall, hit_rate,
+    prefill {ms, io_ms, compute_ms, stall_ms, flash_bytes, tokens} or None,
+    engine ("des" | "fast"), notes, config (everything resolved).
+Exports write to a temporary name and rename, so a partial file never looks valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.components.flash import FlashBatch
+from sim.records import Interval, MemorySample, TokenRecord
+
+SUMMARY_KEYS = (
+    "ms_per_token", "tokens_per_s", "latency_p50_ms", "latency_p90_ms", "io_ms_per_token",
+    "compute_ms_per_token", "stall_ms_per_token", "memory_mgmt_ms_per_token", "flash_bytes_per_token",
+    "flash_reads_per_token", "flash_throughput_bytes_per_s", "dram_peak_bytes", "activation_mass_kept",
+    "recall", "hit_rate",
+)
+
+
+@dataclass
+class RunResult:
+    """The outcome of one simulation."""
+
+    tokens: list[TokenRecord]
+    config: dict[str, Any]
+    engine: str
+    batch: int
+    mass: tuple[np.ndarray, np.ndarray]        # per step numerator / denominator
+    recall: tuple[np.ndarray, np.ndarray]
+    notes: list[str] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    intervals: list[Interval] | None = None
+    flash_log: list[FlashBatch] | None = None
+    device: str = ""
+
+    # ---- tables -----------------------------------------------------------------------------------
+    def records(self):  # -> pandas.DataFrame
+        from sim.records import Recorder
+
+        r = Recorder()
+        r.tokens = self.tokens
+        return r.frame()
+
+    def write_records(self, path: str | Path) -> Path:
+        """Per-token records as Parquet (atomic)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.records().to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        return path
+
+    # ---- summary ------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        dec = [r for r in self.tokens if r.phase == "decode"]
+        pre = [r for r in self.tokens if r.phase == "prefill"]
+        lat = np.array([r.latency_s for r in dec])
+        sel = np.array([r.phase == "decode" for r in self.tokens])
+        mn, md = self.mass
+        rn, rd = self.recall
+        io = sum(r.io_s for r in dec)
+        nbytes = sum(r.bytes_read for r in dec)
+        computed = sum(r.computed for r in dec)
+        out: dict[str, Any] = {
+            "ms_per_token": 1e3 * float(lat.mean()),
+            "tokens_per_s": self.batch * len(dec) / float(lat.sum()) if lat.sum() > 0 else float("inf"),
+            "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)),
+            "latency_p90_ms": 1e3 * float(np.percentile(lat, 90)),
+            "io_ms_per_token": 1e3 * io / len(dec),
+            "compute_ms_per_token": 1e3 * float(np.mean([r.compute_s for r in dec])),
+            "stall_ms_per_token": 1e3 * float(np.mean([r.stall_s for r in dec])),
+            "memory_mgmt_ms_per_token": 1e3 * float(np.mean([r.mem_mgmt_s for r in dec])),
+            "flash_bytes_per_token": nbytes / len(dec),
+            "flash_reads_per_token": sum(r.reads_issued for r in dec) / len(dec),
+            "flash_throughput_bytes_per_s": nbytes / io if io > 0 else 0.0,
+            "dram_peak_bytes": max(r.resident_bytes for r in self.tokens),
+            "activation_mass_kept": float(mn[sel].sum() / md[sel].sum()) if md[sel].sum() > 0 else 1.0,
+            "recall": float(rn[sel].sum() / rd[sel].sum()) if rd[sel].sum() > 0 else 1.0,
+            "hit_rate": sum(r.hits for r in dec) / computed if computed else 1.0,
+            "decode_tokens": len(dec) * self.batch,
+            "batch": self.batch,
+            "total_s": self.tokens[-1].t_end_s,
+            "prefill": None,
+            "engine": self.engine,
+            "device": self.device,
+            "notes": list(self.notes),
+            "config": self.config,
+        }
+        if pre:
+            out["prefill"] = {
+                "ms": 1e3 * sum(r.latency_s for r in pre),
+                "io_ms": 1e3 * sum(r.io_s for r in pre),
+                "compute_ms": 1e3 * sum(r.compute_s for r in pre),
+                "stall_ms": 1e3 * sum(r.stall_s for r in pre),
+                "flash_bytes": sum(r.bytes_read for r in pre),
+                "tokens": sum(r.n_tokens for r in pre),
+            }
+        return out
+
+    def write_json(self, path: str | Path) -> Path:
+        return _atomic_text(Path(path), json.dumps(_jsonable(self.summary()), indent=2))
+
+    # ---- Chrome / Perfetto trace ---------------------------------------------------------------------
+    def chrome_trace(self) -> dict[str, Any]:
+        """Trace Event Format: pid 1 = the device; tids: steps, compute, memory, stall, flash (µs)."""
+        lanes = {"step": 1, "compute": 2, "memory": 3, "stall": 4, "flash": 5}
+        ev: list[dict[str, Any]] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": self.device}}]
+        ev += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_name", "args": {"name": n}} for n, t in lanes.items()]
+        us = 1e6
+        for r in self.tokens:
+            ev.append({"ph": "X", "pid": 1, "tid": 1, "name": f"{r.phase} step {r.token}", "cat": r.phase,
+                       "ts": r.t_start_s * us, "dur": r.latency_s * us,
+                       "args": {"bytes_read": r.bytes_read, "stall_ms": r.stall_s * 1e3}})
+        for iv in self.intervals or []:
+            ev.append({"ph": "X", "pid": 1, "tid": lanes[iv.lane], "name": iv.name, "cat": iv.lane,
+                       "ts": iv.t_start_s * us, "dur": (iv.t_end_s - iv.t_start_s) * us,
+                       "args": {"step": iv.step, "layer": iv.layer}})
+        for b in self.flash_log or []:
+            ev.append({"ph": "X", "pid": 1, "tid": 5, "name": f"{b.tag} read", "cat": b.tag,
+                       "ts": b.t_start_s * us, "dur": (b.t_end_s - b.t_start_s) * us,
+                       "args": {"step": b.step, "layer": b.layer, "bytes": b.nbytes, "reads": b.nreads,
+                                "queued_us": (b.t_start_s - b.t_issue_s) * us}})
+        for m in self.memory:
+            ev.append({"ph": "C", "pid": 1, "name": "DRAM", "ts": m.t_s * us,
+                       "args": {"resident_bytes": m.resident_bytes, "budget_bytes": m.budget_bytes}})
+        return {"traceEvents": ev, "displayTimeUnit": "ms",
+                "otherData": {"producer": "flashsim replay", "preset": self.config.get("preset")}}
+
+    def write_timeline(self, path: str | Path) -> Path:
+        return _atomic_text(Path(path), json.dumps(self.chrome_trace()))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _atomic_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,138 @@
+"""Components with hand-computable numbers: flash batches and the FIFO device, compute phases and
+DMA contention, memory accounting and budget timelines. Curves have round numbers (tiny_curve:
+4 KiB reads at 1e8 B/s with one in flight, 4e8 with four; 64 KiB at 1e9 / 2e9)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import simpy
+
+from devices import load_model, load_profile
+from devices.curves import ClosedFormReadCurve, read_time_s
+from devices.errors import FlashsimError
+from sim.components.compute import ComputeModel, Phase, stretch
+from sim.components.flash import FlashDevice, ReadCost, region_time_s
+from sim.components.memory import BudgetTimeline, MemoryModel, load_budget_timeline
+
+
+def test_read_cost_single_group_equals_read_time_s(tiny_curve) -> None:
+    rc = ReadCost(tiny_curve, np.array([4096, 65536]), in_flight=4)
+    # 10 reads of 4 KiB at depth 4: 10 * 4096 / 4e8
+    assert rc.time_s(np.array([10, 0])) == pytest.approx(10 * 4096 / 4e8)
+    assert rc.time_s(np.array([10, 0])) == pytest.approx(read_time_s(tiny_curve, 4096, 10, 4))
+    # one 64 KiB read runs at depth 1: 65536 / 1e9
+    assert rc.time_s(np.array([0, 1])) == pytest.approx(65536 / 1e9)
+    # mixed batch: 3 reads in flight (depth 3: interpolated 3e8 for 4 KiB, 1.6667e9 for 64 KiB)
+    t = rc.time_s(np.array([2, 1]))
+    assert t == pytest.approx(2 * 4096 / 3e8 + 65536 / (1e9 + 2 / 3 * 1e9))
+    assert rc.bytes(np.array([[2, 1], [0, 0]])).tolist() == [2 * 4096 + 65536, 0]
+    assert rc.time_s(np.zeros(2)) == 0
+
+
+def test_region_time(tiny_curve) -> None:
+    # 150 KiB in 64 KiB chunks: two full chunks and one 22 KiB chunk, 3 in flight
+    t, n = region_time_s(tiny_curve, 150 * 1024, 65536, 4)
+    bw64 = 1e9 + 2 / 3 * 1e9
+    bw22 = float(tiny_curve.bytes_per_s(22 * 1024, 3))
+    assert n == 3 and t == pytest.approx(2 * 65536 / bw64 + 22 * 1024 / bw22)
+    assert region_time_s(tiny_curve, 0, 65536, 4) == (0.0, 0)
+
+
+def test_flash_device_fifo_event_log() -> None:
+    """Batches are served one after another in issue order: exact (issue, start, end) times."""
+    env = simpy.Environment()
+    flash = FlashDevice(log=True)
+    done = []
+
+    def reader(name: str, at: float, service: float):  # type: ignore[no-untyped-def]
+        yield env.timeout(at)
+        end = flash.submit(env.now, service, 1000, 1, name)
+        yield env.timeout(end - env.now)
+        done.append((name, env.now))
+
+    env.process(reader("a", 0.0, 0.25))
+    env.process(reader("b", 0.1, 0.5))      # queues behind a
+    env.process(reader("c", 2.0, 0.125))    # device idle again
+    env.run()
+    log = [(b.tag, b.t_issue_s, b.t_start_s, b.t_end_s) for b in flash.log]
+    assert log == [("a", 0.0, 0.0, 0.25), ("b", 0.1, 0.25, 0.75), ("c", 2.0, 2.0, 2.125)]
+    assert done == [("a", 0.25), ("b", 0.75), ("c", 2.125)]
+    assert flash.busy_s == pytest.approx(0.875)
+
+
+def test_stretch_under_dma() -> None:
+    # DMA of 100 B/s against 400 B/s DRAM leaves 3/4 of the bandwidth during [1, 3)
+    flash = FlashDevice(dram_bytes_per_s=400.0)
+    flash.submit(1.0, 2.0, 200, 1)
+    seg = list(flash.segments_after(0.0))
+    assert seg == [(1.0, 3.0, 0.75)]
+    assert stretch(0.0, 0.5, seg) == pytest.approx(0.5)          # done before the transfer
+    assert stretch(0.0, 2.0, seg) == pytest.approx(1.0 + 1.0 / 0.75)
+    assert stretch(0.0, 3.0, seg) == pytest.approx(3.0 + 0.5)    # 1 + 1.5 during, 0.5 after
+    assert stretch(1.0, 0.0, seg) == 0.0
+
+
+def test_compute_phases_hand_computed() -> None:
+    spec = load_model("llama-2-7b")
+    prof = load_profile("apple-m1-max")
+    cm = ComputeModel(spec, prof)
+    bw, fl, op = 4.0e11, 1.04e13, 1e-5
+    ffn = cm.ffn(np.array([1.0]), np.array([[1000.0, spec.d_ff]]))
+    nb = 1000 * spec.ffn_neuron_bytes
+    assert ffn.mem_s[0, 0] == pytest.approx(nb / bw)
+    assert ffn.flop_s[0, 0] == pytest.approx(2 * 1000 * 3 * 4096 / fl)
+    assert ffn.gather_s[0, 0] == pytest.approx(nb / 2.0e11)           # sparse: gathered
+    assert ffn.gather_s[0, 1] == 0.0                                  # dense: no gather
+    assert ffn.ovh_s[0, 0] == pytest.approx((3 + 3 + 1) * op) and ffn.ovh_s[0, 1] == pytest.approx(6 * op)
+    assert cm.ffn(np.array([1.0]), np.array([[1000.0]]), gathers=False).gather_s[0, 0] == 0.0
+    att = cm.attention(np.array([1]), np.array([100]), np.array([100]), np.array([True]))
+    kv = 100 * spec.kv_bytes_per_token / spec.n_layers
+    assert att.mem_s[0] == pytest.approx((spec.attn_bytes_per_layer + spec.norm_bytes_per_layer + kv) / bw)
+    assert att.flop_s[0] == pytest.approx((2 * spec.attn_params_per_layer + 4 * 4096 * 100) / fl)
+    mg = cm.memory_management(np.array([10]))
+    assert mg.mem_s[0] == pytest.approx(2 * 10 * spec.ffn_neuron_bytes / bw)
+    ph = Phase(np.array([1.0]), np.array([2.0]), np.array([0.5]), np.array([0.1]))
+    assert ph.total_s()[0] == pytest.approx(0.5 + 2.0 + 0.1)
+
+
+def test_memory_model_caps_and_shortfall_message() -> None:
+    mem = MemoryModel({"non_ffn_weights": 1000, "predictor_weights": 0}, np.array([100, 200]), n_layers=2,
+                      neuron_bytes=10)
+    assert mem.fixed_bytes == 1000 and "predictor_weights" not in mem.parts
+    assert mem.cap_neurons(1500, 0, 2).tolist() == [20, 15, 15]    # (1500-1000-kv) / (2 layers * 10 B); last repeated
+    mem.check_fits(1200)
+    with pytest.raises(FlashsimError, match=r"needs 1.17 KiB, 1 B \(1 bytes\) more"):
+        mem.check_fits(1199)
+
+
+def test_budget_timeline_files(tmp_path) -> None:
+    j = tmp_path / "tl.json"
+    j.write_text(json.dumps({"points": [{"t_s": 0, "available_bytes": "2GiB"}, {"t_s": 1.5, "available_bytes": 1000}]}))
+    tl = load_budget_timeline(j)
+    assert tl.at(0.0, 5) == 2 * 2**30 and tl.at(1.49, 5) == 2 * 2**30 and tl.at(2.0, 5) == 1000
+    c = tmp_path / "tl.csv"
+    c.write_text("t_s,available_bytes\n0.5,4GiB\n")
+    tl = load_budget_timeline(c)
+    assert tl.at(0.0, 7) == 7 and tl.at(0.6, 7) == 4 * 2**30 and tl.minimum(7) == 7
+    bad = tmp_path / "bad.csv"
+    bad.write_text("t_s,available_bytes\n1,zz\n")
+    with pytest.raises(FlashsimError, match="line 2"):
+        load_budget_timeline(bad)
+    bad.write_text("time,bytes\n")
+    with pytest.raises(FlashsimError, match="header"):
+        load_budget_timeline(bad)
+    j.write_text(json.dumps([[2, 10], [1, 10]]))
+    with pytest.raises(FlashsimError, match="non-decreasing"):
+        load_budget_timeline(j)
+    with pytest.raises(FlashsimError, match="not found"):
+        load_budget_timeline(tmp_path / "none.json")
+    assert BudgetTimeline((0.0,), (3,)).to_list() == [[0.0, 3]]
+
+
+def test_closed_form_curve_is_what_the_flash_model_uses() -> None:
+    c = ClosedFormReadCurve(6.1e9, 2.08e-4, 1.445e5)
+    rc = ReadCost(c, np.array([16384]), 32)
+    assert rc.time_s(np.array([320])) == pytest.approx(320 * 16384 / c.bytes_per_s(16384, 32))

@@ -1,0 +1,200 @@
+"""Every registered policy: an interface test (parametrized over the registry) and a behaviour test.
+
+Interface: it builds with default parameters, binds, and its plans are well formed: computed sets
+stay inside what the residency allows, every computed neuron is resident or read on demand, and
+planning a whole range equals planning the same steps one at a time (the real backend's way)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim import bitsets
+from sim.config import RunConfig
+from sim.engine import SetAlgebraCache, build
+from sim.policies.presets import preset_config
+from sim.policies.registry import all_policies
+from tests.sim.helpers import dense_trace, tiny_spec
+from traces.format import open_trace
+
+
+def config_for(slot: str, name: str, recorded_path) -> RunConfig:  # type: ignore[no-untyped-def]
+    sets = [f"{slot}={name}"]
+    if name == "mmap":
+        sets.append("predictor=none")
+    if name == "recorded":
+        sets.append(f"recorded.path={recorded_path}")
+    return preset_config("llm-in-a-flash").with_overrides(sets)
+
+
+def fresh(trace, host, cfg):  # type: ignore[no-untyped-def]
+    return build(trace, None, host, cfg, cache=SetAlgebraCache())
+
+
+@pytest.mark.parametrize("slot, name", all_policies())
+def test_interface(slot: str, name: str, small_trace, host, recorded_path) -> None:
+    cfg = config_for(slot, name, recorded_path)
+    sim = fresh(small_trace, host, cfg)
+    pol = sim.stack.policies[slot]
+    assert pol.name == name and pol.slot == slot and pol.ctx is not None
+    assert set(pol.describe()) >= {"name"}
+    n, S = small_trace.n_neurons, sim.steps.n
+    cap = sim.memory.cap_neurons(sim.budget_bytes, 0, S)
+    if sim.stack.residency.page_granular:
+        whole = sim.stack.residency.advance_pages(0, S, sim.memory.cache_bytes(sim.budget_bytes, 0, S))
+        other = fresh(small_trace, host, cfg)
+        parts = [other.stack.residency.advance_pages(s, s + 1, other.memory.cache_bytes(other.budget_bytes, s, s + 1))
+                 for s in range(S)]
+        for k, v in whole.items():
+            assert np.array_equal(v, np.concatenate([p[k] for p in parts])), k
+        return
+    other = fresh(small_trace, host, cfg)
+    for layer in range(small_trace.n_layers):
+        lp = sim.stack.plan(layer, 0, S, cap)
+        steps = [other.stack.plan(layer, s, s + 1, cap[s:s + 2]) for s in range(S)]
+        for f in ("computed", "demand", "prefetch_next", "needed"):
+            assert np.array_equal(getattr(lp, f), np.concatenate([getattr(p, f) for p in steps])), f
+        assert np.array_equal(lp.hits, np.concatenate([p.hits for p in steps]))
+        # computed neurons are hits (static or cached) or demand reads; demand only computed ones
+        assert np.array_equal(bitsets.count(lp.computed), lp.hits + bitsets.count(lp.demand))
+        assert not np.any(bitsets.andnot(lp.demand, lp.computed))
+        allowed = sim.stack.residency.allowed(layer, sim.steps.slice(0, S))
+        if allowed is not None:
+            assert not np.any(bitsets.andnot(lp.computed, allowed))
+        assert lp.computed.shape == (S, bitsets.n_words(n))
+        counts = sim.stack.layout.read_counts(layer, lp.demand)
+        unit, per = sim.stack.layout.read_units()
+        assert np.array_equal((counts * sim.stack.layout.chunk_sizes()).sum(axis=1),
+                              bitsets.count(lp.demand) * unit * per)
+
+
+# ---- behaviour, one per policy -------------------------------------------------------------------------
+def run(trace, host, preset, *sets, fast="auto"):  # type: ignore[no-untyped-def]
+    sim = fresh(trace, host, preset_config(preset).with_overrides(list(sets)))
+    return sim, sim.run(fast=fast)
+
+
+def decode(result):  # type: ignore[no-untyped-def]
+    return [r for r in result.tokens if r.phase == "decode"]
+
+
+def test_naive_streams_every_computed_neuron(small_trace, host) -> None:
+    sim, r = run(small_trace, host, "naive", "bundling.coalesce=false")
+    per_step = sim.spec.n_layers * sim.spec.d_ff * sim.spec.ffn_neuron_bytes
+    assert all(t.bytes_read == per_step and t.hits == 0 for t in decode(r))
+    assert all(t.reads_issued == sim.spec.n_layers * sim.spec.d_ff * sim.spec.ffn_matrices for t in decode(r))
+
+
+def test_hybrid_reads_only_the_non_resident_part(host, traces_dir) -> None:
+    spec = tiny_spec(d_model=64, d_ff=4096, name="tiny-wide")   # FFN-heavy so half the model covers some FFN
+    trace = open_trace(dense_trace(traces_dir / "wide", spec, n_prompt=0, n_gen=4))
+    sim, r = run(trace, host, "hybrid")
+    n_res = sim.stack.residency.resident_neurons_per_layer()
+    assert 0 < n_res < spec.d_ff
+    expect = spec.n_layers * (spec.d_ff - n_res) * spec.ffn_neuron_bytes
+    assert all(t.bytes_read == expect for t in decode(r))
+    assert sim.memory.parts["static_ffn_neurons"] == spec.n_layers * n_res * spec.ffn_neuron_bytes
+    _, hot = run(trace, host, "hybrid", "hybrid.select=hot")
+    assert decode(hot)[0].bytes_read == expect and any("select=hot" in n for n in hot.notes)
+
+
+def test_window_reads_less_with_a_longer_window(small_trace, host) -> None:
+    totals = [sum(t.bytes_read for t in decode(run(small_trace, host, "llm-in-a-flash", f"window.k={k}")[1]))
+              for k in (0, 1, 3, 8, "inf")]
+    assert all(a >= b for a, b in zip(totals, totals[1:])) and totals[0] > totals[-1]
+
+
+def test_dense_reads_nothing(small_trace, host) -> None:
+    _, r = run(small_trace, host, "dense")
+    assert all(t.bytes_read == 0 and t.stall_s == 0 for t in r.tokens)
+
+
+def test_mmap_hits_when_the_model_fits_and_rereads_when_not(small_trace, host) -> None:
+    sim, r = run(small_trace, host, "mmap")
+    assert r.tokens[0].bytes_read > 0 and all(t.bytes_read == 0 for t in r.tokens[1:])
+    model = sim.spec.total_weight_bytes
+    kv = int(sim.memory.kv_bytes.max())
+    _, small = run(small_trace, host, "mmap", f"memory.dram_budget_bytes={kv + model // 2}")
+    assert all(t.bytes_read >= model * 0.9 for t in decode(small))    # LRU under a cyclic scan misses all
+
+
+def test_selective_computes_static_plus_dynamic_and_never_reads(small_trace, host) -> None:
+    sim, r = run(small_trace, host, "selectinfer")
+    N = small_trace.n_neurons
+    res = sim.stack.residency
+    assert all(t.bytes_read == 0 for t in r.tokens)
+    for layer in range(small_trace.n_layers):
+        loaded, static = res._sets(layer)
+        assert loaded.sum() == round(0.7 * N) and static.sum() == round(0.2 * N)
+        assert (static | res.dynamic(layer)).sum() == round(0.4 * N)
+        assert not (res.dynamic(layer) & ~loaded).any()
+    assert decode(r)[0].computed == small_trace.n_layers * round(0.4 * N)
+    assert r.tokens[0].computed == small_trace.n_layers * round(0.7 * N)     # prefill: all loaded
+    assert any("profiled itself" in n for n in r.notes)
+    assert 0 < r.summary()["activation_mass_kept"] < 1
+
+
+def test_none_and_oracle_predictors(small_trace, host) -> None:
+    _, dense = run(small_trace, host, "llm-in-a-flash", "predictor=none")
+    assert all(t.computed == small_trace.n_layers * small_trace.n_neurons for t in dense.tokens)
+    sim, orc = run(small_trace, host, "llm-in-a-flash")
+    assert orc.summary()["recall"] == 1.0
+    for layer in range(small_trace.n_layers):
+        needed = sim.view.needed(layer, 0, sim.steps.n)
+        assert sim.stack.computed(layer, 0, sim.steps.n).tolist() == needed.tolist()
+
+
+def test_noisy_predictor_hits_its_recall_and_precision(traces_dir, host) -> None:
+    spec = tiny_spec(d_ff=2048, name="tiny-2k")
+    trace = open_trace(dense_trace(traces_dir / "noisy", spec, n_prompt=0, n_gen=30, active_fraction=0.2))
+    sim, r = run(trace, host, "llm-in-a-flash", "predictor=noisy", "noisy.recall=0.8", "noisy.precision=0.5")
+    tp = pred = act = 0
+    for layer in range(spec.n_layers):
+        c = sim.stack.computed(layer, 0, sim.steps.n)
+        n = sim.view.needed(layer, 0, sim.steps.n)
+        tp += bitsets.count(c & n).sum()
+        pred += bitsets.count(c).sum()
+        act += bitsets.count(n).sum()
+    assert tp / act == pytest.approx(0.8, abs=0.02) and tp / pred == pytest.approx(0.5, abs=0.03)
+    assert r.summary()["recall"] == pytest.approx(tp / act)
+
+
+def test_recorded_predictor_uses_the_recording(small_trace, host, recorded_path) -> None:
+    sim, _ = run(small_trace, host, "llm-in-a-flash", "predictor=recorded", f"recorded.path={recorded_path}")
+    rec = open_trace(recorded_path)
+    got = sim.stack.computed(0, 1, 2)
+    assert np.array_equal(got[0], bitsets.from_packed_bytes(np.asarray(rec.packed_masks(0)[4:5]), 256)[0])
+
+
+def test_bundling_divides_reads_and_coalescing_merges_neighbours(gated_trace, host) -> None:
+    _, b = run(gated_trace, host, "llm-in-a-flash", "bundling.coalesce=false")
+    _, u = run(gated_trace, host, "llm-in-a-flash", "bundling.coalesce=false", "bundling.bundled=false")
+    assert all(x.reads_issued * 3 == y.reads_issued and x.bytes_read == y.bytes_read for x, y in zip(b.tokens, u.tokens))
+    _, c = run(gated_trace, host, "llm-in-a-flash", "predictor=none", "window.k=0")
+    assert all(t.reads_issued == gated_trace.n_layers for t in decode(c))     # each dense layer: one read
+    _, h = run(gated_trace, host, "llm-in-a-flash", "bundling.order=hot-first")
+    _, o = run(gated_trace, host, "llm-in-a-flash", "bundling.order=coactivation")
+    assert sum(t.bytes_read for t in h.tokens) == sum(t.bytes_read for t in o.tokens) == sum(
+        t.bytes_read for t in run(gated_trace, host, "llm-in-a-flash")[1].tokens)
+
+
+def test_prefetch_hides_reads_behind_compute(small_trace, host) -> None:
+    _, none = run(small_trace, host, "llm-in-a-flash", "predictor.rank=0", fast=False)
+    _, delta = run(small_trace, host, "llm-in-a-flash", "prefetch=delta", "predictor.rank=0")
+    _, look = run(small_trace, host, "llm-in-a-flash", "prefetch=lookahead", "predictor.rank=0")
+    s_none, s_delta, s_look = (x.summary() for x in (none, delta, look))
+    assert s_delta["stall_ms_per_token"] < s_none["stall_ms_per_token"]
+    assert s_look["stall_ms_per_token"] < s_none["stall_ms_per_token"]
+    assert sum(t.prefetch_bytes for t in delta.tokens) > 0 and sum(t.prefetch_bytes for t in none.tokens) == 0
+    # perfect prediction reads no more: the same neurons earlier, minus those the window would have
+    # evicted at the end of a step although the next step needs them
+    assert sum(t.bytes_read for t in delta.tokens) <= sum(t.bytes_read for t in none.tokens)
+
+
+def test_quantized_precision_scales_every_byte(small_trace, host) -> None:
+    sim16, r16 = run(small_trace, host, "naive")
+    sim4, r4 = run(small_trace, host, "naive", "precision=quantized")
+    assert sim4.spec.dtype == "int4" and sim16.spec.dtype == "fp16"
+    assert decode(r4)[0].bytes_read == pytest.approx(decode(r16)[0].bytes_read * 4.5 / 16, rel=0.02)
+    _, r8 = run(small_trace, host, "naive", "precision=quantized", "quantized.bits=8")
+    assert decode(r8)[0].bytes_read == pytest.approx(decode(r16)[0].bytes_read * 8.5 / 16, rel=0.02)
