@@ -80,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_mmap)
+    __import__("sim.cli.cmd_realrun", fromlist=["register_real"]).register_real(rsub)  # `real run` (cmd_realrun.py)
 
 
 # ---- convert, info, verify ---------------------------------------------------------------------------

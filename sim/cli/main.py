@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "sim.cli.cmd_trace",     # trace stats|synth|profile
     "sim.cli.cmd_replay",    # replay
     "sim.cli.cmd_real",      # real convert|run|..., validate, calibrate
+    "sim.cli.cmd_realrun",   # real run (via cmd_real), validate
     "sim.cli.cmd_bench",     # bench flash|compute
     "sim.cli.cmd_demo",      # demo
 )

@@ -1,0 +1,338 @@
+"""The real backend's executor: one token at a time, the simulator's PolicyStack decides, real reads
+and real sparse compute carry it out (sizes in bytes, times in seconds, wall clock).
+
+`RealExecutor` is built from the same `sim.engine.build(...)` Simulation the simulator would run
+(same trace view, same policy objects, same memory model and budget) and executes, for every step s
+and layer l, the plan `stack.plan(l, s, s + 1, cap)` (ranges of length 1, policy state carried):
+
+1. wait for the prefetch of (s, l) issued one step earlier (background thread; waiting = stall);
+2. delete from the layer's `real.cache.LayerCache` what the policy keeps neither for the next step
+   nor computes now (rows moved: memory management);
+3. read the demand set (`BundleReader`, direct I/O, coalesced) into rows appended to the cache;
+4. compute the sparse FFN: gather the computed rows (gate | up | down) out of the cache, SwiGLU
+   (or the model's activation) on them only;
+5. drop computed-but-not-kept neurons, then issue the prefetch of the neurons the policy keeps for
+   step s + 1 that are not resident (its own reader, one background thread, overlapping the
+   remaining layers' compute).
+
+The policy's own bookkeeping (set algebra in Python) is timed apart (`plan_s`) and NOT counted in
+the records: it is the simulator's planning, not work the device does. Every step yields one
+`sim.records.TokenRecord` in the simulator's schema; `executed` keeps the computed set of every
+step and layer so the run can be written as a trace (`real.records`) and replayed exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from devices.schema import DeviceProfile
+from sim import bitsets
+from sim.config import RunConfig
+from sim.records import TokenRecord
+from traces.format import Trace
+
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass
+class StepTimes:
+    """What one step did (accumulated over its layers)."""
+
+    io_s: float = 0.0
+    compute_s: float = 0.0
+    stall_s: float = 0.0
+    mem_mgmt_s: float = 0.0
+    plan_s: float = 0.0
+    demand_bytes: int = 0
+    prefetch_bytes: int = 0
+    reads_issued: int = 0
+    computed: int = 0
+    hits: int = 0
+    mass_num: float = 0.0
+    mass_den: float = 0.0
+    rec_num: int = 0
+    rec_den: int = 0
+    peak_cache_bytes: int = 0
+
+
+@dataclass
+class RealRun:
+    """The outcome of a real run."""
+
+    tokens: list[TokenRecord]
+    executed: np.ndarray                  # words [L, S, W]: computed set of each layer and step
+    config: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    plan_s: float = 0.0                   # policy bookkeeping, excluded from the records
+    outputs: list[Any] = field(default_factory=list)
+    view: Any = None                      # the sim TraceView the run was planned from
+    ffn_s: list[float] = field(default_factory=list)   # per step: FFN-side time (stall + mem mgmt + FFN compute)
+
+
+class RealExecutor:
+    """Executes a built Simulation's plans on a weight store. Call `begin_step`, `ffn` per layer,
+    `end_step`; or `run_shape` (shape mode: random activations) from `real.shape_mode`."""
+
+    def __init__(self, store: Any, trace: Trace, profile: DeviceProfile, config: RunConfig,
+                 device: str = "cpu", threads: int | None = None):
+        import torch
+
+        from real.device import choose_device
+        from real.reader import BundleReader
+        from sim.engine import build
+
+        self.torch = torch
+        # intra-op compute threads (None: leave PyTorch's setting). On a host whose cores are shared
+        # with other work, 1 avoids the per-op barrier waiting for a descheduled worker thread
+        # (measured here: a sparse FFN layer 0.59 ms with 1 thread, 16-24 ms median with 2).
+        self._threads_before = torch.get_num_threads()
+        if threads is not None:
+            if threads < 1:
+                raise FlashsimError(f"--threads {threads}: must be >= 1")
+            torch.set_num_threads(threads)
+        self.store, self.spec = store, store.spec
+        if (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff):
+            raise FlashsimError(f"trace {trace.path} is {trace.n_layers} layers x {trace.n_neurons} neurons but the "
+                                f"store {store.path} holds {self.spec.name} ({self.spec.n_layers} x {self.spec.d_ff}); "
+                                "use a trace of the store's model")
+        self.sim = build(trace, self.spec, profile, config)
+        stack = self.sim.stack
+        if stack.residency.page_granular:
+            raise FlashsimError(f"residency {stack.residency.name!r} is the mmap baseline: run `flashsim real mmap`")
+        if stack.precision.name != "native":
+            raise FlashsimError(f"precision {stack.precision.name!r}: the real backend computes the store's own dtype")
+        self.dev = choose_device(device)
+        self.tdev = self.dev.torch_device()
+        self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
+        bundled = bool(getattr(stack.layout.params, "bundled", True))
+        layout = "bundled" if bundled else "unbundled"
+        if layout not in store.layouts:
+            raise FlashsimError(f"store {store.path} has no {layout} layout (it has {', '.join(store.layouts)}); "
+                                f"convert with --layout both to run bundling.bundled={str(bundled).lower()}")
+        self.in_flight = int(config.flash.in_flight or profile.flash.max_in_flight)
+        self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight)
+        self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight)
+        self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
+        self.pending: dict[int, Future] = {}
+        L, N = self.spec.n_layers, self.spec.d_ff
+        self.n_steps = self.sim.steps.n
+        self.executed = np.zeros((L, self.n_steps, bitsets.n_words(N)), bitsets.WORD)
+        self.caches = self._make_caches()
+        self.seg_bytes = store.segment_bytes
+        self.n_seg = len(store.segments)
+        self.records: list[TokenRecord] = []
+        self._gather: np.ndarray | None = None
+        self.times = StepTimes()
+        self.step = -1
+        self.t_clock = 0.0
+        self.plan_total_s = 0.0
+        self.ffn_s: list[float] = []
+        self._preload_static()
+
+    # ---- setup ------------------------------------------------------------------------------------
+    def _make_caches(self) -> list[Any]:
+        from real.cache import LayerCache
+
+        sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
+        cap = sim.memory.cap_neurons(sim.budget_bytes, 0, self.n_steps)
+        view = sim.view
+        peak = max(int(bitsets.count(view.needed(layer, 0, self.n_steps)).max()) for layer in range(L))
+        static = max(int(bitsets.count(self.sim.stack.static_mask(layer))) for layer in range(L))
+        # the policy keeps at most `cap` dynamic neurons across steps and computes at most `peak` more
+        # (a recorded trace's predictor cannot compute more than the union it is given)
+        rows = int(min(N, int(cap.max()) + peak + static))
+        return [LayerCache(rows, N, self.store.bundle_bytes, self.reader.dest_row_bytes) for _ in range(L)]
+
+    def _preload_static(self) -> None:
+        for layer, cache in enumerate(self.caches):
+            ids = bitsets.unpack(self.sim.stack.static_mask(layer), self.spec.d_ff)
+            ids = np.flatnonzero(ids)
+            if len(ids):
+                a, b = cache.append(ids)
+                self.reader.read(layer, ids, cache.rows[a:b])
+
+    # ---- per step -----------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        if step != self.step + 1 or step >= self.n_steps:
+            raise ValueError(f"steps run in order within [0, {self.n_steps}): got {step} after {self.step}")
+        self.step, self.times = step, StepTimes()
+        self.t_step0 = time.perf_counter()
+
+    def ffn(self, layer: int, x: Any) -> Any:
+        """The sparse FFN of `layer` at the current step on hidden vector(s) x [t, d] (torch)."""
+        s, T = self.step, self.times
+        cache = self.caches[layer]
+        p0 = time.perf_counter()
+        cap = self.sim.memory.cap_neurons(self.sim.budget_bytes, s, s + 1)
+        plan = self.sim.stack.plan(layer, s, s + 1, cap)
+        N = self.spec.d_ff
+        computed = plan.computed[0]
+        self.executed[layer, s] = computed
+        comp_ids = np.flatnonzero(bitsets.unpack(computed, N))
+        keep = self._kept(layer)
+        keep_mask = bitsets.unpack(keep, N) | bitsets.unpack(self.sim.stack.static_mask(layer), N)
+        comp_mask = bitsets.unpack(computed, N)
+        self._quality(layer, plan)
+        p1 = time.perf_counter()
+        T.plan_s += p1 - p0
+        # 1. the prefetch issued one step ago
+        fut = self.pending.pop(layer, None)
+        if fut is not None:
+            w0 = time.perf_counter()
+            st = fut.result()
+            T.stall_s += time.perf_counter() - w0
+            T.io_s += st.seconds
+            T.prefetch_bytes += st.bytes_read
+            T.reads_issued += st.reads_issued
+        # 2. evict what is neither kept nor computed
+        m0 = time.perf_counter()
+        res = cache.resident_ids()
+        drop = res[~(keep_mask[res] | comp_mask[res])]
+        if len(drop):
+            cache.delete(drop)
+        m1 = time.perf_counter()
+        T.mem_mgmt_s += m1 - m0
+        # 3. demand reads
+        miss = cache.missing(comp_ids)
+        if len(miss):
+            a, b = cache.append(miss)
+            st = self.reader.read(layer, miss, cache.rows[a:b])
+            T.io_s += st.seconds
+            T.demand_bytes += st.bytes_read
+            T.reads_issued += st.reads_issued
+        d1 = time.perf_counter()
+        T.stall_s += d1 - m1
+        T.hits += len(comp_ids) - len(miss)
+        T.computed += len(comp_ids)
+        T.peak_cache_bytes = max(T.peak_cache_bytes, self._cache_bytes())
+        # 4. sparse compute on the gathered rows
+        c0 = time.perf_counter()
+        y = self._sparse_ffn(cache, comp_ids, x)
+        c1 = time.perf_counter()
+        T.compute_s += c1 - c0
+        # 5. drop computed-not-kept, prefetch what the next step keeps and is not resident
+        res = cache.resident_ids()
+        gone = res[~keep_mask[res]]
+        if len(gone):
+            cache.delete(gone)
+        want = np.flatnonzero(keep_mask)
+        fetch = cache.missing(want)
+        m2 = time.perf_counter()
+        T.mem_mgmt_s += m2 - c1
+        if len(fetch) and s + 1 < self.n_steps:
+            a, b = cache.append(fetch)
+            self.pending[layer] = self.pf_pool.submit(self.pf_reader.read, layer, fetch, cache.rows[a:b])
+        return y
+
+    def end_step(self, n_tokens: int = 1) -> TokenRecord:
+        T, s, sim = self.times, self.step, self.sim
+        wall = time.perf_counter() - self.t_step0
+        self.plan_total_s += T.plan_s
+        latency = max(wall - T.plan_s, 0.0)
+        kv = int(sim.memory.kv_bytes[s])
+        cache_b = max(T.peak_cache_bytes, self._cache_bytes())
+        rec = TokenRecord(
+            token=s, phase="decode" if sim.steps.phase[s] else "prefill", n_tokens=n_tokens,
+            t_start_s=self.t_clock, t_end_s=self.t_clock + latency, latency_s=latency, io_s=T.io_s,
+            compute_s=latency - T.stall_s - T.mem_mgmt_s, stall_s=T.stall_s, mem_mgmt_s=T.mem_mgmt_s,
+            bytes_read=T.demand_bytes + T.prefetch_bytes, demand_bytes=T.demand_bytes,
+            prefetch_bytes=T.prefetch_bytes, stream_bytes=0, reads_issued=T.reads_issued,
+            resident_bytes=sim.memory.fixed_bytes + kv + cache_b, cache_bytes=cache_b, kv_bytes=kv,
+            budget_bytes=int(sim.budget_bytes), computed=T.computed, hits=T.hits,
+            activation_mass_kept=T.mass_num / T.mass_den if T.mass_den > 0 else 1.0,
+            recall=T.rec_num / T.rec_den if T.rec_den > 0 else 1.0)
+        self.t_clock += latency
+        self.records.append(rec)
+        self.ffn_s.append(T.compute_s + T.stall_s + T.mem_mgmt_s)
+        return rec
+
+    def finish(self, outputs: list[Any] | None = None) -> RealRun:
+        for fut in self.pending.values():
+            fut.result()
+        self.pending.clear()
+        self.close()
+        cfg = self.sim.resolved_config(engine="real")
+        cfg.update({"reader": self.reader.describe(), "device_kind": self.dev.kind,
+                    "compute_threads": self.torch.get_num_threads(),
+                    "cache_row_bytes": self.reader.dest_row_bytes, "store": str(self.store.path)})
+        notes = list(self.sim.notes)
+        if not self.reader.direct_io:
+            notes.append(f"direct I/O unavailable ({self.reader.fallback_reason}): buffered reads with page-cache eviction")
+        notes.append(f"policy bookkeeping {self.plan_total_s:.4f} s excluded from the records")
+        return RealRun(self.records, self.executed, cfg, notes, self.plan_total_s, outputs or [], self.sim.view, self.ffn_s)
+
+    def close(self) -> None:
+        self.torch.set_num_threads(self._threads_before)
+        self.pf_pool.shutdown(wait=True)
+        self.reader.close()
+        self.pf_reader.close()
+
+    # ---- helpers ------------------------------------------------------------------------------------
+    def _kept(self, layer: int) -> np.ndarray:
+        """words [W]: the dynamic set the residency keeps after this step (prefetch included)."""
+        st = self.sim.stack.residency.state.get("cache")
+        if st is None or layer not in st.layers:
+            raise FlashsimError(f"residency {self.sim.stack.residency.name!r} keeps no neuron cache the real "
+                                "backend can follow; use window, naive, hybrid, dense or selective")
+        return st.layers[layer]["res"]
+
+    def _cache_bytes(self) -> int:
+        return sum(c.resident_bytes for c in self.caches)
+
+    def _quality(self, layer: int, plan: Any) -> None:
+        """The simulator's own quality proxy (sim.quality.layer_quality) on this step's sets."""
+        from sim.quality import layer_quality
+
+        T = self.times
+        mn, md, rn, rd = layer_quality(self.sim.view, layer, self.step, self.step + 1, plan.computed, plan.needed)
+        T.mass_num += float(mn.sum())
+        T.mass_den += float(md.sum())
+        T.rec_num += int(rn.sum())
+        T.rec_den += int(rd.sum())
+
+    def _sparse_ffn(self, cache: Any, comp_ids: np.ndarray, x: Any) -> Any:
+        torch = self.torch
+        F = torch.nn.functional
+        if len(comp_ids) == 0:
+            return torch.zeros_like(x)
+        # gather: one np.take of whole cache rows into the preallocated scratch (PyTorch's
+        # index_select on these NumPy-backed byte rows measured 300x slower here), then the
+        # segments are views of it
+        k = len(comp_ids)
+        if self._gather is None or len(self._gather) < k:
+            self._gather = np.empty((max(k, cache.capacity), cache.row_stride_bytes), np.uint8)
+        buf = self._gather[:k]
+        np.take(cache.rows, cache.slot_of[comp_ids], axis=0, out=buf)
+        rows_t = torch.from_numpy(buf).view(self.tdtype)
+        w = self.seg_bytes // rows_t.element_size()
+        segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
+        xs = x.to(self.tdtype)
+        if self.dev.kind != "cpu":
+            segs = [t.to(self.tdev, non_blocking=True) for t in segs]
+            xs = xs.to(self.tdev)
+        if self.spec.gated:
+            gate, up, down = segs
+            h = _act(torch, self.spec.ffn_kind, F.linear(xs, gate)) * F.linear(xs, up)
+        else:
+            up, down = segs
+            h = _act(torch, self.spec.ffn_kind, F.linear(xs, up))
+        # down: one contiguous [d, k] copy, then the same GEMV kernel (F.linear) HF's dense
+        # down_proj uses; `h @ down` on the row layout accumulates in another order (SmolLM2
+        # logits then differ from HF by ~1.4e-4 instead of <= 1e-4). The copy is k*d elements.
+        y = F.linear(h, down.T.contiguous())
+        return y.to(x.dtype).to(x.device)
+
+
+def _act(torch: Any, kind: str, g: Any) -> Any:
+    if kind in ("swiglu", "silu"):
+        return torch.nn.functional.silu(g)
+    if kind in ("geglu", "gelu"):
+        return torch.nn.functional.gelu(g)
+    return torch.relu(g)
+

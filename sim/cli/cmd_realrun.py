@@ -1,0 +1,172 @@
+"""CLI: run policies on the real backend and validate the simulator against it.
+
+    flashsim real run --store STORE --trace TRACE [--preset P] [--set k=v ...]      (shape mode)
+    flashsim real run --store STORE --model smollm2-135m --text FILE [--keep 0.3]  (model mode)
+          [--profile this-host] [--dram-budget 200MiB] [--records R.parquet] [--trace-out DIR] [--json]
+    flashsim validate [--quick] [--json] [--plot DIR] [--profile NAME|YAML] [--tokens N] [--seed S]
+
+`real run` is registered under `flashsim real` by `register_real(rsub)` (called from
+sim/cli/cmd_real.py); `validate` is a top-level verb registered here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from devices.errors import FlashsimError
+from devices.units import format_bytes, parse_bytes
+from sim.cli.output import print_json, print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    v = sub.add_parser("validate", help="run a grid of configurations on the real backend and report the "
+                                        "simulator's error against it")
+    v.add_argument("--quick", action="store_true", help="a 12-configuration subset (under 3 minutes)")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.add_argument("--plot", metavar="DIR", help="write a sim-vs-real scatter plot (PNG) into DIR")
+    v.add_argument("--profile", default="this-host", help="device profile the simulator replays with "
+                                                         "(name or YAML, e.g. one written by `flashsim bench`)")
+    v.add_argument("--tokens", type=int, help="decode steps per configuration (default 12 quick, 24 full)")
+    v.add_argument("--seed", type=int, default=0, help="seed of the store, trace and compute inputs")
+    v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
+    v.add_argument("--threads", type=int, default=1, help="PyTorch compute threads of the real runs (default 1: "
+                                                         "see docs/validation.md on shared cores)")
+    v.set_defaults(func=_validate)
+
+
+def register_real(rsub: argparse._SubParsersAction) -> None:
+    r = rsub.add_parser("run", help="run a policy configuration on the real backend (shape or model mode)")
+    r.add_argument("--store", required=True, help="weight store (see `flashsim real convert`)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="shape mode: active sets from this trace (the store's shape)")
+    src.add_argument("--model", help="model mode: smollm2-135m or a llama-family HF folder (the store's model)")
+    r.add_argument("--text", help="model mode: text file to decode token by token (teacher forced)")
+    r.add_argument("--max-tokens", type=int, default=64, help="model mode: tokens of --text to run (default 64)")
+    r.add_argument("--keep", type=float, default=1.0,
+                   help="model mode: fraction of neurons active per token (oracle top-k; 1.0 = dense)")
+    r.add_argument("--preset", default="neuroprefetcher", help="policy preset (default neuroprefetcher)")
+    r.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--profile", default="this-host", help="device profile for the policies' context")
+    r.add_argument("--dram-budget", help="DRAM for the model, caches and KV cache, e.g. 200MiB")
+    r.add_argument("--tokens", type=int, help="shape mode: decode steps (default: every trace token)")
+    r.add_argument("--threads", type=int, help="PyTorch compute threads (default: PyTorch's own setting)")
+    r.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where compute runs")
+    r.add_argument("--records", help="write per-token records (the simulator's schema) to this Parquet file")
+    r.add_argument("--trace-out", help="write the executed sets as a trace here (replay it with `flashsim replay`)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=_run)
+
+
+# ---- real run -------------------------------------------------------------------------------------
+def _config(args: argparse.Namespace) -> Any:
+    from sim.policies.presets import preset_config
+
+    sets = ["workload.prompt_tokens=0", *args.settings]
+    if args.dram_budget:
+        sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget)}")
+    if getattr(args, "tokens", None):
+        sets.append(f"workload.tokens={args.tokens}")
+    return preset_config(args.preset).with_overrides(sets)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from devices import load_profile
+    from real.records import write_executed_trace, write_records
+    from real.store import open_store
+
+    profile = load_profile(args.profile)
+    if not Path(args.store).exists():
+        raise FlashsimError(f"--store {args.store}: no such weight store (write one with `flashsim real convert`)")
+    store = open_store(args.store)
+    cfg = _config(args)
+    quality = None
+    if args.trace:
+        from real.shape_mode import run_shape
+        from traces.format import open_trace
+
+        run = run_shape(store, open_trace(args.trace), profile, cfg, device=args.device, threads=args.threads)
+    else:
+        run, quality = _model_run(args, store, profile, cfg)
+    if args.records:
+        write_records(args.records, run)
+    if args.trace_out:
+        write_executed_trace(args.trace_out, run, run.view, store.spec, overwrite=True)
+    summary = _summary(run)
+    if args.json:
+        print_json({"summary": summary, "quality": quality, "notes": run.notes,
+                    "config": {k: v for k, v in run.config.items() if k != "fixed_parts"}})
+        return 0
+    print_table(["metric", "value"], [[k, f"{v:.6g}" if isinstance(v, float) else str(v)] for k, v in summary.items()])
+    if quality:
+        print_table(["quality", "value"], [[k, f"{v:.6g}" if isinstance(v, float) else str(v)]
+                                           for k, v in quality.items()])
+    for n in run.notes:
+        print(f"note: {n}")
+    return 0
+
+
+def _model_run(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) -> tuple[Any, dict]:
+    import numpy as np
+
+    from real.model_mode import check_store_matches, run_model
+    from traces.capture.models import load_hf_model
+
+    if not args.text:
+        raise FlashsimError("--model needs --text FILE (the text decoded token by token)")
+    text_path = Path(args.text)
+    if not text_path.is_file():
+        raise FlashsimError(f"--text {args.text}: no such file")
+    loaded = load_hf_model(args.model, notify=lambda m: print(f"note: {m}", file=sys.stderr))
+    check_store_matches(store, loaded.spec)
+    ids = np.asarray(loaded.tokenizer(text_path.read_text())["input_ids"], np.int64)[: args.max_tokens]
+    with tempfile.TemporaryDirectory(prefix="flashsim-run-") as tmp:
+        return run_model(loaded.model, loaded.spec, store, ids, profile, cfg, keep_fraction=args.keep,
+                         workdir=tmp, device=args.device, threads=args.threads)
+
+
+def _summary(run: Any) -> dict[str, Any]:
+    import numpy as np
+
+    t = run.tokens
+    lat = np.array([r.latency_s for r in t])
+    return {"steps": len(t), "latency_ms_mean": float(lat.mean() * 1e3), "latency_ms_p90": float(np.percentile(lat, 90) * 1e3),
+            "io_ms_mean": float(np.mean([r.io_s for r in t]) * 1e3),
+            "compute_ms_mean": float(np.mean([r.compute_s for r in t]) * 1e3),
+            "stall_ms_mean": float(np.mean([r.stall_s for r in t]) * 1e3),
+            "bytes_read_per_token": float(np.mean([r.bytes_read for r in t])),
+            "cache_bytes_max": format_bytes(max(r.cache_bytes for r in t)),
+            "recall": float(np.mean([r.recall for r in t])), "direct_io": run.config["reader"]["direct_io"],
+            "policy_bookkeeping_s": run.plan_s}
+
+
+# ---- validate -------------------------------------------------------------------------------------
+def _validate(args: argparse.Namespace) -> int:
+    from devices import load_profile
+    from real.validate import run_validation, scatter_plot
+
+    if args.tokens is not None and args.tokens < 4:
+        raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")
+    profile = load_profile(args.profile)
+
+    def progress(i: int, n: int, label: str, err: float) -> None:
+        if not args.json:
+            print(f"[{i}/{n}] {label}: latency error {err:.1%}", file=sys.stderr, flush=True)
+
+    report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
+                            progress=progress, threads=args.threads)
+    if args.plot:
+        report["plots"] = [str(p) for p in scatter_plot(report, args.plot)]
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"{report['n_configs']} configurations, {report['tokens']} steps each, profile {report['profile']}, "
+          f"direct I/O {'yes' if report['direct_io'] else 'no'}, {report['wall_s']:.0f} s")
+    rows = [[m, f"{v['median']:.1%}", f"{v['p90']:.1%}", f"{v['max']:.1%}"] for m, v in report["per_metric"].items()]
+    print_table(["metric", "median error", "p90", "max"], rows)
+    for p in report.get("plots", []):
+        print(f"wrote {p}")
+    return 0

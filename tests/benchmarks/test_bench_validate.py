@@ -1,0 +1,97 @@
+"""Benchmarks of the real backend (printed, never asserted on time; `make bench`):
+
+* the simulator's error against the real backend over the full validation grid (`flashsim validate`);
+* the real backend's speedup over the mmap baseline at a DRAM budget of half the FFN, SmolLM2-135M
+  (fp32 store, model mode, oracle top-25% active sets, window k=4 + delta prefetch + bundling) and
+  optionally a Llama-2-7B shape (fp16 random store, ~13 GB of disk: FLASHSIM_BENCH_7B=1).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from devices import load_profile
+from sim.config import RunConfig
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow   # minutes each: only `make bench` (-m "") runs them
+
+
+def _cfg(budget: int) -> RunConfig:
+    return RunConfig().with_overrides([
+        "residency=window", "window.k=4", "predictor=oracle", "bundling.bundled=true", "prefetch=delta",
+        "workload.prompt_tokens=0", f"memory.dram_budget_bytes={budget}"])
+
+
+THREADS = 1   # both sides compute with one PyTorch thread (shared cores: see docs/validation.md)
+
+
+def _mmap_ffn_s(store, budget_ffn: int, tokens: int) -> float:
+    import torch
+
+    from real.mmap_baseline import MmapFfnBaseline
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    with MmapFfnBaseline(store, budget_ffn) as mm:
+        recs = mm.run(tokens, seed=0, cold=True)
+    torch.set_num_threads(before)
+    return float(np.median([r.seconds for r in recs[1:]]))
+
+
+def test_bench_validate_full_grid():
+    from real.validate import run_validation
+
+    r = run_validation(load_profile("this-host"), quick=False)
+    print(f"\nvalidate: {r['n_configs']} configs, latency error median {r['latency_error_median']:.1%} "
+          f"p90 {r['latency_error_p90']:.1%} max {r['latency_error_max']:.1%}")
+    for m, v in r["per_metric"].items():
+        print(f"  {m:12s} median {v['median']:.1%}  p90 {v['p90']:.1%}  max {v['max']:.1%}")
+
+
+def test_bench_smollm2_vs_mmap(tmp_path):
+    from real.convert import convert_model
+    from real.model_mode import run_model
+    from real.store import open_store
+    from traces.capture.models import load_hf_model
+
+    loaded = load_hf_model("smollm2-135m")
+    spec = loaded.spec
+    store = open_store(convert_model("smollm2-135m", tmp_path / "store", dtype="fp32", layout="both"))
+    ffn_bytes = spec.n_layers * spec.d_ff * store.bundle_bytes
+    half = ffn_bytes // 2
+    text = ("Flash memory holds the weights; DRAM holds a window of recently used neurons, and the "
+            "rest is read on demand. ") * 4
+    ids = np.asarray(loaded.tokenizer(text)["input_ids"])[:32]
+    budget = int(store.spec.non_ffn_bytes + (len(ids) + 1) * spec.kv_bytes_per_token + half)
+    run, q = run_model(loaded.model, spec, store, ids, load_profile("this-host"), _cfg(budget), keep_fraction=0.25,
+                       workdir=tmp_path, threads=THREADS)
+    real_ffn = float(np.median(run.ffn_s[2:]))
+    mm = _mmap_ffn_s(store, half, 8)
+    print(f"\nSmolLM2-135M fp32, FFN budget {half / 2**20:.0f} MiB (half of {ffn_bytes / 2**20:.0f} MiB): "
+          f"real backend FFN {real_ffn * 1e3:.2f} ms/token vs mmap dense FFN {mm * 1e3:.2f} ms/token -> "
+          f"speedup {mm / real_ffn:.2f}x; quality at top-25%: greedy agreement {q['greedy_agreement']:.2f}, "
+          f"ppl {q['perplexity']:.2f} vs dense {q['dense_perplexity']:.2f}")
+
+
+@pytest.mark.skipif(not os.environ.get("FLASHSIM_BENCH_7B"), reason="set FLASHSIM_BENCH_7B=1 (writes ~13 GB)")
+def test_bench_7b_shape_vs_mmap(tmp_path):
+    from devices import load_model
+    from real.convert import write_shape_store
+    from real.shape_mode import run_shape, shape_trace_like
+    from real.store import open_store
+    from traces.format import open_trace
+
+    spec = load_model("llama-2-7b")
+    store = open_store(write_shape_store(spec, tmp_path / "store", seed=0, dtype="fp16", layout="both"))
+    trace = open_trace(shape_trace_like(store.spec, tmp_path / "trace", 12, seed=0, active_fraction=0.1, hot_skew=0.3))
+    ffn_bytes = spec.n_layers * spec.d_ff * store.bundle_bytes
+    half = ffn_bytes // 2
+    budget = int(store.spec.non_ffn_bytes + 13 * store.spec.kv_bytes_per_token + half)
+    run = run_shape(store, trace, load_profile("this-host"), _cfg(budget), threads=THREADS)
+    real_ffn = float(np.median(run.ffn_s[2:]))
+    mm = _mmap_ffn_s(store, half, 4)
+    print(f"\nLlama-2-7B shape fp16: real FFN {real_ffn:.3f} s/token vs mmap {mm:.3f} s/token -> {mm / real_ffn:.2f}x")
