@@ -29,7 +29,6 @@ reads fewer device pages and skips the copy; packed wins only for long runs of s
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +42,7 @@ from devices.loading import validation_message
 from devices.model_spec import ModelSpec
 from real.buffers import ALIGN_BYTES, round_up
 from real.dtypes import ELEMENT_BYTES, decode
+from traces.format import sha256_file
 
 FORMAT_NAME = "flashsim-store"
 SCHEMA_VERSION = 1
@@ -146,18 +146,6 @@ def plan_layout(spec: ModelSpec, dtype: str, layouts: list[str], alignment: str,
             sizes[name] = base + layer_bytes
         entries.append(row)
     return infos, entries, sizes
-
-
-def sha256_file(path: Path, block: int = 1 << 22) -> str:
-    """SHA-256 of a file; FlashsimError names the file on an I/O error (EIO)."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(block):
-                h.update(chunk)
-    except OSError as e:
-        raise FlashsimError(f"{path}: I/O error while reading ({e.strerror or e}); the file or disk is damaged") from None
-    return h.hexdigest()
 
 
 # ---- the store ------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ class RunResult:
         return out
 
     def write_json(self, path: str | Path) -> Path:
-        return _atomic_text(Path(path), json.dumps(_jsonable(self.summary()), indent=2))
+        return _atomic_text(Path(path), json.dumps(to_jsonable(self.summary()), indent=2))
 
     # ---- Chrome / Perfetto trace ---------------------------------------------------------------------
     def chrome_trace(self) -> dict[str, Any]:
@@ -144,15 +144,16 @@ class RunResult:
         return _atomic_text(Path(path), json.dumps(self.chrome_trace()))
 
 
-def _jsonable(x: Any) -> Any:
+def to_jsonable(x: Any) -> Any:
+    """Plain JSON values: numpy scalars unwrapped, non-finite floats as null, keys as str."""
     if isinstance(x, float) and not np.isfinite(x):
         return None
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [to_jsonable(v) for v in x]
     return x
 
 

@@ -94,11 +94,15 @@ class TraceManifest(_Strict):
     files: dict[str, FileEntry]
 
 
-def _sha256(path: Path, block: int = 1 << 22) -> str:
+def sha256_file(path: Path, block: int = 1 << 22) -> str:
+    """SHA-256 of a file, streamed (never loads it whole); FlashsimError names the file on EIO."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(block):
+                h.update(chunk)
+    except OSError as e:
+        raise FlashsimError(f"{path}: I/O error while reading ({e.strerror or e}); the file or disk is damaged") from None
     return h.hexdigest()
 
 
@@ -263,7 +267,7 @@ def open_trace(path: str | Path, verify: bool = True) -> Trace:
             raise FlashsimError(
                 f"{f}: shape {arr.shape} dtype {arr.dtype}, expected {shape} {dtype} from the manifest"
             )
-        if verify and _sha256(f) != manifest.files[name].sha256:
+        if verify and sha256_file(f) != manifest.files[name].sha256:
             raise FlashsimError(f"{f}: checksum mismatch (the file changed after it was written); re-capture it")
         arrays[name] = arr
     if verify:
@@ -348,7 +352,7 @@ class TraceWriter:
             files[name] = {"sha256": "", "shape": list(arr.shape), "dtype": str(arr.dtype)}
         self._arrays = {}  # close the memmaps before hashing and renaming
         for name in files:
-            files[name]["sha256"] = _sha256(self.tmp / f"{name}.npy")
+            files[name]["sha256"] = sha256_file(self.tmp / f"{name}.npy")
         manifest = TraceManifest(
             schema_version=SCHEMA_VERSION, model=self.spec.model_dump(mode="json"), n_tokens=self.n_tokens,
             n_layers=self.spec.n_layers, n_neurons=self.spec.d_ff, top_k=self.top_k, sparsity=self.sparsity,

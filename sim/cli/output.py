@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return x.item()
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x
+from sim.results import to_jsonable
 
 
 def print_json(obj: Any) -> None:
     """One JSON object (or list) on stdout."""
-    json.dump(_jsonable(obj), sys.stdout, indent=2)
+    json.dump(to_jsonable(obj), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 
