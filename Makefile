@@ -20,7 +20,7 @@ test: setup lint
 
 # Also the slow tests (real model end to end); CI runs these where time allows.
 test-all: setup lint
-	$(PY) -m pytest -q -m "not hardware and not browser"
+	$(PY) -m pytest -q -m "not hardware and not browser and not benchmark"
 
 # Speed targets: ratios measured side by side, printed; never asserted in the test suite.
 bench: setup

