@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "sim.cli.cmd_realrun",   # real run (via cmd_real), validate
     "sim.cli.cmd_bench",     # bench flash|compute
     "sim.cli.cmd_demo",      # demo
+    "sim.cli.cmd_plan",      # plan
     "sim.cli.cmd_sweep",     # sweep
     "sim.cli.cmd_plot",      # plot
     "sim.cli.cmd_report",    # report

@@ -1,0 +1,439 @@
+"""The what-if planner: which policy runs model M on device D within a DRAM budget, how fast, at
+what quality, and what is the smallest DRAM that meets a tok/s target?
+
+`plan(spec, profile, trace, ...)` replays one trace through every configuration of `PLAN_GRID` (the
+presets of `sim.policies.presets` and a modest grid of their parameters) with `sim.engine.simulate`
+(the analytic fast path where it applies, the DES for prefetchers; one `SetAlgebraCache` so the
+trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
+
+  * per configuration: whether it is feasible and, if not, every reason (`does not fit` with the
+    simulator's shortfall message, `too slow` below --target-tps, `quality too low` below
+    --min-quality), tok/s, DRAM peak (bytes), the quality proxy (activation mass kept), the
+    breakdown (flash stall / compute / memory management ms per token) and its binding constraint;
+  * the Pareto front over the configurations that ran: max tok/s, min DRAM, max mass kept;
+  * `best`: the fastest feasible configuration (ties: less DRAM), or None;
+  * the smallest DRAM that meets the target (and the quality floor): for each preset family, its
+    feasible configuration with the smallest DRAM peak at the search ceiling (the device's
+    available DRAM, or the budget if larger), bisection over budgets on a grid of
+    `tolerance_bytes`; the answer is the smallest over families, B, which meets the target while
+    B - tolerance does not (for that configuration; budgets that do not fit fail in milliseconds).
+    Without a target, only the best configuration is bisected (the smallest DRAM it runs in):
+    otherwise a page-cache configuration that thrashes in 32 MiB would be the trivial answer.
+
+Binding constraint (from the simulated per-token breakdown, ms): the largest of flash stall (time
+the decoder waits for reads: "flash bandwidth"), compute ("compute": FLOPs or DRAM-bandwidth-bound
+weight streaming, the simulator does not split them in its summary) and memory management (moving
+cache rows: "memory bandwidth"); a flash-bound configuration whose cache already fills the budget
+(peak >= `CACHE_FULL_SHARE` of it) is "memory capacity" bound: more DRAM means fewer reads. A
+configuration that does not fit is bound by memory capacity.
+
+Units: bytes, seconds internally; tok/s and ms per token as the simulator's summary reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from analysis.pareto import pareto_mask
+from devices.errors import FlashsimError
+from devices.model_spec import ModelSpec
+from devices.schema import DeviceProfile
+from devices.units import format_bytes
+from sim.engine import SetAlgebraCache, simulate
+from sim.policies.presets import preset_config
+from traces.format import Trace
+
+# (preset, overrides): the documented grid. Window k: LLM in a flash's Fig. 7 sweeps k of 1..10+;
+# noisy predictor at recall 0.9 / precision 0.5: a predictor worse than the oracle, about what a
+# low-rank predictor tuned for recall achieves (LLM in a flash reports over-prediction, Sec. 3.1);
+# gamma/phi: SelectInfer's load/compute ratios around its 0.7/0.4 default; hybrid resident
+# fractions; 8- and 4-bit quantization (also with the sparse policy).
+_NOISY = ["predictor=noisy", "noisy.recall=0.9", "noisy.precision=0.5"]
+PLAN_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("dense", ()),
+    ("quantized", ("quantized.bits=8",)),
+    ("quantized", ("quantized.bits=4",)),
+    ("naive", ()),
+    ("hybrid", ("hybrid.fraction=0.25",)),
+    ("hybrid", ("hybrid.fraction=0.5",)),
+    ("hybrid", ("hybrid.fraction=0.75",)),
+    ("mmap", ()),
+    *(("llm-in-a-flash", (f"window.k={k}",)) for k in (1, 5, 20)),
+    *(("llm-in-a-flash", (f"window.k={k}", *_NOISY)) for k in (1, 5, 20)),
+    ("llm-in-a-flash", ("window.k=5", "precision=quantized", "quantized.bits=4")),
+    ("neuroprefetcher", ()),
+    ("neuroprefetcher", tuple(_NOISY)),
+    *(("selectinfer", (f"selective.load_ratio={g}", f"selective.compute_ratio={c}"))
+      for g in (0.5, 0.7, 0.9) for c in (0.3, 0.5) if c <= g),
+)
+DEFAULT_TOLERANCE_BYTES = 32 * 2**20  # bisection resolution: well under one FFN layer of a 1B+ model
+CACHE_FULL_SHARE = 0.97          # DRAM peak / budget at which a cache counts as full
+
+FLASH, COMPUTE, MEM_BW, MEM_CAP = "flash bandwidth", "compute", "memory bandwidth", "memory capacity"
+
+
+@dataclass
+class Evaluation:
+    """One configuration at one budget."""
+
+    preset: str
+    overrides: tuple[str, ...]
+    budget_bytes: int
+    summary: dict[str, Any] | None = None  # None: it did not fit
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return " ".join((self.preset, *self.overrides))
+
+    @property
+    def ran(self) -> bool:
+        return self.summary is not None
+
+    def metric(self, key: str) -> float:
+        return float(self.summary[key]) if self.summary is not None else math.nan
+
+
+def binding_constraint(summary: dict[str, Any] | None, budget_bytes: int) -> str:
+    """The resource that limits a configuration, from its per-token breakdown (see the module doc)."""
+    if summary is None:
+        return MEM_CAP
+    parts = {FLASH: summary["stall_ms_per_token"], COMPUTE: summary["compute_ms_per_token"],
+             MEM_BW: summary["memory_mgmt_ms_per_token"]}
+    top = max(parts, key=lambda k: parts[k])
+    if top == FLASH and summary["dram_peak_bytes"] >= CACHE_FULL_SHARE * budget_bytes:
+        return MEM_CAP
+    return top
+
+
+@dataclass
+class Plan:
+    """The planner's answer; `to_json()` is the `flashsim plan --json` object."""
+
+    model: str
+    device: str
+    budget_bytes: int
+    target_tps: float | None
+    min_quality: float | None
+    trace: dict[str, Any]
+    rows: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    closest: dict[str, Any] | None
+    pareto: list[dict[str, Any]]
+    min_dram: dict[str, Any]
+    binding: str
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    runs: int = 0  # simulated runs, bisection included
+
+    @property
+    def feasible(self) -> bool:
+        return self.best is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"feasible": self.feasible, "model": self.model, "device": self.device,
+                "dram_budget_bytes": self.budget_bytes, "target_tokens_per_s": self.target_tps,
+                "min_quality": self.min_quality, "trace": self.trace, "best": self.best,
+                "closest": self.closest, "binding_constraint": self.binding, "pareto": self.pareto,
+                "min_dram_bytes": self.min_dram.get("bytes"), "min_dram": self.min_dram,
+                "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs}
+
+
+class Planner:
+    """Evaluates configurations of one (trace, model, device) at any budget, memoised."""
+
+    def __init__(self, trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, rescale: bool = False,
+                 seed: int = 0, progress: Callable[[], None] | None = None):
+        self.trace, self.spec, self.profile = trace, spec, profile
+        self.rescale, self.seed, self.progress = rescale, seed, progress
+        self.cache = SetAlgebraCache()
+        self._memo: dict[tuple, Evaluation] = {}
+        self.n_runs = 0
+
+    def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int) -> Evaluation:
+        key = (preset, tuple(overrides), int(budget_bytes))
+        if key in self._memo:
+            return self._memo[key]
+        ev = Evaluation(preset, tuple(overrides), int(budget_bytes))
+        sets = [*overrides, f"memory.dram_budget_bytes={int(budget_bytes)}", f"sim.seed={self.seed}"]
+        if self.rescale:
+            sets.append("sim.rescale=true")
+        cfg = preset_config(preset).with_overrides(sets)
+        try:
+            ev.summary = simulate(self.trace, self.spec, self.profile, cfg, cache=self.cache).summary()
+        except FlashsimError as e:  # the budget check and cache-capacity refusals name the shortfall
+            ev.error = str(e)
+        self.n_runs += 1
+        if self.progress:
+            self.progress()
+        self._memo[key] = ev
+        return ev
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None) -> list[str]:
+    """Why a configuration is infeasible (empty: feasible)."""
+    if not ev.ran:  # the simulator's budget refusals name the DRAM budget and the shortfall
+        kind = "does not fit" if "budget" in str(ev.error).lower() else "cannot run"
+        return [f"{kind}: {ev.error}"]
+    out = []
+    tps = ev.metric("tokens_per_s")
+    if target_tps is not None and tps < target_tps:
+        out.append(f"too slow: {tps:.2f} tok/s < {target_tps:g}")
+    mass = ev.metric("activation_mass_kept")
+    if min_quality is not None and mass < min_quality:
+        out.append(f"quality too low: activation mass kept {mass:.3f} < {min_quality:g}")
+    return out
+
+
+def row(ev: Evaluation, target_tps: float | None, min_quality: float | None) -> dict[str, Any]:
+    """A configuration's figures (JSON-ready, units in the keys)."""
+    why = reasons(ev, target_tps, min_quality)
+    s = ev.summary or {}
+    out: dict[str, Any] = {
+        "label": ev.label, "preset": ev.preset, "overrides": list(ev.overrides),
+        "dram_budget_bytes": ev.budget_bytes, "feasible": not why, "reasons": why, "fits": ev.ran,
+        "binding_constraint": binding_constraint(ev.summary, ev.budget_bytes),
+    }
+    for k in ("tokens_per_s", "ms_per_token", "dram_peak_bytes", "activation_mass_kept", "recall",
+              "stall_ms_per_token", "compute_ms_per_token", "memory_mgmt_ms_per_token", "io_ms_per_token",
+              "flash_bytes_per_token"):
+        out[k] = _finite(float(s[k])) if k in s else None
+    if out["dram_peak_bytes"] is not None:
+        out["dram_peak_bytes"] = int(out["dram_peak_bytes"])
+    out["engine"] = s.get("engine")
+    if ev.preset == "quantized" or "precision=quantized" in ev.overrides:
+        out["note"] = "the quality proxy does not see quantization error"
+    return out
+
+
+def _rank_key(r: dict[str, Any]) -> tuple:
+    return (-(r["tokens_per_s"] or 0.0), r["dram_peak_bytes"] or 0)
+
+
+def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes: int,
+                      known_bad_bytes: int = 0) -> int | None:
+    """Smallest budget n * tolerance (n >= 1) with ok(budget), assuming ok is monotone in the budget;
+    None when even the largest grid budget <= hi_bytes fails. The result B satisfies ok(B) and, for
+    B > tolerance, not ok(B - tolerance) (both evaluated). `known_bad_bytes`: a budget already known
+    to fail (the search starts above it)."""
+    n_hi = hi_bytes // tolerance_bytes
+    if n_hi < 1 or not ok(n_hi * tolerance_bytes):
+        return None
+    n_lo = min(known_bad_bytes // tolerance_bytes, n_hi - 1)  # budget 0 holds nothing: infeasible
+    if n_lo > 0 and ok(n_lo * tolerance_bytes):  # the known-bad budget rounded down must fail too
+        n_lo = 0
+    while n_hi - n_lo > 1:
+        mid = (n_lo + n_hi) // 2
+        if ok(mid * tolerance_bytes):
+            n_hi = mid
+        else:
+            n_lo = mid
+    return n_hi * tolerance_bytes
+
+
+def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes: int | None = None,
+         target_tps: float | None = None, min_quality: float | None = None, trace_info: dict | None = None,
+         grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
+         rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None) -> Plan:
+    """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM."""
+    import time
+
+    t0 = time.perf_counter()
+    validate_targets(target_tps, min_quality)
+    avail = profile.available_bytes
+    budget = avail if budget_bytes is None else int(budget_bytes)
+    if budget <= 0:
+        raise FlashsimError(f"--dram-free {budget}: must be > 0 bytes")
+    if budget > profile.memory.capacity_bytes:
+        raise FlashsimError(f"--dram-free {format_bytes(budget)} exceeds the DRAM of {profile.name} "
+                            f"({format_bytes(profile.memory.capacity_bytes)})")
+    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress)
+    evals = [pl.evaluate(p, o, budget) for p, o in grid]
+    rows = [row(e, target_tps, min_quality) for e in evals]
+    feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
+    best = feasible[0] if feasible else None
+    # closest: the fastest one that ran at the quality floor (what to relax to make it work)
+    ran = sorted((r for r in rows if r["fits"]), key=_rank_key)
+    closest = None
+    if best is None and ran:
+        good_q = [r for r in ran if not any(x.startswith("quality") for x in r["reasons"])]
+        closest = (good_q or ran)[0]
+    pareto = _pareto(rows)
+    ceiling = max(budget, avail)
+    if target_tps is None:  # "runs at all" is met by a thrashing mmap at any size: ask about the best only
+        only = [(best["preset"], tuple(best["overrides"]))] if best else []
+        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes)
+        min_dram["scope"] = "the best configuration (no --target-tps: the smallest DRAM it runs in)"
+    else:
+        min_dram = _min_dram(pl, grid, evals if ceiling == budget else None, budget, ceiling, target_tps,
+                             min_quality, tolerance_bytes)
+        min_dram["scope"] = "every preset family (its most DRAM-frugal configuration meeting the target)"
+    ref = best or closest
+    binding = ref["binding_constraint"] if ref else MEM_CAP
+    notes = []
+    if not any(r["fits"] for r in rows):
+        notes.append(f"no configuration fits {format_bytes(budget)}: the smallest need is set by the "
+                     "resident weights, KV cache and the computed neurons of one layer")
+    notes.append("quality is the activation-mass proxy (share of sum |a| computed), not perplexity; it "
+                 "does not see quantization error")
+    return Plan(spec.name, profile.name, budget, target_tps, min_quality, trace_info or {"path": str(trace.path)},
+                rows, best, closest, pareto, min_dram, binding, notes, time.perf_counter() - t0, pl.n_runs)
+
+
+def validate_targets(target_tps: float | None, min_quality: float | None) -> None:
+    if target_tps is not None and not (math.isfinite(target_tps) and target_tps > 0):
+        raise FlashsimError(f"--target-tps {target_tps}: must be a number > 0 (tokens per second)")
+    if min_quality is not None and not (0 <= min_quality <= 1):
+        raise FlashsimError(f"--min-quality {min_quality}: must be in [0, 1] (share of activation mass kept)")
+
+
+def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ran = [r for r in rows if r["fits"]]
+    if not ran:
+        return []
+    df = pd.DataFrame({"tokens_per_s": [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.inf
+                                        for r in ran],
+                       "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
+                       "activation_mass_kept": [r["activation_mass_kept"] for r in ran]})
+    mask = pareto_mask(df, maximize=("tokens_per_s", "activation_mass_kept"), minimize=("dram_peak_bytes",))
+    front = [r for r, m in zip(ran, mask) if m]
+    return sorted(front, key=_rank_key)
+
+
+def family(e: Evaluation) -> str:
+    """A configuration family: its preset, and quantized apart from native precision."""
+    return e.preset + (" (quantized)" if "precision=quantized" in e.overrides else "")
+
+
+def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling: list[Evaluation] | None,
+              budget: int, ceiling: int, target_tps: float | None, min_quality: float | None, tol: int) -> dict[str, Any]:
+    """Bisection for the frugal feasible configuration of every preset family at the ceiling."""
+    evals = at_ceiling if at_ceiling is not None else [pl.evaluate(p, o, ceiling) for p, o in grid]
+    ok_rows = [(e, row(e, target_tps, min_quality)) for e in evals]
+    ok_rows = [(e, r) for e, r in ok_rows if r["feasible"]]
+    out: dict[str, Any] = {"bytes": None, "configuration": None, "tolerance_bytes": tol,
+                           "search_ceiling_bytes": ceiling, "families": []}
+    if not ok_rows:
+        out["reason"] = (f"no configuration meets the constraints even with {format_bytes(ceiling)} "
+                         f"(the device's available DRAM)")
+        return out
+    families: dict[str, tuple[Evaluation, dict]] = {}
+    for e, r in sorted(ok_rows, key=lambda er: _rank_key(er[1])):  # the fastest first among equals
+        cur = families.get(family(e))
+        if cur is None or r["dram_peak_bytes"] < cur[1]["dram_peak_bytes"]:
+            families[family(e)] = (e, r)
+    for e, _ in families.values():
+
+        def ok(b: int, e: Evaluation = e) -> bool:
+            return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality)
+
+        b = bisect_min_budget(ok, ceiling, tol, known_bad_bytes=budget if not ok(budget) else 0)
+        fam = {"label": e.label, "min_dram_bytes": b}
+        if b is not None:
+            fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality)
+        out["families"].append(fam)
+    found = [f for f in out["families"] if f["min_dram_bytes"] is not None]
+    if found:
+        m = min(found, key=lambda f: f["min_dram_bytes"])
+        out["bytes"], out["configuration"] = m["min_dram_bytes"], m["label"]
+    return out
+
+
+# ---- the trace a plan replays ------------------------------------------------------------------
+# ReLU FFNs (OPT) are far sparser than SwiGLU ones: LLM in a flash (Sec. 3.1) reports ~97%
+# of OPT-6.7B's FFN neurons inactive per token; the reuse between consecutive tokens (0.7 of a token's
+# active set active in the previous token) and the hot-neuron skew (25% of neurons give 80% of the
+# activity) are the assumptions docs/simulator.md uses for its OPT-6.7B reproduction.
+RELU_ASSUMPTION = {"active_fraction": 0.03, "overlap": 0.7, "hot_skew": 0.25}
+DEFAULT_PLAN_TOKENS = 128
+
+
+def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = None,
+                   tokens: int = DEFAULT_PLAN_TOKENS, seed: int = 0) -> tuple[Trace, dict[str, Any], bool]:
+    """(trace, what it is, rescale?): the given trace (rescaled onto the model's shape when the shapes
+    differ), or a synthetic trace of the model's shape written under out_dir."""
+    from traces.data import shipped_trace_path
+    from traces.format import open_trace
+    from traces.synthetic import synthesize
+
+    if trace_path is not None:
+        tr = open_trace(trace_path)
+        rescale = (tr.n_layers, tr.n_neurons) != (spec.n_layers, spec.d_ff)
+        info = {"path": str(tr.path), "synthetic": tr.is_synthetic, "model": tr.spec.name, "rescaled": rescale,
+                "description": f"the given trace ({tr.spec.name}, {tr.n_tokens} tokens)"
+                + (f", tiled onto {spec.name}'s shape" if rescale else "")}
+        return tr, info, rescale
+    if tokens < 2:
+        raise FlashsimError(f"--tokens {tokens}: a synthetic trace needs at least 2 tokens")
+    if spec.ffn_kind == "relu":
+        p = synthesize(out_dir, spec, tokens, seed, **RELU_ASSUMPTION)
+        info = {"synthetic": True, "source": None, "assumption": dict(RELU_ASSUMPTION),
+                "description": (f"synthetic {spec.name}-shape trace ({tokens} decode tokens, seed {seed}) with "
+                                f"ReLU-like sparsity assumed: {RELU_ASSUMPTION['active_fraction']:.0%} of FFN "
+                                f"neurons active per token, {RELU_ASSUMPTION['overlap']:.0%} of them active in "
+                                f"the previous token, {RELU_ASSUMPTION['hot_skew']:.0%} of neurons give 80% of "
+                                "the activity (OPT-like, LLM in a flash Sec. 3.1)")}
+    else:
+        src = open_trace(shipped_trace_path())
+        p = synthesize(out_dir, spec, tokens, seed, like=src)
+        info = {"synthetic": True, "source": str(src.path), "assumption": None,
+                "description": (f"synthetic {spec.name}-shape trace ({tokens} decode tokens, seed {seed}) fitted "
+                                f"to the statistics of the nearest real trace, {src.spec.name} "
+                                f"({src.spec.ffn_kind}; per layer: active fraction, window coverage, hot-neuron "
+                                f"CDF, magnitudes; its rule {src.manifest.sparsity.rule}:"
+                                f"{src.manifest.sparsity.target_fraction:g} makes about half the neurons "
+                                "active)")}
+    tr = open_trace(p)
+    info["path"] = str(p)
+    return tr, info, False
+
+
+def native_grid(grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID) -> list[tuple[str, Sequence[str]]]:
+    """The grid without quantized weights (whose quality loss the activation-mass proxy cannot see)."""
+    return [(p, o) for p, o in grid if p != "quantized" and "precision=quantized" not in o]
+
+
+def plan_model(model: str, device: str, *, budget_bytes: int | None = None, target_tps: float | None = None,
+               min_quality: float | None = None, trace: str | None = None, tokens: int = DEFAULT_PLAN_TOKENS,
+               seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
+               progress: Callable[[str | None], None] | None = None) -> Plan:
+    """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
+    temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
+    stage name when one starts and with None after every simulated run."""
+    import tempfile
+
+    from devices import load_model, load_profile
+
+    validate_targets(target_tps, min_quality)
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
+    if tokens < 2:
+        raise FlashsimError(f"--tokens {tokens}: must be >= 2")
+    spec, profile = load_model(model), load_profile(device)
+    if budget_bytes is not None and budget_bytes > profile.memory.capacity_bytes:  # before the slow part
+        raise FlashsimError(f"--dram-free {format_bytes(budget_bytes)} exceeds the DRAM of {profile.name} "
+                            f"({format_bytes(profile.memory.capacity_bytes)})")
+    note = progress or (lambda stage: None)
+    with tempfile.TemporaryDirectory(prefix="flashsim-plan-") as tmp:
+        if trace is None:
+            note("synthesizing trace")
+        tr, info, rescale = planning_trace(spec, f"{tmp}/trace", trace_path=trace, tokens=tokens, seed=seed)
+        note("simulating")
+        result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
+                      min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
+                      grid=native_grid() if native_only else PLAN_GRID, tolerance_bytes=tolerance_bytes,
+                      progress=lambda: note(None))
+    if trace is None:
+        info["path"] = None  # it lived in a temporary directory
+    if native_only:
+        result.notes.append("quantized configurations excluded (--native-only)")
+    return result

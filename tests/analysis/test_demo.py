@@ -1,0 +1,67 @@
+"""`flashsim demo`: the quick run on the shipped trace (report written, summary's JSON shape), its
+refusal to overwrite folders it did not write, and the full demo (slow: capture + larger sweep)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.demo import DEMO_DEVICES, capture_available
+from sim.cli.main import main
+from sim.policies.presets import preset_names
+
+
+def _check_summary(d: dict, out: Path) -> None:
+    assert set(d) >= {"trace", "replay", "plan", "report", "timings_s", "first_order"}
+    report = Path(d["report"])
+    assert report == out / "report" / "report.html" and report.is_file()
+    html = report.read_text()
+    assert "<img" in html and "flashsim demo" in html
+    rows = d["replay"]["rows"]
+    assert {(r["device"], r["preset"]) for r in rows} == {(dv, p) for dv in DEMO_DEVICES for p in preset_names()}
+    for r in rows:
+        assert r["status"] == "ok" and r["tokens_per_s"] > 0 and r["dram_peak_bytes"] > 0
+        assert 0 < r["activation_mass_kept"] <= 1
+    p = d["plan"]
+    assert isinstance(p["feasible"], bool) and "min_dram_bytes" in p and isinstance(p["pareto"], list)
+    assert "synthetic" in p["trace"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["feasible"] == p["feasible"] and plan["min_dram_bytes"] == p["min_dram_bytes"]
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["replay"]["rows"] == rows
+    assert all(v >= 0 for v in d["timings_s"].values())
+
+
+def test_quick_demo_on_shipped_trace(tmp_path, capsys) -> None:
+    out = tmp_path / "demo"
+    rc = main(["demo", "--quick", "--workers", "1", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    d = json.loads(captured.out)
+    assert d["trace"]["source"] == "shipped" and "switched off" in d["trace"]["reason"]
+    assert "using the shipped SmolLM2 trace" in captured.err
+    _check_summary(d, out)
+    # the 3B plan: int4 Llama-3.2-3B (~1.7 GiB) fits 3 GiB and runs at tens of tok/s on the Orin Nano
+    assert d["plan"]["feasible"] and d["plan"]["best"]["tokens_per_s"] >= 5
+
+
+def test_demo_refuses_a_folder_it_did_not_write(tmp_path, capsys) -> None:
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "precious.txt").write_text("keep me")
+    rc = main(["demo", "--quick", "--workers", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not written by `flashsim demo`" in err
+    assert (tmp_path / "sweep" / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_full_demo(tmp_path, capsys) -> None:
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    _check_summary(d, out)
+    expected = "captured" if capture_available() is None else "shipped"
+    assert d["trace"]["source"] == expected

@@ -1,0 +1,170 @@
+"""The what-if planner: hand-checkable cases on the shipped SmolLM2 trace, the bisection, the
+trace it synthesizes, the JSON contract and bad input through `flashsim plan`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis.planner import (
+    FLASH,
+    MEM_CAP,
+    Evaluation,
+    Planner,
+    binding_constraint,
+    bisect_min_budget,
+    native_grid,
+    plan,
+    planning_trace,
+    reasons,
+)
+from devices import load_profile
+from devices.model_spec import ModelSpec
+from sim.cli.main import main
+from traces.data import shipped_trace_path
+from traces.format import open_trace
+
+MIB = 2**20
+SMALL_GRID = (("dense", ()), ("naive", ()), ("hybrid", ("hybrid.fraction=0.5",)),
+              ("llm-in-a-flash", ("window.k=5",)))
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return open_trace(shipped_trace_path())
+
+
+@pytest.fixture(scope="module")
+def nano():
+    return load_profile("jetson-orin-nano-8gb")
+
+
+def test_tiny_model_that_fits_gets_dense(smol, nano) -> None:
+    # SmolLM2-135M (~270 MB fp16) in 6.5 GiB: dense reads nothing from flash and computes every
+    # neuron; naive/hybrid re-read FFN weights every token and LLM in a flash pays reads and gathers.
+    p = plan(smol, smol.spec, nano, grid=SMALL_GRID)
+    assert p.feasible and p.best is not None
+    assert p.best["label"] == "dense"
+    assert p.best["flash_bytes_per_token"] == 0 and p.best["activation_mass_kept"] == 1.0
+    assert p.best["binding_constraint"] == "compute"
+    rows = {r["label"]: r for r in p.rows}
+    assert rows["naive"]["binding_constraint"] == FLASH  # 152 MiB read per token
+    assert all(r["feasible"] for r in p.rows)
+    # dense dominates naive and hybrid (faster, full quality) but needs more DRAM than they do
+    labels = [r["label"] for r in p.pareto]
+    assert "dense" in labels and "naive" in labels
+    # no target: the smallest DRAM the best (dense) runs in = its constant footprint, rounded up to the grid
+    tol = p.min_dram["tolerance_bytes"]
+    assert p.min_dram["configuration"] == "dense"
+    assert p.to_json()["min_dram_bytes"] == -(-int(p.best["dram_peak_bytes"]) // tol) * tol
+
+
+def test_budget_below_resident_minimum_is_infeasible(smol, nano) -> None:
+    budget = 64 * MIB
+    assert smol.spec.non_ffn_bytes > budget  # embeddings + attention alone do not fit
+    p = plan(smol, smol.spec, nano, budget_bytes=budget, grid=SMALL_GRID, target_tps=1e9)
+    assert not p.feasible and p.best is None and p.closest is None
+    assert all(not r["fits"] and r["reasons"][0].startswith("does not fit") for r in p.rows)
+    assert p.binding == MEM_CAP and p.pareto == []
+    j = p.to_json()
+    assert j["feasible"] is False and j["best"] is None and j["min_dram_bytes"] is None  # 1e9 tok/s: never
+
+
+def test_min_dram_meets_target_and_one_step_less_does_not(smol, nano) -> None:
+    tol = 16 * MIB
+    grid = (("llm-in-a-flash", ("window.k=5",)),)
+    p = plan(smol, smol.spec, nano, target_tps=60.0, grid=grid, tolerance_bytes=tol)
+    b = p.min_dram["bytes"]
+    assert b is not None and b % tol == 0 and b <= nano.available_bytes
+    check = Planner(smol, smol.spec, nano)
+    at_b = check.evaluate("llm-in-a-flash", ("window.k=5",), b)
+    below = check.evaluate("llm-in-a-flash", ("window.k=5",), b - tol)
+    assert not reasons(at_b, 60.0, None)
+    assert reasons(below, 60.0, None)
+
+
+def test_bisect_min_budget_by_hand() -> None:
+    calls = []
+
+    def ok(b: int) -> bool:
+        calls.append(b)
+        return b >= 1000
+
+    assert bisect_min_budget(ok, 4096, 64) == 1024  # 16 * 64: the first multiple of 64 >= 1000
+    assert 960 in calls  # 1024 - 64 was evaluated and failed
+    assert bisect_min_budget(lambda b: b >= 5000, 4096, 64) is None
+    assert bisect_min_budget(ok, 4096, 64, known_bad_bytes=900) == 1024
+
+
+def test_binding_constraint_from_breakdown() -> None:
+    s = {"stall_ms_per_token": 5.0, "compute_ms_per_token": 2.0, "memory_mgmt_ms_per_token": 0.5,
+         "dram_peak_bytes": 10}
+    assert binding_constraint(s, 1000) == FLASH
+    assert binding_constraint({**s, "dram_peak_bytes": 990}, 1000) == MEM_CAP  # cache full: more DRAM helps
+    assert binding_constraint({**s, "stall_ms_per_token": 1.0}, 1000) == "compute"
+    assert binding_constraint(None, 1000) == MEM_CAP
+    ev = Evaluation("dense", (), 10, summary={"tokens_per_s": 3.0, "activation_mass_kept": 0.5})
+    assert reasons(ev, 5.0, 0.9) == ["too slow: 3.00 tok/s < 5", "quality too low: activation mass kept 0.500 < 0.9"]
+
+
+def test_native_grid_has_no_quantized() -> None:
+    g = native_grid()
+    assert g and all(p != "quantized" and "precision=quantized" not in o for p, o in g)
+
+
+def test_relu_model_gets_relu_like_synthetic_trace(tmp_path) -> None:
+    spec = ModelSpec.from_hf_config({"model_type": "opt", "hidden_size": 64, "ffn_dim": 256, "num_hidden_layers": 2,
+                                     "num_attention_heads": 4, "vocab_size": 128, "activation_function": "relu"},
+                                    "tiny-opt")
+    assert spec.ffn_kind == "relu"
+    tr, info, rescale = planning_trace(spec, str(tmp_path / "t"), tokens=64, seed=0)
+    assert info["synthetic"] and info["assumption"]["active_fraction"] == 0.03 and not rescale
+    assert "ReLU-like" in info["description"]
+    active = sum(int(tr.mask(layer, range(tr.n_tokens)).sum()) for layer in range(tr.n_layers))
+    assert 0.01 < active / (tr.n_tokens * tr.n_layers * tr.n_neurons) < 0.06  # ~3% active
+
+
+def test_plan_cli_json_contract(capsys) -> None:
+    rc = main(["plan", "--model", "smollm2-135m", "--device", "jetson-orin-nano-8gb", "--trace",
+               str(shipped_trace_path()), "--target-tps", "50", "--native-only", "--json"])
+    out = capsys.readouterr().out
+    d = json.loads(out)
+    assert rc == 0
+    assert isinstance(d["feasible"], bool) and d["feasible"]
+    assert d["best"]["tokens_per_s"] >= 50 and d["best"]["feasible"]
+    assert isinstance(d["pareto"], list) and d["pareto"]
+    assert isinstance(d["min_dram_bytes"], int)
+    assert d["trace"]["synthetic"] is False and d["binding_constraint"]
+    assert all({"label", "feasible", "reasons", "tokens_per_s", "dram_peak_bytes", "activation_mass_kept"}
+               <= set(r) for r in d["configurations"])
+
+
+def test_plan_cli_says_synthetic(capsys) -> None:
+    rc = main(["plan", "--model", "smollm2-135m", "--device", "this-host", "--tokens", "8", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["trace"]["synthetic"] is True and "synthetic" in d["trace"]["description"]
+    assert d["trace"]["source"].endswith("smollm2-135m-builtin")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "no-such-model", "--device", "jetson-orin-nano-8gb"], "no-such-model"),
+    (["--model", "llama-3.2-3b", "--device", "no-such-device"], "no-such-device"),
+    (["--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb", "--dram-free=-1GiB"], "--dram-free"),
+    (["--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb", "--dram-free", "lots"], "--dram-free"),
+    (["--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb", "--dram-free", "64GiB"], "exceeds"),
+    (["--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb", "--min-quality", "2"], "--min-quality"),
+    (["--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb", "--target-tps", "-1"], "--target-tps"),
+])
+def test_plan_bad_input_exit_2(capsys, argv, needle) -> None:
+    rc = main(["plan", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_is_deterministic(smol, nano) -> None:
+    grid = (("llm-in-a-flash", ("window.k=5", "predictor=noisy", "noisy.recall=0.9")), ("naive", ()))
+    a = plan(smol, smol.spec, nano, grid=grid, target_tps=20.0, seed=3).to_json()
+    b = plan(smol, smol.spec, nano, grid=grid, target_tps=20.0, seed=3).to_json()
+    a.pop("plan_seconds"), b.pop("plan_seconds")
+    assert a == b
