@@ -40,6 +40,7 @@ from real.store import (
     segments_of,
     sha256_file,
 )
+from traces.format import publish_dir
 
 BLOCK_ROWS = 1024
 # Free space kept beyond the store itself: filesystem metadata and journal, other writers, and the
@@ -186,16 +187,11 @@ class StoreWriter:
             f.write(json.dumps(manifest.model_dump(mode="json"), indent=1))
             f.flush()
             os.fsync(f.fileno())
-        if self.out.exists():
-            if not self.overwrite:
-                self.abort()
-                raise FlashsimError(f"{self.out}: appeared while writing; not overwritten")
-            old = self.out.parent / f".{self.out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.out, old)
-            os.replace(self.tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.out)
+        try:
+            publish_dir(self.tmp, self.out, self.overwrite)
+        except FlashsimError:
+            self.abort()
+            raise
         _fsync_dir(self.out.parent)
         return self.out
 

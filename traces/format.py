@@ -106,6 +106,22 @@ def sha256_file(path: Path, block: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def publish_dir(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename a completed temporary directory to `out` (atomic on one filesystem). An `out` that
+    appeared meanwhile is swapped out only with `overwrite`; otherwise `tmp` is removed and a
+    FlashsimError raised. Used by every writer of a directory (traces, weight stores)."""
+    if out.exists():
+        if not overwrite:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise FlashsimError(f"{out}: appeared while writing; not overwritten")
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
 def index_dtype(n_neurons: int) -> np.dtype:
     return np.dtype(np.uint16) if n_neurons <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
@@ -360,16 +376,7 @@ class TraceWriter:
             files={k: FileEntry(**v) for k, v in files.items()},
         )
         (self.tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(mode="json"), indent=1))
-        if self.out.exists():
-            if not self.overwrite:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                raise FlashsimError(f"{self.out}: appeared while writing; not overwritten")
-            old = self.out.parent / f".{self.out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.out, old)
-            os.replace(self.tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.out)
+        publish_dir(self.tmp, self.out, self.overwrite)
         return self.out
 
 
