@@ -95,3 +95,20 @@ def test_bench_7b_shape_vs_mmap(tmp_path):
     real_ffn = float(np.median(run.ffn_s[2:]))
     mm = _mmap_ffn_s(store, half, 4)
     print(f"\nLlama-2-7B shape fp16: real FFN {real_ffn:.3f} s/token vs mmap {mm:.3f} s/token -> {mm / real_ffn:.2f}x")
+
+
+def test_bench_validate_quick_wall_time(capsys):
+    """`flashsim validate --quick` must finish in under 3 minutes (issue 5): printed, not asserted."""
+    import json
+    import time
+
+    from sim.cli.main import main
+
+    t0 = time.perf_counter()
+    assert main(["validate", "--quick", "--json"]) == 0
+    wall_s = time.perf_counter() - t0
+    out = json.loads(capsys.readouterr().out)
+    with capsys.disabled():
+        print(f"\nvalidate --quick: {out['n_configs']} configurations in {wall_s:.1f} s "
+              f"(target < 180 s: ratio {wall_s / 180:.2f}); latency error median "
+              f"{out['latency_error_median']:.3f}, p90 {out['latency_error_p90']:.3f}")

@@ -70,4 +70,4 @@ def test_validate_bad_input_exits_2(capsys):
 def test_validate_quick_end_to_end(capsys):
     assert main(["validate", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["n_configs"] >= 12 and out["wall_s"] < 180
+    assert out["n_configs"] >= 12  # the < 3 min target of --quick is measured in tests/benchmarks/test_bench_validate.py
