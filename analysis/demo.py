@@ -171,7 +171,8 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
     note("writing the report")
     report_dir = out / "report"
     _own_dir(report_dir, "report.html")
-    report = build_report(sweep_dir, report_dir, title="flashsim demo: SmolLM2-135M, every preset, two devices")
+    report = build_report(sweep_dir, report_dir, title="flashsim demo: SmolLM2-135M, every preset, two devices",
+                          plan=out / "plan.json")
     timings["report_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t0
     summary = {

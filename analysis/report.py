@@ -252,9 +252,45 @@ pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
 """
 
 
+PLAN_KEYS = ("model", "device", "feasible", "best", "configurations", "min_dram_bytes", "trace")
+
+
+def _plan_section(path: Path) -> Section:
+    """The what-if plan (a `flashsim plan --json` file): the verdict, then every configuration."""
+    try:
+        p = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FlashsimError(f"--plan {path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FlashsimError(f"--plan {path}: not valid JSON ({e}); give the output of `flashsim plan --json`") from None
+    missing = [k for k in PLAN_KEYS if not isinstance(p, dict) or k not in p]
+    if missing:
+        raise FlashsimError(f"--plan {path}: missing {', '.join(missing)}; give the output of `flashsim plan --json`")
+    best = p["best"]
+    verdict = (f"feasible: best <b>{html.escape(best['label'])}</b>, {best['tokens_per_s']:.2f} tok/s, "
+               f"{best['dram_peak_bytes'] / 2**30:.2f} GiB, activation mass kept {best['activation_mass_kept']:.3f}"
+               if p["feasible"] and best else "infeasible: no configuration meets the constraints")
+    min_dram = ("none meets the target" if p["min_dram_bytes"] is None
+                else f"{p['min_dram_bytes'] / 2**30:.2f} GiB")
+    rows = pd.DataFrame([{
+        "configuration": c["label"], "feasible": c["feasible"], "tok/s": c["tokens_per_s"],
+        "DRAM GiB": None if c["dram_peak_bytes"] is None else c["dram_peak_bytes"] / 2**30,
+        "mass kept": c["activation_mass_kept"], "binding": c["binding_constraint"],
+        "why not": "; ".join(c.get("reasons") or []),
+    } for c in p["configurations"]])
+    notes = "".join(f"<p class=note>{html.escape(str(n))}</p>" for n in p.get("notes") or [])
+    trace = p["trace"].get("description", "") if isinstance(p["trace"], dict) else str(p["trace"])
+    body = (f"<p>{verdict}; smallest DRAM meeting the target: {min_dram}.</p>"
+            f"<p class=note>trace: {html.escape(trace)}</p>{notes}{_table(rows)}")
+    return Section(f"What-if plan: {p['model']} on {p['device']}", body)
+
+
 def build_report(results: str | Path, out_dir: str | Path, *, title: str | None = None,
-                 validation: str | Path | None = None, records: str | Path | None = None) -> Path:
-    """Write out_dir/report.html (and out_dir/figures/*); return the page's path."""
+                 validation: str | Path | None = None, records: str | Path | None = None,
+                 plan: str | Path | None = None) -> Path:
+    """Write out_dir/report.html (and out_dir/figures/*); return the page's path.
+
+    `plan` is a `flashsim plan --json` output (plan.json) shown as a section of its own."""
     rs = load_results(results)
     out = Path(out_dir)
     fig_dir = out / "figures"
@@ -284,6 +320,8 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
     if records is not None:
         sections.append(Section("Memory over time", _figure_html(
             "memory", load_input("records", records), fig_dir, "memory")))
+    if plan is not None:
+        sections.append(_plan_section(Path(plan)))
     sections.append(Section("Results", _table(display_table(rs.table))))
     failed = rs.table[rs.table[T.STATUS] != "ok"] if T.STATUS in rs.table else rs.table.iloc[:0]
     if len(failed):

@@ -17,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("results", metavar="RESULTS", help="sweep directory or results table")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--title", help="page title (default: the sweep's name or folder)")
+    p.add_argument("--plan", metavar="FILE", help="also show a what-if plan (the output of `flashsim plan --json`)")
     p.add_argument("--validation", metavar="FILE", help="also plot a sim-vs-real table (config, metric, sim, real)")
     p.add_argument("--records", metavar="FILE", help="also plot memory over time (t_s, resident_bytes, budget_bytes)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    path = build_report(args.results, args.out, title=args.title, validation=args.validation,
+    path = build_report(args.results, args.out, title=args.title, validation=args.validation, plan=args.plan,
                         records=args.records)
     figures = sorted(str(p) for p in (path.parent / "figures").rglob("*.png"))
     if args.json:

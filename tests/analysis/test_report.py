@@ -118,3 +118,35 @@ def test_report_renders_in_headless_chromium(results_file: Path, tmp_path: Path)
     rgb = img[..., :3]
     colourful = np.abs(rgb - rgb.mean(axis=2, keepdims=True)).max(axis=2) > 0.15
     assert colourful.mean() > 0.01
+
+
+def _plan_json(path: Path) -> Path:
+    """A minimal `flashsim plan --json` output with one feasible and one refused configuration."""
+    import json
+
+    row = dict(label="llm-in-a-flash window.k=5", feasible=True, tokens_per_s=12.5, dram_peak_bytes=2**31,
+               activation_mass_kept=0.9, binding_constraint="flash bandwidth", reasons=[])
+    bad = dict(row, label="dense", feasible=False, tokens_per_s=None, dram_peak_bytes=None,
+               activation_mass_kept=None, binding_constraint="memory capacity",
+               reasons=["does not fit: 3.00 GiB more"])
+    path.write_text(json.dumps({
+        "model": "llama-3.2-3b", "device": "jetson-orin-nano-8gb", "feasible": True, "best": row,
+        "configurations": [row, bad], "min_dram_bytes": 3 * 2**30,
+        "trace": {"description": "synthetic, fitted to smollm2-135m"}, "notes": ["quality is a proxy"]}))
+    return path
+
+
+def test_report_shows_the_plan(results_file: Path, tmp_path: Path) -> None:
+    page = build_report(results_file, tmp_path / "rep", plan=_plan_json(tmp_path / "plan.json")).read_text()
+    assert "What-if plan: llama-3.2-3b on jetson-orin-nano-8gb" in page
+    assert "feasible: best <b>llm-in-a-flash window.k=5</b>, 12.50 tok/s, 2.00 GiB" in page
+    assert "smallest DRAM meeting the target: 3.00 GiB" in page
+    assert "does not fit: 3.00 GiB more" in page and "quality is a proxy" in page
+
+
+def test_report_bad_plan_is_a_one_line_error(results_file: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"model": "x"}')
+    assert main(["report", str(results_file), "--out", str(tmp_path / "r"), "--plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing device, feasible" in err
