@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "sim.cli.cmd_sweep",     # sweep
     "sim.cli.cmd_plot",      # plot
     "sim.cli.cmd_report",    # report
+    "sim.cli.cmd_adapt",     # adapt gsi
 )
 
 
