@@ -36,6 +36,25 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_versioned_json(path: Path, format_name: str, schema_version: int, *, kind: str, remedy: str) -> dict[str, Any]:
+    """Parse a JSON manifest that names its `format` and `schema_version` (traces, weight stores);
+    FlashsimError names the file and field, and says what to do (`remedy`) for an old version."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    except UnicodeDecodeError:
+        raise FlashsimError(f"{path}: invalid JSON (not UTF-8 text)") from None
+    if not isinstance(data, dict) or data.get("format") != format_name:
+        raise FlashsimError(f"{path}: field 'format': expected {format_name!r}; not a flashsim {kind}")
+    if data.get("schema_version") != schema_version:
+        raise FlashsimError(
+            f"{path}: field 'schema_version': {data.get('schema_version')!r} is not supported "
+            f"(this flashsim reads version {schema_version}); {remedy}"
+        )
+    return data
+
+
 def validation_message(err: ValidationError) -> str:
     """The first pydantic error as 'field a.b.c: message' (one line)."""
     first = err.errors()[0]

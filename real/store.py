@@ -29,7 +29,6 @@ reads fewer device pages and skips the copy; packed wins only for long runs of s
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +37,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devices.errors import FlashsimError
-from devices.loading import validation_message
+from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
 from real.buffers import ALIGN_BYTES, round_up
 from real.dtypes import ELEMENT_BYTES, decode
@@ -277,17 +276,8 @@ def open_store(path: str | Path, verify: Literal["full", "sizes"] = "sizes") -> 
         raise FlashsimError(f"{path}: no such weight store directory (create one with `flashsim real convert`)")
     if not man_path.is_file():
         raise FlashsimError(f"{path}: no {MANIFEST}; not a flashsim weight store (create one with `flashsim real convert`)")
-    try:
-        data = json.loads(man_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FlashsimError(f"{man_path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise FlashsimError(f"{man_path}: field 'format': expected {FORMAT_NAME!r}; not a flashsim weight store")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise FlashsimError(
-            f"{man_path}: field 'schema_version': {data.get('schema_version')!r} is not supported (this flashsim "
-            f"reads version {SCHEMA_VERSION}); re-create the store with `flashsim real convert`"
-        )
+    data = read_versioned_json(man_path, FORMAT_NAME, SCHEMA_VERSION, kind="weight store",
+                               remedy="re-create the store with `flashsim real convert`")
     try:
         m = StoreManifest.model_validate(data)
         spec = ModelSpec.model_validate(m.model)

@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devices.errors import FlashsimError
-from devices.loading import validation_message
+from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
 
 SCHEMA_VERSION = 1
@@ -236,17 +236,8 @@ def open_trace(path: str | Path, verify: bool = True) -> Trace:
         raise FlashsimError(f"{path}: not a trace directory (no such directory)")
     if not mpath.is_file():
         raise FlashsimError(f"{path}: not a trace directory (manifest.json is missing)")
-    try:
-        raw = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
-        raise FlashsimError(f"{mpath}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
-        raise FlashsimError(f"{mpath}: field 'format': not a flashsim trace manifest")
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise FlashsimError(
-            f"{mpath}: field 'schema_version': {raw.get('schema_version')!r} is not supported "
-            f"(this flashsim reads version {SCHEMA_VERSION}); re-capture or convert the trace"
-        )
+    raw = read_versioned_json(mpath, FORMAT_NAME, SCHEMA_VERSION, kind="trace manifest",
+                              remedy="re-capture or convert the trace")
     try:
         manifest = TraceManifest.model_validate(raw)
     except ValidationError as e:
