@@ -9,6 +9,7 @@ directory as --out) fails before the model is loaded, with exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,10 @@ from sim.cli.output import print_json, print_table
 # (453 passes) take ~3.3 min; `--steps all` (1831 passes) ~13.5 min (docs/adaptation.md).
 DEFAULT_STEPS = 8
 DEFAULT_MAX_TOKENS = 256
+
+# Further `adapt` sub-commands, one module each under sim/cli/ with `register(asub)` (asub: the
+# `adapt` sub-parsers action); each module owns its sub-command's options and handler.
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--out", required=True, metavar="FILE.json", help="GSI file to write")
     g.add_argument("--json", action="store_true", help="print a JSON summary")
     g.set_defaults(func=_gsi)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"sim.cli.{name}").register(asub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
