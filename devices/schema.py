@@ -64,6 +64,8 @@ class ComputeSpec(_Strict):
     gemv_flops_per_s: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], float]
     gather_bytes_per_s: float = Field(gt=0, description="copying scattered rows into a dense buffer")
     op_overhead_s: float = Field(ge=0, description="fixed cost per operation (launch / dispatch)")
+    threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
+                                "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
     source: str
 
     @field_validator("gemv_flops_per_s")
@@ -110,13 +112,38 @@ class FlashSpec(_Strict):
     max_in_flight: int = Field(ge=1, description="hardware queue depth usable by one process")
     iops_max: float | None = Field(default=None, gt=0, description="closed-form model's controller IOPS cap")
     read_table: ReadTable | None = None
+    # Host CPU work of I/O (see sim/components/compute.py `HostCpu`). Non-zero only on a host whose
+    # CPU both runs the compute and submits/completes the reads (a CPU-only host reading with
+    # threads): there each read takes CPU time from the compute running at the same time, and the
+    # compute delays the reads' own CPU work. 0 (the default) = reads cost the compute nothing
+    # (an SSD's DMA engine does the transfer; submission on other cores or a GPU computes).
+    host_cpu_s_per_read: float = Field(default=0.0, ge=0, description="host CPU seconds per read (submit + "
+                                       "complete), on the cores that also compute; 0: not shared")
+    compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute time lost per read "
+                                                  "that runs while the compute runs (default: host_cpu_s_per_read)")
+    read_delay_s_per_read: float | None = Field(default=None, ge=0, description="time a read takes longer while "
+                                                "the compute runs (default: host_cpu_s_per_read)")
+    compute_lost_s_per_batch: float = Field(default=0.0, ge=0, description="compute time lost per read batch "
+                                            "(waking and collecting the reader threads), on top of the per-read loss")
+    read_delay_s_per_batch: float = Field(default=0.0, ge=0, description="time a batch takes longer while the "
+                                          "compute runs, on top of the per-read delay")
     source: str
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:
         if self.read_table is None and self.iops_max is None:
             raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
+        for name in ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
+                     "read_delay_s_per_batch"):
+            if getattr(self, name) and self.host_cpu_s_per_read == 0:
+                raise ValueError(f"{name} needs host_cpu_s_per_read > 0 (a host whose CPU both computes and "
+                                 "submits the reads)")
         return self
+
+    @property
+    def shares_host_cpu(self) -> bool:
+        """The reads' CPU work runs on the cores that compute (host_cpu_s_per_read > 0)."""
+        return self.host_cpu_s_per_read > 0
 
     @cached_property
     def curve(self) -> ReadCurve:

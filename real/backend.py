@@ -24,6 +24,7 @@ step and layer so the run can be written as a trace (`real.records`) and replaye
 from __future__ import annotations
 
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,9 +93,10 @@ class RealExecutor:
         # with other work, 1 avoids the per-op barrier waiting for a descheduled worker thread
         # (measured here: a sparse FFN layer 0.59 ms with 1 thread, 16-24 ms median with 2).
         self._threads_before = torch.get_num_threads()
+        self.thread_note = check_threads(threads, profile)
+        if threads is None:
+            threads = profile.compute.threads   # the count the profile's compute rates were measured with
         if threads is not None:
-            if threads < 1:
-                raise FlashsimError(f"--threads {threads}: must be >= 1")
             torch.set_num_threads(threads)
         self.store, self.spec = store, store.spec
         if (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff):
@@ -262,6 +264,8 @@ class RealExecutor:
                     "compute_threads": self.torch.get_num_threads(),
                     "cache_row_bytes": self.reader.dest_row_bytes, "store": str(self.store.path)})
         notes = list(self.sim.notes)
+        if self.thread_note:
+            notes.append(self.thread_note)
         if not self.reader.direct_io:
             notes.append(f"direct I/O unavailable ({self.reader.fallback_reason}): buffered reads with page-cache eviction")
         notes.append(f"policy bookkeeping {self.plan_total_s:.4f} s excluded from the records")
@@ -327,6 +331,22 @@ class RealExecutor:
         # logits then differ from HF by ~1.4e-4 instead of <= 1e-4). The copy is k*d elements.
         y = F.linear(h, down.T.contiguous())
         return y.to(x.dtype).to(x.device)
+
+
+def check_threads(threads: int | None, profile: DeviceProfile) -> str | None:
+    """Compute threads of a real run vs. the profile's measurement: FlashsimError for < 1; a loud
+    warning (returned, and issued with `warnings.warn`) when they differ, since the simulator then
+    times the compute with rates measured at another thread count."""
+    if threads is not None and threads < 1:
+        raise FlashsimError(f"--threads {threads}: must be >= 1")
+    measured = profile.compute.threads
+    if threads is None or measured is None or threads == measured:
+        return None
+    msg = (f"WARNING: the real run computes with {threads} thread(s) but profile {profile.name!r} measured its "
+           f"compute rates with {measured}; simulated compute times will not match: re-run `flashsim bench "
+           f"compute --threads {threads}` or run with --threads {measured}")
+    warnings.warn(msg, stacklevel=3)
+    return msg
 
 
 def _act(torch: Any, kind: str, g: Any) -> Any:

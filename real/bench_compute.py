@@ -2,7 +2,10 @@
 (FLOP/s, bytes/s, seconds), with torch when installed, NumPy otherwise.
 
 * Dense GEMV: y = W x with W [M, K] = [11008, 4096] (one Llama-2-7B FFN matrix; --quick uses
-  [4096, 2048]), one token, the framework's default threads. FLOPs = 2 M K per call.
+  [4096, 2048]), one token, on `threads` compute threads (default: the framework's own setting).
+  FLOPs = 2 M K per call. The thread count is written to the profile (`compute.threads`): on a
+  host whose cores are shared, 1 and 2 threads differ by far more than 2x (per-op barriers wait for
+  descheduled workers), so real runs use the profile's count and warn when they run another.
 * Gathered GEMV: copy a seeded random 10% of W's rows into a preallocated buffer
   (`index_select(..., out=)` / `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
   gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from devices.errors import FlashsimError
 
 DENSE_SHAPE = (11008, 4096)
 QUICK_SHAPE = (4096, 2048)
@@ -60,9 +65,29 @@ def _have_torch() -> bool:
     return True
 
 
-def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 0) -> dict[str, Any]:
-    """All compute measurements (JSON-ready)."""
+def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 0,
+                      threads: int | None = None) -> dict[str, Any]:
+    """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default."""
     use_torch = framework == "torch" or (framework == "auto" and _have_torch())
+    if threads is not None and threads < 1:
+        raise FlashsimError(f"--threads {threads}: must be >= 1")
+    if threads is not None and not use_torch:
+        raise FlashsimError("--threads needs torch (NumPy's BLAS threads are fixed at start-up: set "
+                            "OMP_NUM_THREADS instead)")
+    if use_torch:
+        import torch
+
+        before = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            return _run(quick, use_torch, seed)
+        finally:
+            torch.set_num_threads(before)
+    return _run(quick, use_torch, seed)
+
+
+def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
     M, K = QUICK_SHAPE if quick else DENSE_SHAPE
     min_time_s = 0.1 if quick else 0.5
     rng = np.random.default_rng(seed)
@@ -110,6 +135,7 @@ def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
         "memory_capacity_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "load_average_1min": os.getloadavg()[0],   # other work on the host: compare medians with minima
     }
 
 
@@ -144,6 +170,7 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
         "gemv_flops_per_s": {k: float(f"{v['dense_gemv_flops_per_s']:.4g}") for k, v in per.items()},
         "gather_bytes_per_s": float(f"{per[gather_dtype]['gather_bytes_per_s']:.4g}"),
         "op_overhead_s": float(f"{result['op_overhead_s']:.4g}"),
+        "threads": int(result["threads"]),
         "source": f"{prefix}: dense GEMV {result['dense_shape'][0]}x{result['dense_shape'][1]} per dtype; "
                   f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype}); 1-element add per op; `{command}`",
     }

@@ -13,13 +13,32 @@ say `direct_io: false`, since later reads of the same pages may come from RAM.
 Sequential bandwidth: consecutive reads of max(1 MiB, largest chunk) with 1 and with 4 reads in
 flight (threads taking the next offset), the better of the two. Latency: single 4 KiB reads at
 queue depth 1 (mean, p50, p99).
+
+Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
+`compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
+sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
+(getrusage, user + system, all threads) per read. Then, at PROBE_CHUNK_BYTES and the largest reads
+in flight, reads are issued the way the real backend prefetches (a background thread handing
+batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`), for two
+batch sizes B (2x and 8x the reads in flight), and short slices alternate: a decode-like compute
+probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
+`compute_threads` threads) | batches alone | both at once. Medians over slices (bursts of load from
+other processes hit the three alike) give, per batch size, the batch time alone and with the
+probe, the probe's time lost per batch and the CPU per read; a straight line through the two batch
+sizes splits each effect into a per-batch and a per-read part (clipped at 0):
+  * cpu_s_per_read: CPU time per read, batches alone;
+  * compute_lost_s_per_read / _per_batch: the probe's lost time;
+  * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs.
+Without torch the probe is NumPy. The load average is recorded with the numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +59,10 @@ DEFAULT_CHUNKS = tuple(4096 << i for i in range(9))          # 4 KiB .. 1 MiB
 DEFAULT_IN_FLIGHT = (1, 2, 4, 8, 16, 32, 64)
 QUICK_CHUNKS = (4096, 65536, 1 << 20)
 QUICK_IN_FLIGHT = (1, 4)
+PROBE_CHUNK_BYTES = 16384     # near a bundle of a small model (12-24 KiB): the reads a prefetch issues
+PROBE_SLICES = 20
+PROBE_SLICE_S = 0.1
+PROBE_DIM = 1024              # the probe GEMV: 4 MiB of fp32 weights, a decode layer's projection
 
 
 @dataclass(frozen=True)
@@ -49,6 +72,8 @@ class FlashBenchConfig:
     duration_s: float = 1.0
     seed: int = 0
     direct: bool | None = None     # None: O_DIRECT if the filesystem allows it
+    host_cpu: bool = True          # also measure the reads' host CPU cost (host_cpu_probe)
+    compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
 
     def __post_init__(self) -> None:
         if not self.chunks or any(c <= 0 or c % ALIGN_BYTES for c in self.chunks):
@@ -143,9 +168,16 @@ def _read_or_fail(fd: int, buf: memoryview, off: int, path: Path) -> int:
     return got
 
 
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) of this process, all threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s: float,
-                            rng: np.random.Generator) -> float:
-    """Throughput of random chunk-aligned reads of `chunk` bytes with `in_flight` threads."""
+                            rng: np.random.Generator, stats: dict[str, float] | None = None) -> float:
+    """Throughput of random chunk-aligned reads of `chunk` bytes with `in_flight` threads.
+    `stats`, when given, receives `reads` and `cpu_s` (process CPU time over the point)."""
     n_slots = (bf.size_bytes - chunk) // chunk + 1
     if n_slots < 1:
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
@@ -163,6 +195,7 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
         while True:
             done += _read_or_fail(bf.fd, mv, offs[i], bf.path)
             i += 1
+            n_reads[k] += 1
             if i == len(offs):
                 offs, i = (seeds[k].integers(0, n_slots, 4096) * chunk).tolist(), 0
             if time.perf_counter() >= t_end:
@@ -170,7 +203,12 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
         out[k] = done
         out[in_flight + k] = time.perf_counter()
 
-    return _run_threads(worker, in_flight)
+    n_reads = [0] * in_flight
+    c0 = process_cpu_s()
+    rate = _run_threads(worker, in_flight)
+    if stats is not None:
+        stats.update(reads=float(sum(n_reads)), cpu_s=process_cpu_s() - c0)
+    return rate
 
 
 def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s: float) -> float:
@@ -248,6 +286,170 @@ def latency_4k_qd1(bf: BenchFile, duration_s: float, rng: np.random.Generator) -
             "reads": len(a)}
 
 
+def _compute_probe(threads: int, seed: int) -> Callable[[float], int]:
+    """A decode-like compute loop on `threads` threads: run(until_perf_counter) -> iterations."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((PROBE_DIM, PROBE_DIM), dtype=np.float32)
+    try:
+        import torch
+    except ImportError:
+        x = [rng.standard_normal(PROBE_DIM, dtype=np.float32)]
+
+        def run_np(until: float) -> int:
+            n = 0
+            while time.perf_counter() < until:
+                y = w @ x[0]
+                x[0] = y / np.linalg.norm(y)
+                n += 1
+            return n
+
+        return run_np
+    torch.set_num_threads(threads)
+    wt, xt = torch.from_numpy(w), [torch.from_numpy(rng.standard_normal(PROBE_DIM, dtype=np.float32))]
+
+    def run_torch(until: float) -> int:
+        n = 0
+        with torch.no_grad():
+            while time.perf_counter() < until:
+                y = torch.mv(wt, xt[0])
+                xt[0] = y / y.norm()
+                n += 1
+        return n
+
+    return run_torch
+
+
+def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = PROBE_SLICES,
+                   slice_s: float = PROBE_SLICE_S, compute_threads: int = 1, seed: int = 0,
+                   batch_reads: tuple[int, int] | None = None) -> dict[str, Any]:
+    """CPU time per read, and how batches of reads and a concurrent compute slow each other
+    (module docstring). Reads are issued as the real backend issues a prefetch: a background
+    thread hands batches of B reads to a persistent pool of `in_flight` threads (the reader's own
+    `_Workers`), one batch after another. Two batch sizes separate the per-batch cost (waking and
+    collecting the pool's threads) from the per-read cost, by a straight line through the two."""
+    from real.reader import _Workers
+
+    n_slots = (bf.size_bytes - chunk) // chunk + 1
+    if n_slots < 1:
+        raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
+    sizes = batch_reads or (2 * in_flight, 8 * in_flight)
+    torch_threads = _torch_threads()
+    probe = _compute_probe(compute_threads, seed)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE]))
+    bufs = [memoryview(AlignedBuffer(chunk).array)[:chunk] for _ in range(in_flight)]
+    pool = _Workers(in_flight) if in_flight > 1 else None
+
+    def one_batch(n: int) -> None:
+        offs = (rng.integers(0, n_slots, n) * chunk).tolist()
+        nxt = itertools.count()
+
+        def work(w: int) -> None:
+            mv = bufs[w]
+            while (j := next(nxt)) < n:
+                _read_or_fail(bf.fd, mv, offs[j], bf.path)
+
+        if pool is None:
+            work(0)
+        else:
+            pool.run(work, min(in_flight, n))
+
+    def batches_during(n: int, fn: Callable[[], Any]) -> tuple[list[float], float, float]:
+        """Batches of n reads back to back on a background thread while fn() runs here:
+        (durations of the batches that ended during fn, wall s of fn, process CPU s of fn)."""
+        stop, done, errors = threading.Event(), [], []
+
+        def issuer() -> None:
+            try:
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    one_batch(n)
+                    done.append((t, time.perf_counter()))
+            except BaseException as e:  # handed to the caller
+                errors.append(e)
+
+        th = threading.Thread(target=issuer, daemon=True)
+        th.start()
+        try:
+            c0, t0 = process_cpu_s(), time.perf_counter()
+            fn()
+            c1, t1 = process_cpu_s(), time.perf_counter()
+        finally:
+            stop.set()
+            th.join()
+        if errors:
+            raise errors[0]
+        return [b - a for a, b in done if a >= t0 and b <= t1], t1 - t0, c1 - c0
+
+    it_alone: list[float] = []
+    per: dict[int, dict[str, list[float]]] = {n: {"alone": [], "both": [], "lost": [], "cpu": []} for n in sizes}
+    try:
+        probe(time.perf_counter() + slice_s)                       # warm-up
+        bf.drop_cache()
+        for _ in range(slices):
+            for n in sizes:
+                t0 = time.perf_counter()
+                k = probe(t0 + slice_s)
+                it_alone.append((time.perf_counter() - t0) / max(k, 1))
+                durs, wall, cpu = batches_during(n, lambda: time.sleep(slice_s))
+                if durs:
+                    per[n]["alone"].append(float(np.median(durs)))
+                    per[n]["cpu"].append(cpu / (len(durs) * n))
+                box = [0]
+
+                def both(box: list[int] = box) -> None:
+                    box[0] = probe(time.perf_counter() + slice_s)
+
+                durs, wall, _ = batches_during(n, both)
+                if durs:
+                    per[n]["both"].append(float(np.median(durs)))
+                    # compute lost per batch: the probe's extra time over the batches that ran meanwhile
+                    per[n]["lost"].append((wall - box[0] * it_alone[-1]) * float(np.median(durs)) / wall)
+    finally:
+        if pool is not None:
+            pool.close()
+        _restore_torch_threads(torch_threads)
+    med = {n: {k: float(np.median(v)) if v else float("nan") for k, v in d.items()} for n, d in per.items()}
+    (n1, n2) = sizes
+
+    def line(key: str) -> tuple[float, float]:
+        """(per batch, per read) through the two batch sizes, both >= 0."""
+        y1, y2 = med[n1][key], med[n2][key]
+        per_read = max(0.0, (y2 - y1) / (n2 - n1))
+        return max(0.0, y1 - per_read * n1), per_read
+
+    delay = {n: med[n]["both"] - med[n]["alone"] for n in sizes}
+    lost_b, lost_r = line("lost")
+    for n in sizes:
+        med[n]["delay"] = delay[n]
+    y1, y2 = delay[n1], delay[n2]
+    delay_r = max(0.0, (y2 - y1) / (n2 - n1))
+    delay_b = max(0.0, y1 - delay_r * n1)
+    return {"chunk_bytes": chunk, "in_flight": in_flight, "compute_threads": compute_threads, "slices": slices,
+            "slice_s": slice_s, "batch_reads": list(sizes),
+            "cpu_s_per_read": float(np.nanmedian([med[n]["cpu"] for n in sizes])),
+            "compute_lost_s_per_read": lost_r, "compute_lost_s_per_batch": lost_b,
+            "read_delay_s_per_read": delay_r, "read_delay_s_per_batch": delay_b,
+            "per_batch_size": {str(n): {"batch_s": med[n]["alone"], "batch_with_compute_s": med[n]["both"],
+                                        "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"]}
+                               for n in sizes},
+            "probe_iteration_s": float(np.median(it_alone)), "load_average_1min": os.getloadavg()[0]}
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
+def _restore_torch_threads(n: int | None) -> None:
+    if n is not None:
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_file: bool = False,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole benchmark; returns the results (JSON-ready)."""
@@ -259,9 +461,13 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         ss = np.random.SeedSequence(cfg.seed)
         point_rngs = [np.random.default_rng(s) for s in ss.spawn(len(cfg.chunks) * len(cfg.in_flight) + 1)]
         grid = np.zeros((len(cfg.chunks), len(cfg.in_flight)))
+        cpu = np.zeros_like(grid)
         for i, c in enumerate(cfg.chunks):
             for j, q in enumerate(cfg.in_flight):
-                grid[i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s, point_rngs[i * len(cfg.in_flight) + j])
+                st: dict[str, float] = {}
+                grid[i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s, point_rngs[i * len(cfg.in_flight) + j],
+                                                     stats=st)
+                cpu[i, j] = st["cpu_s"] / max(st["reads"], 1.0)
                 if progress:
                     progress(f"{format_bytes(c)} x {q}")
         seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
@@ -271,6 +477,13 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         lat = latency_4k_qd1(bf, cfg.duration_s, point_rngs[-1])
         if progress:
             progress("latency")
+        host = None
+        if cfg.host_cpu:
+            chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
+            host = host_cpu_probe(bf, chunk, max(cfg.in_flight), slice_s=min(PROBE_SLICE_S, cfg.duration_s),
+                                  compute_threads=cfg.compute_threads, seed=cfg.seed)
+            if progress:
+                progress("host CPU")
     finally:
         bf.close()
     return {
@@ -279,22 +492,50 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "note": bf.note, "method": "python threads, os.preadv, one thread per read in flight",
         "duration_s_per_point": cfg.duration_s, "seed": cfg.seed,
         "grid": {"chunk_bytes": list(cfg.chunks), "in_flight": list(cfg.in_flight),
-                 "bytes_per_s": grid.tolist()},
+                 "bytes_per_s": grid.tolist(), "cpu_s_per_read": cpu.tolist()},
         "sequential": {"chunk_bytes": seq_chunk, "in_flight_1_bytes_per_s": seq[1],
                        "in_flight_4_bytes_per_s": seq[4], "bytes_per_s": max(seq.values())},
         "latency_4k_qd1": lat,
+        "host_cpu": host,
+        "load_average_1min": os.getloadavg()[0],
     }
 
 
-def flash_section(result: dict[str, Any], source: str) -> dict[str, Any]:
-    """The profile's `flash` mapping (devices/schema.py FlashSpec) from a bench result."""
+def compute_runs_on_cpu() -> bool:
+    """True when the compute shares the CPU with the reader threads: no CUDA device (a CPU-only host)."""
+    try:
+        import torch
+    except ImportError:
+        return True
+    return not torch.cuda.is_available()
+
+
+def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None = None) -> dict[str, Any]:
+    """The profile's `flash` mapping (devices/schema.py FlashSpec) from a bench result.
+
+    `shares_cpu` (default: `compute_runs_on_cpu()`): the compute runs on the cores that submit the
+    reads, so the measured host CPU cost of a read is written (`host_cpu_s_per_read`,
+    `compute_lost_s_per_read`); otherwise it stays 0 (reads cost the compute nothing)."""
     g = result["grid"]
+    host = result.get("host_cpu")
+    if shares_cpu is None:
+        shares_cpu = compute_runs_on_cpu()
+    extra: dict[str, float] = {}
+    if shares_cpu and host and host["cpu_s_per_read"] > 0:
+        extra = {"host_cpu_s_per_read": float(f"{host['cpu_s_per_read']:.4g}"),
+                 **{k: float(f"{host[k]:.4g}") for k in ("compute_lost_s_per_read", "read_delay_s_per_read",
+                                                          "compute_lost_s_per_batch", "read_delay_s_per_batch")}}
+        source += (f"; host CPU per read and compute lost per read measured at {format_bytes(host['chunk_bytes'])} x "
+                   f"{host['in_flight']} in flight, batches of {host['batch_reads']} reads, with a "
+                   f"{host['compute_threads']}-thread compute probe "
+                   f"(load average {host['load_average_1min']:.1f})")
     return {
         "sequential_read_bytes_per_s": float(f"{result['sequential']['bytes_per_s']:.4g}"),
         "read_latency_s": float(f"{result['latency_4k_qd1']['mean_s']:.4g}"),
         "max_in_flight": int(max(g["in_flight"])),
         "read_table": {"chunk_bytes": [int(c) for c in g["chunk_bytes"]], "in_flight": [int(q) for q in g["in_flight"]],
                        "bytes_per_s": [[float(f"{v:.4g}") for v in row] for row in g["bytes_per_s"]]},
+        **extra,
         "source": source,
     }
 

@@ -7,7 +7,8 @@ It comes from a preset (`sim.policies.presets`), a mapping/YAML (`RunConfig.from
     --set prefetch=delta              put policy `delta` in slot `prefetch` (default parameters)
     --set window.k=3                  parameter `k` of the policy in use named `window`
     --set residency.k=3               ... the same, addressed by slot
-    --set workload.batch=4            a section parameter (workload, memory, flash, sim)
+    --set workload.batch=4            a section parameter (workload, memory, flash, sim, prune)
+    --set prune.blocks=mha:3,ffn:5    drop blocks (sim/blocks.py syntax; checked against the model at build)
     --set seed=7                      shorthand for sim.seed
 
 Slot switches are applied before parameters, so `--set residency=window --set window.k=2` works in
@@ -23,6 +24,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.loading import read_mapping
+from sim.blocks import parse_block_items
 from sim.components.memory import BudgetTimeline
 from sim.params import build_params, check, param, params_to_dict
 from sim.policies.registry import REGISTRIES, SLOTS, find_slot
@@ -81,8 +83,24 @@ class SimParams:
         check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
 
 
+@dataclass(frozen=True)
+class PruneParams:
+    """Transformer blocks removed from the model (RAP block pruning; see sim/blocks.py)."""
+
+    blocks: str = param("", "dropped blocks, e.g. 'mha:3,ffn:5' (KIND:LAYER, KIND mha or ffn, layers from 0): "
+                            "a dropped ffn reads, caches and computes nothing; a dropped mha keeps no attention "
+                            "weights or KV cache and computes no attention")
+
+    def __post_init__(self) -> None:
+        # the syntax is checked here; the layer range when the model is known (sim.engine.build)
+        try:
+            parse_block_items(self.blocks, where="blocks")
+        except FlashsimError as e:
+            raise ValueError(str(e)) from None
+
+
 SECTIONS: dict[str, type] = {"workload": WorkloadParams, "memory": MemoryParams, "flash": FlashParams,
-                             "sim": SimParams}
+                             "sim": SimParams, "prune": PruneParams}
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,7 @@ class RunConfig:
     memory: MemoryParams = field(default_factory=MemoryParams)
     flash: FlashParams = field(default_factory=FlashParams)
     sim: SimParams = field(default_factory=SimParams)
+    prune: PruneParams = field(default_factory=PruneParams)
     budget_timeline: BudgetTimeline | None = None
 
     def slots(self) -> dict[str, PolicyChoice]:

@@ -13,6 +13,12 @@ Sweeps call `simulate` in a loop: the resolved workload and the per-layer needed
 are cached (`SetAlgebraCache`, keyed by trace identity, workload and model shape), and so is the
 quality proxy per computed-set configuration, so changing the device or the budget does not
 recompute them.
+
+Block pruning (`config.prune.blocks`, sim/blocks.py syntax) is resolved here against the model's
+layers: the planner skips dropped FFN layers and dropped attention; `_memory_model` removes the
+dropped blocks' resident weights, their KV cache and their neuron-cache share (which goes to the kept
+FFN layers). Results carry the canonical dropped set (`summary()["prune"]`, the `dropped_blocks`
+column of the records).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -30,6 +36,7 @@ from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
+from sim.blocks import BlockMemory, format_blocks, parse_blocks
 from sim.components.compute import MIN_BANDWIDTH_SHARE, ComputeModel
 from sim.components.flash import FlashDevice
 from sim.components.memory import MemoryModel
@@ -105,6 +112,7 @@ class Simulation:
     budget_bytes: int
     ctx: PolicyContext
     notes: list[str] = field(default_factory=list)
+    dropped: np.ndarray | None = None
     _used: bool = False
 
     @property
@@ -123,7 +131,8 @@ class Simulation:
             self.stack.bind(self.ctx)
             p = self.planner
             self.planner = Planner(self.stack, self.view, self.spec, self.profile, self.memory, p.compute,
-                                   p.in_flight, p.stream_non_ffn, quality_memo=p.quality_memo)
+                                   p.in_flight, p.stream_non_ffn, quality_memo=p.quality_memo,
+                                   dropped=p.dropped)
             self.notes = self.ctx.notes
         self._used = True
 
@@ -150,11 +159,19 @@ class Simulation:
         else:
             plan = self._run_timeline(rec, flash)
         cfg = self.resolved_config(engine="fast" if use_fast else "des")
-        return RunResult(tokens=rec.tokens, config=cfg, engine="fast" if use_fast else "des",
+        prune = self.prune_summary()
+        tokens = rec.tokens
+        if prune["blocks"]:
+            tokens = [replace(r, dropped_blocks=prune["blocks"]) for r in tokens]
+        return RunResult(tokens=tokens, config=cfg, engine="fast" if use_fast else "des",
                          batch=self.steps.batch, mass=(plan.mass_num.copy(), plan.mass_den.copy()),
                          recall=(plan.rec_num.copy(), plan.rec_den.copy()), notes=list(self.notes),
                          memory=rec.memory, intervals=rec.intervals, flash_log=flash.log,
-                         device=self.profile.name)
+                         device=self.profile.name, prune=prune)
+
+    def prune_summary(self) -> dict[str, Any]:
+        """The dropped set (canonical text) and what it saves; see RunResult.summary()["prune"]."""
+        return prune_summary(self.spec, self.dropped)
 
     def _unified(self) -> bool:
         return self.profile.memory.unified and self.config.sim.contention
@@ -232,6 +249,8 @@ class Simulation:
             "prompt_tokens": list(self.steps.prompt_lengths), "engine": engine,
             "fast_path": self.fast_path_reason() or "applies",
         })
+        if self.dropped is not None and self.dropped.any():
+            cfg["prune"] = {**cfg["prune"], "blocks_resolved": format_blocks(self.dropped)}
         return cfg
 
 
@@ -245,6 +264,10 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     stack = PolicyStack(policies["residency"], policies["predictor"], policies["layout"], policies["prefetch"],
                         policies["precision"])
     eff_spec = stack.precision.transform(base_spec)
+    dropped = parse_blocks(config.prune.blocks, eff_spec.n_layers, where="prune.blocks")
+    if dropped.any() and stack.residency.page_granular:
+        raise FlashsimError(f"prune.blocks: residency {stack.residency.name!r} pages the whole model file and "
+                            "cannot skip dropped blocks; use another residency (e.g. --set residency=naive)")
     if stack.residency.page_granular and stack.predictor.name != "none":
         raise FlashsimError(f"residency {stack.residency.name!r} pages the model file and computes densely; "
                             f"it cannot use predictor {stack.predictor.name!r} (use --set predictor=none)")
@@ -262,31 +285,69 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     if view.rescaled:
         notes.append(f"rescaled: trace {trace.spec.name} ({trace.n_layers} x {trace.n_neurons}) tiled onto "
                      f"{eff_spec.name} ({eff_spec.n_layers} x {eff_spec.d_ff})")
-    memory = _memory_model(stack, eff_spec, view.steps, config)
+    memory = _memory_model(stack, eff_spec, view.steps, config, dropped)
     memory.check_fits(budget if config.budget_timeline is None else config.budget_timeline.at(0.0, budget))
     in_flight = config.flash.in_flight or profile.flash.max_in_flight
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     planner = Planner(stack, view, eff_spec, profile, memory, ComputeModel(eff_spec, profile), in_flight,
-                      config.memory.stream_non_ffn, quality_memo=memo)
-    return Simulation(trace, eff_spec, profile, config, view, stack, memory, planner, budget, ctx, notes)
+                      config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped)
+    if dropped.any():
+        notes.append(f"pruned: {format_blocks(dropped)} dropped ({int(dropped[0::2].sum())} mha, "
+                     f"{int(dropped[1::2].sum())} ffn); the trace's activations of the dense model are replayed "
+                     "for the kept layers")
+    return Simulation(trace, eff_spec, profile, config, view, stack, memory, planner, budget, ctx, notes,
+                      dropped=dropped)
 
 
-def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: RunConfig) -> MemoryModel:
+def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: RunConfig,
+                  dropped: np.ndarray | None = None) -> MemoryModel:
+    """What stays resident, the KV cache per step, and the layers sharing the neuron caches.
+
+    With blocks dropped (bool [2L], sim/blocks.py): a dropped MHA block's attention weights and input
+    norm, and a dropped FFN block's norm and biases, leave the resident weights; a dropped FFN layer
+    has no static neurons, no predictor and no cache share (the share is split over the kept FFN
+    layers only); the KV cache counts only kept MHA layers."""
     L = spec.n_layers
+    dropped = np.zeros(2 * L, bool) if dropped is None else dropped
+    bm = BlockMemory.from_spec(spec)
+    mha_gone, ffn_gone = dropped[0::2], dropped[1::2]
+    ffn_kept = ~ffn_gone
+    # resident (non-streamed) bytes of the dropped blocks: an MHA block whole, an FFN block's norm + biases
+    mha_saved = int(bm.weight_bytes[0::2][mha_gone].sum())
+    ffn_small_saved = int((bm.weight_bytes[1::2][ffn_gone] - spec.ffn_bytes_per_layer).sum())
     parts: dict[str, int] = {}
     if stack.residency.page_granular:
-        pass  # every weight lives in the page cache, accounted as cache
+        pass  # every weight lives in the page cache, accounted as cache (pruning is rejected in build)
     elif config.memory.stream_non_ffn:
-        parts["norm_weights"] = L * spec.norm_bytes_per_layer + spec.final_norm_bytes
+        attn_norm_saved = mha_saved - int(mha_gone.sum()) * spec.attn_bytes_per_layer
+        parts["norm_weights"] = L * spec.norm_bytes_per_layer + spec.final_norm_bytes - attn_norm_saved - ffn_small_saved
         head = spec.lm_head_bytes if not spec.tied_embeddings else spec.embedding_bytes
-        parts["stream_buffer"] = max(spec.attn_bytes_per_layer, head)
+        parts["stream_buffer"] = max(spec.attn_bytes_per_layer if (~mha_gone).any() else 0, head)
     else:
-        parts["non_ffn_weights"] = spec.non_ffn_bytes
-    static = sum(int(np.bitwise_count(stack.static_mask(layer)).sum()) for layer in range(L))
+        parts["non_ffn_weights"] = spec.non_ffn_bytes - mha_saved - ffn_small_saved
+    static = sum(int(np.bitwise_count(stack.static_mask(layer)).sum()) for layer in range(L) if ffn_kept[layer])
     parts["static_ffn_neurons"] = static * spec.ffn_neuron_bytes
-    parts["predictor_weights"] = L * stack.predictor.weight_bytes_per_layer()
-    kv = steps.kv_tokens * spec.kv_bytes_per_token
-    return MemoryModel(parts, kv, L, spec.ffn_neuron_bytes)
+    parts["predictor_weights"] = int(ffn_kept.sum()) * stack.predictor.weight_bytes_per_layer()
+    kv = steps.kv_tokens * int(bm.kv_bytes_per_token[~dropped].sum())
+    return MemoryModel(parts, kv, max(int(ffn_kept.sum()), 1), spec.ffn_neuron_bytes)
+
+
+def prune_summary(spec: ModelSpec, dropped: np.ndarray | None) -> dict[str, Any]:
+    """{"blocks", "dropped_mha", "dropped_ffn", "weight_bytes_saved", "kv_bytes_per_token_saved",
+    "quality_proxy"}: the canonical dropped set and the bytes it removes (all weights counted, as
+    RAP does; under flash streaming a dropped FFN's bytes are read, not resident)."""
+    L = spec.n_layers
+    d = np.zeros(2 * L, bool) if dropped is None else dropped
+    bm = BlockMemory.from_spec(spec)
+    return {
+        "blocks": format_blocks(d),
+        "dropped_mha": int(d[0::2].sum()),
+        "dropped_ffn": int(d[1::2].sum()),
+        "weight_bytes_saved": int(bm.weight_bytes[d].sum()),
+        "kv_bytes_per_token_saved": int(bm.kv_bytes_per_token[d].sum()),
+        "quality_proxy": ("activation_mass_kept and recall cover FFN neurons only: a dropped ffn block's "
+                          "neurons all count as not computed; a dropped mha block does not change them"),
+    }
 
 
 def simulate(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: RunConfig,

@@ -10,6 +10,13 @@ depends on simulated time, so the DES (`sim.components.pipeline`) and the analyt
 Two ways to fill them: `plan_all` (layer by layer over all steps: vectorised; used when the budget
 is fixed) and `plan_cell` (one step of one layer, called by the DES when a budget timeline can
 change the cache share between layers).
+
+Block pruning (`dropped`, bool [2L] in sim/blocks.py order): a dropped FFN layer is never planned
+(no reads, no cache, no FFN compute, no predictor; its quality counts every neuron as not computed);
+a dropped MHA layer streams no attention weights and computes no attention. The decoder times one
+attention phase per step for every layer, so `PlanArrays.attn` holds the per-layer MEAN over the
+step's layers of each layer's own phase (attention if its MHA is kept, plus the predictor if its FFN
+is kept): L x its total is exactly the step's attention time (see `_pruned_attention`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim import bitsets
-from sim.components.compute import ComputeModel, Phase
+from sim.components.compute import ComputeModel, HostCpu, Phase
 from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
 from sim.policies.base import CapacityError
@@ -57,6 +64,7 @@ class PlanArrays:
     phase: np.ndarray | None = None
     n_tokens: np.ndarray | None = None
     planned_steps: int = 0
+    host_cpu: HostCpu | None = None  # reads' CPU cost on a host that computes on the same cores
 
     def __getattr__(self, name: str) -> np.ndarray:
         d = self.__dict__
@@ -78,8 +86,13 @@ class Planner:
 
     def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
                  memory: MemoryModel, compute: ComputeModel, in_flight: int, stream_non_ffn: bool,
-                 quality_memo: dict | None = None):
+                 quality_memo: dict | None = None, dropped: np.ndarray | None = None):
         self.stack, self.view, self.spec, self.profile = stack, view, spec, profile
+        self.dropped = np.zeros(2 * spec.n_layers, bool) if dropped is None else np.asarray(dropped, bool)
+        if self.dropped.shape != (2 * spec.n_layers,):
+            raise ValueError(f"dropped must have shape ({2 * spec.n_layers},), got {self.dropped.shape}")
+        self.mha_kept = ~self.dropped[0::2]
+        self.ffn_kept = ~self.dropped[1::2]
         self.memory, self.compute = memory, compute
         self.steps = view.steps
         S, L = self.steps.n, spec.n_layers
@@ -97,12 +110,15 @@ class Planner:
         a.s = {f: np.zeros(S) for f in S_FIELDS}
         decode = self.steps.phase == 1
         pred = stack.predictor
-        a.attn = compute.attention(self.steps.n_tokens, self.steps.attn_ctx_sum, self.steps.kv_tokens, decode,
-                                   pred.flops_per_token_per_layer(), pred.weight_bytes_per_layer())
+        args = (self.steps.n_tokens, self.steps.attn_ctx_sum, self.steps.kv_tokens, decode)
+        a.attn = compute.attention(*args, pred.flops_per_token_per_layer(), pred.weight_bytes_per_layer())
+        if self.dropped.any():
+            a.attn = _pruned_attention(a.attn, compute.attention(*args), self.mha_kept, self.ffn_kept)
         a.head = compute.head(self.steps.batch, self.steps.n_tokens)
         a.kv_bytes = memory.kv_bytes
         a.fixed_bytes = memory.fixed_bytes
         a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
+        a.host_cpu = HostCpu.of(profile)
         self.arr = a
         self._stream_rows(a)
 
@@ -113,9 +129,10 @@ class Planner:
         spec, curve, chunk = self.spec, self.profile.flash.curve, self.stack.layout.max_chunk_bytes()
         attn_bytes = spec.attn_bytes_per_layer
         t, n = region_time_s(curve, attn_bytes, chunk, self.in_flight)
-        a.stream_s[:] = t
-        a.stream_bytes[:] = attn_bytes
-        a.stream_reads[:] = n
+        kept = self.mha_kept                    # a dropped MHA layer streams no attention weights
+        a.stream_s[:, kept] = t
+        a.stream_bytes[:, kept] = attn_bytes
+        a.stream_reads[:, kept] = n
         head_bytes = spec.lm_head_bytes if not spec.tied_embeddings else spec.embedding_bytes
         th, nh = region_time_s(curve, head_bytes, chunk, self.in_flight)
         # The embedding lookup reads one row per token (random rows: one read each).
@@ -137,7 +154,10 @@ class Planner:
             for layer in range(self.L):
                 for a0 in range(0, self.S, PLAN_CHUNK_STEPS):
                     b0 = min(self.S, a0 + PLAN_CHUNK_STEPS)
-                    self._fill_layer(layer, a0, b0, cap[a0:b0 + 1])
+                    if self.ffn_kept[layer]:
+                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1])
+                    else:
+                        self._fill_dropped(layer, a0, b0)
         self.finish_steps(0, self.S, budget_bytes)
         return a
 
@@ -145,6 +165,9 @@ class Planner:
         if self.stack.residency.page_granular:
             if layer == 0:
                 self._plan_pages(step, step + 1, budget_bytes)
+            return
+        if not self.ffn_kept[layer]:
+            self._fill_dropped(layer, step, step + 1)
             return
         cap = self.memory.cap_neurons(budget_bytes, step, step + 1)
         self._fill_layer(layer, step, step + 1, cap)
@@ -154,7 +177,7 @@ class Planner:
             lp = self.stack.plan(layer, a0, b0, cap)
         except CapacityError as e:
             nb = self.spec.ffn_neuron_bytes
-            short = (e.need - e.cap) * nb * self.L
+            short = (e.need - e.cap) * nb * self.memory.n_layers
             raise FlashsimError(
                 f"DRAM budget too small at step {e.step}: layer {e.layer} computes {e.need} neurons "
                 f"({format_bytes(e.need * nb)}) but its share of the cache holds {e.cap} "
@@ -204,6 +227,21 @@ class Planner:
             if self.quality_memo is not None:
                 self.quality_memo[key] = q
         mn, md, rn, rd = q
+        a.mass_num[rows] += mn
+        a.mass_den[rows] += md
+        a.rec_num[rows] += rn
+        a.rec_den[rows] += rd
+
+    def _fill_dropped(self, layer: int, a0: int, b0: int) -> None:
+        """A dropped FFN layer: nothing read, cached or computed. The trace's active set still counts in
+        the quality proxy's denominators (every neuron of the layer is missing)."""
+        a = self.arr
+        rows = slice(a0, b0)
+        needed = self.view.needed(layer, a0, b0)
+        n_need = bitsets.count(needed)
+        a.needed[rows, layer] = n_need
+        zero = np.zeros(b0 - a0, np.int64)
+        mn, md, rn, rd = layer_quality(self.view, layer, a0, b0, np.zeros_like(needed), needed, zero, zero, n_need)
         a.mass_num[rows] += mn
         a.mass_den[rows] += md
         a.rec_num[rows] += rn
@@ -265,3 +303,34 @@ class Planner:
                 f"the layer being streamed need {format_bytes(a.s['dram_bytes'][s])}, {int(over[i]):,} bytes more; "
                 "raise --dram-budget or use a policy that keeps less resident")
         a.planned_steps = max(a.planned_steps, b0)
+
+
+def _pruned_attention(full: Phase, bare: Phase, mha_kept: np.ndarray, ffn_kept: np.ndarray) -> Phase:
+    """The per-layer mean attention phase [S] of a pruned model.
+
+    `full` is one layer's attention plus its predictor, `bare` the attention alone (ComputeModel is
+    linear in both, so `full - bare` is the predictor alone). Layer l costs
+    mha_kept[l] * bare + ffn_kept[l] * predictor (no predictor runs for a dropped FFN). The returned
+    phase's components are the means over layers; where layers differ in which of FLOPs or bytes
+    bound them, the binding component is raised so that L x total_s() equals the sum of the layers'
+    own totals exactly (the decoder and the fast path charge L x the mean per step)."""
+    L = len(mha_kept)
+    pred = Phase(full.flop_s - bare.flop_s, full.mem_s - bare.mem_s, full.gather_s - bare.gather_s,
+                 full.ovh_s - bare.ovh_s)
+    comps = {}
+    total = np.zeros_like(np.asarray(full.flop_s, np.float64))
+    for m, f in ((True, True), (True, False), (False, True)):
+        n = int(np.sum((mha_kept == m) & (ffn_kept == f)))
+        if n == 0:
+            continue
+        ph = Phase(*(m * getattr(bare, c) + f * getattr(pred, c) for c in ("flop_s", "mem_s", "gather_s", "ovh_s")))
+        total = total + n * ph.total_s()
+        for c in ("flop_s", "mem_s", "gather_s", "ovh_s"):
+            comps[c] = comps.get(c, 0.0) + n * getattr(ph, c)
+    z = np.zeros_like(total)
+    flop, mem, gather, ovh = (np.asarray(comps.get(c, z), np.float64) / L for c in ("flop_s", "mem_s", "gather_s", "ovh_s"))
+    bound = total / L - gather - ovh                      # the mean of each layer's max(flop, mem)
+    flop_bound = flop >= mem
+    flop = np.where(flop_bound, np.maximum(flop, bound), flop)
+    mem = np.where(flop_bound, mem, np.maximum(mem, bound))
+    return Phase(flop, mem, gather, ovh)

@@ -22,6 +22,8 @@ TokenRecord fields (one per step; a decode step yields one token per sequence):
     hits                computed neurons already resident (static or cached) when needed
     activation_mass_kept  sum |a| over computed / sum |a| over all neurons (see sim/quality.py)
     recall              computed active neurons / active neurons
+    dropped_blocks      blocks pruned from the model during the step, e.g. "mha:3,ffn:5" (sim/blocks.py;
+                        "" when none)
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TOKEN_COLUMNS = (
     "token", "phase", "n_tokens", "t_start_s", "t_end_s", "latency_s", "io_s", "compute_s", "stall_s",
     "mem_mgmt_s", "bytes_read", "demand_bytes", "prefetch_bytes", "stream_bytes", "reads_issued",
     "resident_bytes", "cache_bytes", "kv_bytes", "budget_bytes", "computed", "hits",
-    "activation_mass_kept", "recall",
+    "activation_mass_kept", "recall", "dropped_blocks",
 )
 
 
@@ -62,6 +64,7 @@ class TokenRecord:
     hits: int
     activation_mass_kept: float
     recall: float
+    dropped_blocks: str = ""
 
 
 assert tuple(f.name for f in fields(TokenRecord)) == TOKEN_COLUMNS

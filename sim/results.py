@@ -6,6 +6,8 @@ Summary (decode steps unless the key says otherwise; a decode step yields one to
     flash_bytes_per_token, flash_reads_per_token, flash_throughput_bytes_per_s (bytes / flash busy time),
     dram_peak_bytes (all steps), activation_mass_kept, recall, hit_rate,
     prefill {ms, io_ms, compute_ms, stall_ms, flash_bytes, tokens} or None,
+    prune {blocks, dropped_mha, dropped_ffn, weight_bytes_saved, kv_bytes_per_token_saved, quality_proxy}
+    (blocks: the canonical dropped set, "" when none; see sim.engine.prune_summary),
     engine ("des" | "fast"), notes, config (everything resolved).
 Exports write to a temporary name and rename, so a partial file never looks valid.
 """
@@ -46,6 +48,7 @@ class RunResult:
     intervals: list[Interval] | None = None
     flash_log: list[FlashBatch] | None = None
     device: str = ""
+    prune: dict[str, Any] = field(default_factory=lambda: {"blocks": ""})
 
     # ---- tables -----------------------------------------------------------------------------------
     def records(self):  # -> pandas.DataFrame
@@ -95,6 +98,7 @@ class RunResult:
             "batch": self.batch,
             "total_s": self.tokens[-1].t_end_s,
             "prefill": None,
+            "prune": dict(self.prune),
             "engine": self.engine,
             "device": self.device,
             "notes": list(self.notes),

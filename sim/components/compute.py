@@ -23,6 +23,21 @@ over the scheduled transfers overlapping the phase. (The FLOP-bound part is not 
 never slowed by compute: an SSD's 2-7 GB/s is far below any DRAM bandwidth, so the SSD, not DRAM,
 limits the transfer.) Discrete-GPU hosts (unified: false) have no contention: reads land in host
 RAM and cross PCIe.
+
+**Host CPU shared by compute and I/O** (`HostCpu`, profiles with `flash.host_cpu_s_per_read` > 0).
+On a CPU-only host the reads are submitted and completed by threads on the same cores (and, in
+Python, under the same interpreter lock) as the compute. Two effects, each with its measured
+constant (`flashsim bench flash` measures both; docs/validation.md has the numbers):
+  * a read batch that runs while the compute runs needs CPU per read that the compute holds: its
+    service time grows by n_reads x `read_delay_s_per_read` (default `host_cpu_s_per_read`; reads
+    alone are timed by the read table, which bench flash measured with the same threads, so their
+    CPU time is already inside it: nothing is added to a batch the decoder only waits for);
+  * the compute running during a batch loses `compute_lost_s_per_read` per read (the CPU time of
+    the read plus the thread/lock hand-offs it forces on the compute thread), plus
+    `compute_lost_s_per_batch` per batch (waking and collecting the reader threads): over the
+    batch's interval it progresses at 1 - (n_reads x lost + lost_batch) / duration of the full speed
+    (floored at MIN_CPU_SHARE), integrated by the same `stretch` as the DMA contention. The
+    batch's own delay likewise is n_reads x `read_delay_s_per_read` + `read_delay_s_per_batch`.
 """
 
 from __future__ import annotations
@@ -41,6 +56,38 @@ HEAD_KERNELS = 3
 MGMT_KERNELS = 1
 # A DMA stream can never take the whole DRAM bandwidth from compute: floor the remaining share.
 MIN_BANDWIDTH_SHARE = 0.05
+# Reads in flight never starve the compute completely: the OS scheduler gives every runnable thread
+# a time slice, so the compute keeps at least a small share of the CPU.
+MIN_CPU_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """CPU cost of reads on a host whose CPU also computes (seconds per read)."""
+
+    cpu_s_per_read: float      # the reads' own CPU work (submission, completion, thread hand-off)
+    lost_s_per_read: float     # compute time lost per read running concurrently
+    delay_s_per_read: float    # extra service time per read of a batch that runs while the compute runs
+    lost_s_per_batch: float = 0.0    # compute lost per batch (waking and collecting the reader threads)
+    delay_s_per_batch: float = 0.0   # extra service time per batch while the compute runs
+
+    @classmethod
+    def of(cls, profile: DeviceProfile) -> HostCpu | None:
+        """The profile's host CPU model, or None when its reads cost the compute nothing."""
+        f = profile.flash
+        if not f.shares_host_cpu:
+            return None
+        cpu = f.host_cpu_s_per_read
+        lost = f.compute_lost_s_per_read if f.compute_lost_s_per_read is not None else cpu
+        delay = f.read_delay_s_per_read if f.read_delay_s_per_read is not None else cpu
+        return cls(cpu, lost, delay, f.compute_lost_s_per_batch, f.read_delay_s_per_batch)
+
+    def cpu_share(self, nreads: float, service_s: float) -> float:
+        """The share of full speed the compute keeps while a batch of `nreads` runs for service_s."""
+        if service_s <= 0:
+            return 1.0
+        share = 1.0 - (nreads * self.lost_s_per_read + self.lost_s_per_batch) / service_s
+        return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ as deep as it can; two overlapping batches sharing the device would finish the l
 same time as back-to-back service (the work is conserved), so FIFO is exact for the last
 completion and only reorders the two. A demand batch therefore queues behind prefetches already
 issued (head-of-line blocking, as on a real queue). Events: one per batch.
+
+On a host whose CPU both computes and submits the reads (`enable_host_cpu`, see
+`sim.components.compute.HostCpu`), a prefetch batch (issued when the decoder goes on computing)
+also needs CPU time that the compute holds: its service grows by n_reads x delay_s_per_read,
+at most the compute it overlaps (`overlap_s`: with nothing to compute there is nothing to wait for;
+recorded per step in `host_cpu_extra_s`), and each batch records the CPU share it
+leaves to the compute (`cpu_segments_after`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from devices.curves import ReadCurve
+from sim.components.compute import HostCpu
 
 
 class ReadCost:
@@ -105,10 +113,29 @@ class FlashDevice:
         self._bw = dram_bytes_per_s
         self._min_share = min_share
         self._segments: deque[tuple[float, float, float]] = deque()   # (start, end, share left)
+        self.host: HostCpu | None = None
+        self._cpu_segments: deque[tuple[float, float, float]] = deque()  # (start, end, CPU share left)
+        self.host_cpu_extra_s: dict[int, float] = {}    # step -> service added by the reads' CPU work
+
+    def enable_host_cpu(self, host: HostCpu | None) -> None:
+        """Model reads whose CPU work runs on the cores that compute (None: they cost nothing)."""
+        self.host = host
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
-               step: int = -1, layer: int = -1) -> float:
+               step: int = -1, layer: int = -1, overlap_s: float = float("inf")) -> float:
+        """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
+        before it needs a prefetch (a batch waits for the compute at most that long)."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
+        host = self.host
+        if host is not None and nreads > 0:
+            if tag == "prefetch":   # the decoder computes while it runs: its CPU work waits for the compute's
+                extra = nreads * host.delay_s_per_read + host.delay_s_per_batch
+                if extra > overlap_s:
+                    extra = overlap_s
+                service_s += extra
+                self.host_cpu_extra_s[step] = self.host_cpu_extra_s.get(step, 0.0) + extra
+            if service_s > 0:
+                self._cpu_segments.append((start, start + service_s, host.cpu_share(nreads, service_s)))
         end = start + service_s
         self.free_at_s = end
         self.busy_s += service_s
@@ -118,6 +145,13 @@ class FlashDevice:
         if self.log is not None:
             self.log.append(FlashBatch(tag, step, layer, int(nbytes), int(nreads), now_s, start, end))
         return end
+
+    def cpu_segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
+        """Scheduled batches (start, end, CPU share left to compute) ending after t_s."""
+        seg = self._cpu_segments
+        while seg and seg[0][1] <= t_s:
+            seg.popleft()
+        return seg
 
     def segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
         """Scheduled transfers (start, end, DRAM share left) ending after t_s (older ones dropped)."""

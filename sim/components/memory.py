@@ -15,6 +15,11 @@ The cache share per layer for step s is floor((budget - fixed - kv_s) / (layers 
 equal, preallocated per-layer matrices as in LLM in a flash. Activations and the runtime's own
 buffers (MBs) are not counted.
 
+Block pruning (sim/blocks.py; built by sim.engine._memory_model): fixed loses the dropped MHA blocks'
+attention weights and norms and the dropped FFN blocks' norms, biases, static neurons and predictor;
+kv counts only kept MHA layers; "layers" in the cache share are the kept FFN layers only (a dropped
+FFN layer has no cache matrix, so its share goes to the others).
+
 Budget timeline file (co-running applications taking and releasing memory): JSON
 `{"points": [{"t_s": 0, "available_bytes": "6GiB"}, ...]}` (or a list of [t_s, bytes] pairs), or
 CSV with the header `t_s,available_bytes`. Times in seconds of simulated time, non-decreasing;
@@ -117,7 +122,8 @@ def _point(path: Path, where: str, t: object, b: object) -> tuple[float, int]:
 
 
 class MemoryModel:
-    """Fixed resident bytes, KV per step, and the cache share left by a budget."""
+    """Fixed resident bytes, KV per step, and the cache share left by a budget. `n_layers`: the layers
+    that hold a neuron cache (all FFN layers, or the kept ones when blocks are pruned)."""
 
     def __init__(self, parts: dict[str, int], kv_bytes: np.ndarray, n_layers: int, neuron_bytes: int):
         self.parts = {k: int(v) for k, v in parts.items() if v}

@@ -13,7 +13,10 @@ Per layer l of step s (times from `PlanArrays`; reads through the FIFO `FlashDev
 Events: one SimPy timeout per wait and one per run of consecutive compute phases (attention,
 memory management and FFN of a layer merge when nothing waits between them), so a layer costs
 one to three events. Compute phases on unified-memory devices are stretched by the flash DMA
-scheduled during them (`sim.components.compute.stretch`).
+scheduled during them (`sim.components.compute.stretch`). On a host whose CPU both computes and
+submits the reads (`plan.host_cpu`, from the profile's `flash.host_cpu_s_per_read` > 0), every
+compute phase is also stretched by the CPU the reads in flight take (`FlashDevice.cpu_segments_after`),
+and prefetch batches take longer by their own CPU time (added to the step's io_s).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
@@ -48,6 +51,8 @@ class Decoder:
         self.env, self.p, self.flash, self.trigger = env, plan, flash, trigger
         self.unified, self.rec = unified, recorder
         self.plan_cell, self.finish_step = plan_cell, finish_step
+        self.host = getattr(plan, "host_cpu", None)     # sim.components.compute.HostCpu or None
+        flash.enable_host_cpu(self.host)
 
     def _cells(self, s: int) -> list[tuple]:
         p = self.p
@@ -59,6 +64,8 @@ class Decoder:
         iv = rec.interval if rec.intervals is not None else None
         unified = self.unified
         segs = flash.segments_after
+        host = self.host is not None
+        csegs = flash.cpu_segments_after
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
@@ -75,7 +82,8 @@ class Decoder:
             af, am, ao = attn_f[s], attn_m[s], attn_o[s]
             a_tot = (af if af > am else am) + ao
             if lookahead and p.pf_s[s, 0] > 0:
-                pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0)
+                pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
+                                   a_tot)
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -101,6 +109,8 @@ class Decoder:
                     d_attn = (af if af > m else m) + ao
                 else:
                     d_attn = a_tot
+                if host and flash.free_at_s > now:
+                    d_attn = stretch(now, d_attn, csegs(now))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -121,25 +131,25 @@ class Decoder:
                         iv("stall", f"wait: flash L{layer}", s, layer, t_ffn, wait_until)
                     t_ffn = wait_until
                     pending = 0.0
-                # 5. issue the next prefetch at the FFN start
+                # 5. issue the next prefetch at the FFN start. With a shared host CPU a prefetch's reads
+                # wait for the compute they overlap: delta, about one step of compute (L x this layer's);
+                # lookahead, this FFN and the next layer's attention.
+                ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
                 if delta:
                     if nxt is not None:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
-                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer)
+                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, L * ov)
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_ffn, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer)
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, L * ov)
                 elif lookahead and c_next is not None and c_next[6] > 0:
-                    pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1)
+                    pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov)
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
                 if mg_m > 0 or mg_o > 0:
                     d_mg = (stretch(t_ffn, mg_m, segs(t_ffn)) if busy else mg_m) + mg_o
-                    mgmt += d_mg
-                    if iv:
-                        iv("memory", f"cache rows L{layer}", s, layer, t_ffn, t_ffn + d_mg)
                 t_f = t_ffn + d_mg
                 if busy:
                     sg = segs(t_f)
@@ -148,6 +158,16 @@ class Decoder:
                     d_ffn = g + (ff_f if ff_f > m else m) + ff_o
                 else:
                     d_ffn = ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o
+                if host and flash.free_at_s > t_ffn and d_mg + d_ffn > 0:
+                    # both are CPU work: stretch them as one block (the prefetch issued just before
+                    # would otherwise land wholly on the short row copy) and keep their proportions
+                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn)) / (d_mg + d_ffn)
+                    d_mg, d_ffn = d_mg * f, d_ffn * f
+                    t_f = t_ffn + d_mg
+                if d_mg > 0:
+                    mgmt += d_mg
+                    if iv:
+                        iv("memory", f"cache rows L{layer}", s, layer, t_ffn, t_ffn + d_mg)
                 comp += d_ffn
                 if iv:
                     iv("compute", f"FFN L{layer}", s, layer, t_f, t_f + d_ffn)
@@ -168,22 +188,29 @@ class Decoder:
             if unified and flash.free_at_s > now:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
+            if host and flash.free_at_s > now:
+                d = stretch(now, d, csegs(now))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)
             yield timeout(d)
             times.append((t_start, env.now, comp, stall, mgmt))
             rec.memory.append(MemorySample(t_start, int(p.dram_bytes[s]), int(p.budget_bytes[s])))
-        rec.tokens.extend(build_records(p, times))
+        extra = flash.host_cpu_extra_s if self.host is not None else None
+        rec.tokens.extend(build_records(p, times, extra))
 
 
-def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, float]]) -> list[TokenRecord]:
-    """TokenRecords of steps 0..len(times)-1 from the plan and (t_start, t_end, compute, stall, mgmt)."""
+def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, float]],
+                  extra_io_s: dict[int, float] | None = None) -> list[TokenRecord]:
+    """TokenRecords of steps 0..len(times)-1 from the plan and (t_start, t_end, compute, stall, mgmt);
+    `extra_io_s` {step: seconds} adds service time the DES gave reads beyond the plan's (host CPU)."""
     n = len(times)
     sl = {f: p.sl[f][:n].sum(axis=1) for f in ("stream_s", "dem_s", "pf_s", "stream_bytes", "dem_bytes",
                                              "pf_bytes", "stream_reads", "dem_reads", "pf_reads",
                                              "computed", "hits")}
     io = (sl["stream_s"] + sl["dem_s"] + sl["pf_s"] + p.head_read_s[:n]).tolist()
+    if extra_io_s:
+        io = [t + extra_io_s.get(s, 0.0) for s, t in enumerate(io)]
     stream_b = (sl["stream_bytes"] + p.head_read_bytes[:n]).astype(np.int64).tolist()
     dem_b = sl["dem_bytes"].astype(np.int64).tolist()
     pf_b = sl["pf_bytes"].astype(np.int64).tolist()

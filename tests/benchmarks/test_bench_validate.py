@@ -112,3 +112,58 @@ def test_bench_validate_quick_wall_time(capsys):
         print(f"\nvalidate --quick: {out['n_configs']} configurations in {wall_s:.1f} s "
               f"(target < 180 s: ratio {wall_s / 180:.2f}); latency error median "
               f"{out['latency_error_median']:.3f}, p90 {out['latency_error_p90']:.3f}")
+
+
+HOST_CPU_FIELDS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read",
+                   "compute_lost_s_per_batch", "read_delay_s_per_batch")
+
+
+def test_bench_host_cpu_terms(tmp_path):
+    """What each host-CPU term of the profile contributes: the validation grid's real runs once, each
+    replayed with profile variants (no host CPU terms; compute lost per read only; the full model), so
+    real-run noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
+    from devices.schema import DeviceProfile
+    from real.convert import write_shape_store
+    from real.records import write_executed_trace
+    from real.shape_mode import run_shape, shape_trace_like
+    from real.store import open_store
+    from real.validate import budget_for, compare, grid, summarize, validation_spec
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    base = load_profile("this-host")
+
+    def variant(**flash: float) -> DeviceProfile:
+        data = base.model_dump(mode="json", exclude_none=True)
+        for k in HOST_CPU_FIELDS:
+            data["flash"].pop(k, None)
+        data["flash"].update(flash)
+        return DeviceProfile.model_validate(data)
+
+    f = base.flash
+    variants = {"no host CPU terms": variant(),
+                "+ compute_lost_s_per_read": variant(host_cpu_s_per_read=f.host_cpu_s_per_read,
+                                                     compute_lost_s_per_read=f.compute_lost_s_per_read or 0.0,
+                                                     compute_lost_s_per_batch=f.compute_lost_s_per_batch,
+                                                     read_delay_s_per_read=0.0),
+                "+ read_delay_s_per_read (full)": base}
+    quick = os.environ.get("FLASHSIM_BENCH_FULL") != "1"
+    spec = validation_spec(quick)
+    n_tokens = 12 if quick else 24
+    store = open_store(write_shape_store(spec, tmp_path / "store", seed=0, dtype="fp32", layout="both"))
+    trace = open_trace(shape_trace_like(spec, tmp_path / "trace", n_tokens, 0))
+    rows: dict[str, list] = {k: [] for k in variants}
+    load0 = os.getloadavg()[0]
+    for i, gp in enumerate(grid(quick)):
+        cfg = RunConfig().with_overrides(gp.overrides(budget_for(spec, n_tokens, gp.budget_fraction)) + ["seed=0"])
+        run = run_shape(store, trace, base, cfg, seed=0, threads=base.compute.threads or THREADS)
+        executed = open_trace(write_executed_trace(tmp_path / f"ex-{i}", run, run.view, spec))
+        for name, prof in variants.items():
+            res = simulate(executed, spec, prof, cfg, fast=False)
+            rows[name].append({"config": gp.label, "metrics": compare(run.tokens, res.tokens)})
+    print(f"\nhost CPU terms ({len(rows['no host CPU terms'])} configs, load average {load0:.1f} -> "
+          f"{os.getloadavg()[0]:.1f}; median / p90 / max relative error)")
+    for name, r in rows.items():
+        pm = summarize(r)["per_metric"]
+        print(f"  {name:32s} " + "  ".join(f"{m} {pm[m]['median']:.0%}/{pm[m]['p90']:.0%}/{pm[m]['max']:.0%}"
+                                           for m in ("latency_s", "io_s", "compute_s")))

@@ -32,7 +32,9 @@ def test_bench_flash_writes_a_valid_profile(tmp_path, capsys):
     prof = load_profile(out)
     assert prof.name == "this-host" and prof.flash.read_table.chunk_bytes == [4096, 65536, 1 << 20]
     assert prof.flash.max_in_flight == 4 and prof.flash.source.startswith("measured by flashsim bench flash")
-    assert prof.source.kind == "mixed"                 # compute still comes from the seed profile
+    # compute comes from the seed profile: `measured` only if bench compute wrote that one too
+    seed_measured = load_profile("this-host").compute.source.startswith("measured by flashsim bench")
+    assert prof.source.kind == ("measured" if seed_measured else "mixed")
     assert prof.flash.bytes_per_s(65536, 4) == pytest.approx(g["bytes_per_s"][1][1], rel=1e-3)
     assert prof.flash.sequential_read_bytes_per_s == pytest.approx(res["sequential"]["bytes_per_s"], rel=1e-3)
     assert prof.memory == load_profile("this-host").memory   # untouched sections kept
@@ -124,3 +126,48 @@ def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
     assert main(_quick_flash(tmp_path, "--no-write")) == 2
     assert "on tmpfs, which is RAM, not flash" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_flash_measures_host_cpu_per_read(tmp_path, capsys):
+    """Every grid point records CPU time per read; the probe writes the host CPU fields on a CPU-only host."""
+    from real.bench_flash import compute_runs_on_cpu, flash_section
+
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
+    res = json.loads(capsys.readouterr().out)
+    cpu = res["grid"]["cpu_s_per_read"]
+    assert len(cpu) == 3 and all(len(r) == 2 and all(0 < v < 0.1 for v in r) for r in cpu)
+    h = res["host_cpu"]
+    assert h["in_flight"] == 4 and h["chunk_bytes"] == 4096 and h["compute_threads"] == 1   # 16 KiB not in the grid
+    assert 0 < h["cpu_s_per_read"] < 0.1 and h["batch_reads"] == [8, 32]      # 2x and 8x the reads in flight
+    for k in ("compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read", "read_delay_s_per_batch"):
+        assert h[k] >= 0
+    for d in h["per_batch_size"].values():
+        assert d["batch_s"] > 0 and d["batch_with_compute_s"] > 0 and d["cpu_s_per_read"] > 0
+    prof = load_profile(out)
+    if compute_runs_on_cpu():
+        f = prof.flash
+        assert f.host_cpu_s_per_read == pytest.approx(h["cpu_s_per_read"], rel=1e-3)
+        assert f.compute_lost_s_per_read == pytest.approx(h["compute_lost_s_per_read"], rel=1e-3, abs=1e-12)
+        assert f.read_delay_s_per_batch == pytest.approx(h["read_delay_s_per_batch"], rel=1e-3, abs=1e-12)
+        assert "compute probe" in f.source
+    off = flash_section(res, "measured", shares_cpu=False)
+    assert "host_cpu_s_per_read" not in off and "compute_lost_s_per_read" not in off
+
+
+def test_bench_compute_records_threads(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import torch
+
+    from devices.errors import FlashsimError
+    from real.bench_compute import compute_sections, run_compute_bench
+
+    before = torch.get_num_threads()
+    res = run_compute_bench(quick=True, threads=1)
+    assert res["threads"] == 1 and torch.get_num_threads() == before        # restored afterwards
+    compute, _ = compute_sections(res, "2026-01-01", "flashsim bench compute --threads 1", "x")
+    assert compute["threads"] == 1 and "1 threads" in compute["source"]
+    with pytest.raises(FlashsimError, match="must be >= 1"):
+        run_compute_bench(quick=True, threads=0)
+    with pytest.raises(FlashsimError, match="needs torch"):
+        run_compute_bench(quick=True, framework="numpy", threads=2)

@@ -1,0 +1,131 @@
+"""Host CPU shared by compute and I/O (profiles with flash.host_cpu_s_per_read > 0): hand-computed
+FIFO batches and CPU shares, and end-to-end properties through the DES (sim/components/compute.py
+HostCpu, flash.py FlashDevice, pipeline.py Decoder)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from devices import list_profiles, load_profile
+from devices.schema import DeviceProfile
+from sim.components.compute import MIN_CPU_SHARE, HostCpu, stretch
+from sim.components.flash import FlashDevice
+from sim.engine import simulate
+from sim.policies.presets import preset_config
+
+
+def _with_host(profile: DeviceProfile, **flash: float) -> DeviceProfile:
+    data = profile.model_dump(mode="json", exclude_none=True)
+    data["flash"].update(flash)
+    return DeviceProfile.model_validate(data)
+
+
+def test_only_this_host_declares_shared_cpu() -> None:
+    """Profiles that declare no host CPU cost keep the old model (golden numbers unchanged)."""
+    for name in list_profiles():
+        p = load_profile(name)
+        assert (HostCpu.of(p) is not None) == (name == "this-host"), name
+
+
+def test_host_cpu_defaults_and_validation(m1) -> None:
+    h = HostCpu.of(_with_host(m1, host_cpu_s_per_read=1e-5))
+    assert h == HostCpu(1e-5, 1e-5, 1e-5)                     # both effects default to the CPU time
+    h = HostCpu.of(_with_host(m1, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=3e-5, read_delay_s_per_read=2e-5))
+    assert h == HostCpu(1e-5, 3e-5, 2e-5)
+    h = HostCpu.of(_with_host(m1, host_cpu_s_per_read=1e-5, compute_lost_s_per_batch=1e-3, read_delay_s_per_batch=2e-4))
+    assert (h.lost_s_per_batch, h.delay_s_per_batch) == (1e-3, 2e-4)
+    with pytest.raises(ValidationError, match="compute_lost_s_per_batch needs host_cpu_s_per_read > 0"):
+        _with_host(m1, compute_lost_s_per_batch=1e-3)
+    with pytest.raises(ValidationError, match="needs host_cpu_s_per_read > 0"):
+        _with_host(m1, compute_lost_s_per_read=3e-5)
+    with pytest.raises(ValidationError):
+        _with_host(m1, host_cpu_s_per_read=-1.0)
+
+
+def test_cpu_share_hand_computed() -> None:
+    h = HostCpu(1e-5, 2e-5, 5e-6)
+    assert h.cpu_share(100, 0.01) == pytest.approx(1 - 100 * 2e-5 / 0.01)   # 0.8
+    hb = HostCpu(1e-5, 2e-5, 5e-6, lost_s_per_batch=1e-3, delay_s_per_batch=4e-4)
+    assert hb.cpu_share(100, 0.01) == pytest.approx(1 - (100 * 2e-5 + 1e-3) / 0.01)   # 0.7
+    flash = FlashDevice()
+    flash.enable_host_cpu(hb)
+    assert flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0) == pytest.approx(0.01 + 100 * 5e-6 + 4e-4)
+    assert h.cpu_share(1000, 0.01) == MIN_CPU_SHARE                        # would be negative: floored
+    assert h.cpu_share(5, 0.0) == 1.0
+
+
+def test_flash_device_prefetch_pays_cpu_demand_does_not() -> None:
+    flash = FlashDevice()
+    flash.enable_host_cpu(HostCpu(1e-5, 2e-5, 5e-6))
+    # demand: 100 reads in 10 ms, decoder waits (nothing computes): service unchanged
+    assert flash.submit(0.0, 0.01, 1e6, 100, "demand", step=0) == pytest.approx(0.01)
+    # prefetch: 200 reads, 10 ms on the device + 200 x 5 us of CPU the compute holds
+    end = flash.submit(0.02, 0.01, 1e6, 200, "prefetch", step=1)
+    assert end == pytest.approx(0.02 + 0.01 + 200 * 5e-6)
+    assert flash.host_cpu_extra_s == {1: pytest.approx(200 * 5e-6)}
+    segs = list(flash.cpu_segments_after(0.0))
+    assert segs[0] == pytest.approx((0.0, 0.01, 1 - 100 * 2e-5 / 0.01))
+    assert segs[1] == pytest.approx((0.02, 0.031, 1 - 200 * 2e-5 / 0.011))
+    assert list(flash.cpu_segments_after(0.015)) == [segs[1]]              # ended batches dropped
+    # 5 ms of compute from t = 0.02 at share 1 - 4e-3 / 0.011 (= 7/11)
+    share = segs[1][2]
+    assert stretch(0.02, 0.005, flash.cpu_segments_after(0.02)) == pytest.approx(0.005 / share)
+
+
+def test_device_without_host_cpu_unchanged() -> None:
+    flash = FlashDevice()
+    assert flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=1) == 0.01
+    assert not flash.host_cpu_extra_s and not flash.cpu_segments_after(0.0)
+
+
+@pytest.fixture(scope="module")
+def base_profile() -> DeviceProfile:
+    """this-host without the host CPU fields (the model off)."""
+    data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
+    for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
+              "read_delay_s_per_batch"):
+        data["flash"].pop(k, None)
+    return DeviceProfile.model_validate(data)
+
+
+def _means(res) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    n = len(res.tokens)
+    return {f: sum(getattr(t, f) for t in res.tokens) / n for f in ("latency_s", "io_s", "compute_s", "stall_s")}
+
+
+def test_no_prefetch_is_identical(small_trace, base_profile) -> None:
+    """Without prefetch the decoder waits for every read: nothing overlaps, the host CPU costs nothing."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none"])
+    host = _with_host(base_profile, host_cpu_s_per_read=2e-5, compute_lost_s_per_read=5e-5, read_delay_s_per_read=3e-5)
+    a = simulate(small_trace, None, base_profile, cfg, fast=False)
+    b = simulate(small_trace, None, host, cfg, fast=False)
+    assert [t.latency_s for t in a.tokens] == [t.latency_s for t in b.tokens]
+    assert [t.io_s for t in a.tokens] == [t.io_s for t in b.tokens]
+
+
+def test_prefetch_overlap_costs_compute_and_io(small_trace, base_profile) -> None:
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
+    off = simulate(small_trace, None, base_profile, cfg, fast=False)
+    zero = simulate(small_trace, None, _with_host(base_profile, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=0.0,
+                                                  read_delay_s_per_read=0.0), cfg, fast=False)
+    on = simulate(small_trace, None, _with_host(base_profile, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=5e-5,
+                                                read_delay_s_per_read=3e-5), cfg, fast=False)
+    assert [t.latency_s for t in zero.tokens] == pytest.approx([t.latency_s for t in off.tokens], rel=1e-12)
+    m_off, m_on = _means(off), _means(on)
+    assert sum(t.prefetch_bytes for t in on.tokens) > 0
+    assert m_on["compute_s"] > m_off["compute_s"] and m_on["latency_s"] > m_off["latency_s"]
+    # io_s grows by the prefetch reads x read_delay_s_per_read: never more than every read's delay
+    extra = [b.io_s - a.io_s for a, b in zip(off.tokens, on.tokens)]
+    assert all(e >= -1e-15 for e in extra) and max(extra) > 0
+    assert all(e <= t.reads_issued * 3e-5 + 1e-12 for e, t in zip(extra, on.tokens))
+    # same workload: bytes and counts do not depend on timing
+    assert [t.bytes_read for t in on.tokens] == [t.bytes_read for t in off.tokens]
+
+
+def test_prefetch_waits_at_most_for_the_compute_it_overlaps() -> None:
+    """With little compute to overlap, a prefetch's CPU work has little to wait for."""
+    flash = FlashDevice()
+    flash.enable_host_cpu(HostCpu(1e-5, 2e-5, 5e-6))
+    end = flash.submit(0.0, 0.01, 1e6, 200, "prefetch", step=2, overlap_s=1e-4)
+    assert end == pytest.approx(0.01 + 1e-4) and flash.host_cpu_extra_s == {2: pytest.approx(1e-4)}
