@@ -3,11 +3,13 @@ attention, norms and embeddings resident (the HF modules themselves, fp32 torch)
 FFN replaced by the store-backed sparse FFN (`real.backend.RealExecutor.ffn`) under the policy
 stack. Units: seconds, bytes; logits are fp32.
 
-Active sets (the `needed` sets the policies see) come from an **oracle** pass: the dense model
-runs the same tokens once, untimed, and its FFN activations |act(gate x) * (up x)| give each
-token's active set by the trace rule (`topk` with a target fraction; 1.0 keeps every neuron). That
-is an oracle (it sees the dense activations) and is flagged so in the run's notes. Predictors in
-the policy stack then choose what is computed from those sets (oracle: all of them).
+The true active sets (the `needed` sets the policies see) come from an oracle pass: the dense
+model runs the same tokens once, untimed (`prepare`), and its FFN activations |act(gate x) * (up x)|
+give each token's active set by the trace rule (`topk` with a target fraction; 1.0 keeps every
+neuron). What is computed comes from the predictor (`real.predictors`): `oracle` (the true sets,
+flagged as an oracle in the run's notes), `previous` (the previous token's true set) or
+`lowrank:FILE` (a trained low-rank predictor); None keeps the config's predictor slot (e.g. the
+simulator's `noisy`). `run_prepared` runs any number of predictors on one dense pass.
 
 Teacher forcing: the real run feeds the text's tokens one at a time (KV cache on), so each step's
 logits can be compared with the dense forward at the same position:
@@ -21,7 +23,9 @@ logits can be compared with the dense forward at the same position:
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +36,12 @@ from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from real.backend import RealExecutor, RealRun
 from sim.config import RunConfig
+from sim.policies.base import CapacityError
 
 ORACLE_NOTE = ("active sets: ORACLE (dense gate/up activations of the same tokens, computed from the "
                "resident model before the run)")
+PREVIOUS_NOTE = ("active sets: PREVIOUS token's true set (a one-step-stale ORACLE: the dense activations of "
+                 "token t-1; token 0, which has no previous token, its own true set)")
 
 
 def check_store_matches(store: Any, spec: ModelSpec) -> None:
@@ -57,24 +64,30 @@ def _mlps(model: Any) -> list[Any]:
         raise FlashsimError("model mode needs a llama-family model (model.model.layers[i].mlp)") from None
 
 
-def dense_pass(model: Any, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(logits float32 [T, V], FFN activations float32 [L, T, N]) of the dense model."""
+def dense_pass(model: Any, token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(logits float32 [T, V], FFN activations float32 [L, T, N], FFN inputs x float32 [L, T, d]) of
+    the dense model (x: each layer's `mlp` input, i.e. after the post-attention norm)."""
     import torch
 
     mlps = _mlps(model)
     acts: list[Any] = [None] * len(mlps)
+    xs: list[Any] = [None] * len(mlps)
     hooks = []
     for i, mlp in enumerate(mlps):
         def hook(mod: Any, inp: Any, out: Any, i: int = i) -> None:
             acts[i] = inp[0][0].detach().float().numpy().copy()
+
+        def xhook(mod: Any, inp: Any, i: int = i) -> None:
+            xs[i] = inp[0][0].detach().float().numpy().copy()
         hooks.append(mlp.down_proj.register_forward_hook(hook))
+        hooks.append(mlp.register_forward_pre_hook(xhook))
     try:
         with torch.no_grad():
             out = model(torch.as_tensor(token_ids[None, :], dtype=torch.long), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    return out.logits[0].float().numpy(), np.stack(acts)
+    return out.logits[0].float().numpy(), np.stack(acts), np.stack(xs)
 
 
 def dense_incremental_logits(model: Any, token_ids: np.ndarray) -> np.ndarray:
@@ -104,24 +117,23 @@ def write_oracle_trace(out: str | Path, spec: ModelSpec, token_ids: np.ndarray, 
                              provenance={"kind": "model-mode oracle (dense activations)"}, overwrite=True)
 
 
-def _sparse_mlp(ex: RealExecutor, layer: int) -> Any:
-    """A torch module standing in for a decoder layer's `mlp`: calls the executor's store-backed FFN."""
-    import torch
+@dataclass
+class DenseReference:
+    """What the untimed dense pass gives every predictor's run of the same text."""
 
-    class SparseMlp(torch.nn.Module):
-        def forward(self, x: Any) -> Any:
-            shape = x.shape
-            return ex.ffn(layer, x.reshape(-1, shape[-1])).reshape(shape)
+    token_ids: np.ndarray        # int64 [T]
+    full_logits: np.ndarray      # float32 [T, V]: one-shot full-sequence forward
+    dense_logits: np.ndarray     # float32 [T, V]: token by token with the KV cache (the real run's path)
+    ffn_inputs: np.ndarray       # float32 [L, T, d]: each layer's FFN input x
+    truth: np.ndarray            # bool [L, T, N]: the true active sets (rule topk, keep_fraction)
+    trace: Any                   # the oracle trace (masks = truth) the runs are planned from
+    keep_fraction: float
+    workdir: Path
 
-    return SparseMlp()
 
-
-def run_model(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, profile: DeviceProfile,
-              config: RunConfig, *, keep_fraction: float, workdir: str | Path, device: str = "cpu",
-              threads: int | None = None) -> tuple[RealRun, dict]:
-    """Dense oracle pass, then the real token-by-token run. Returns (run, quality)."""
-    import torch
-
+def prepare(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, *, keep_fraction: float,
+            workdir: str | Path) -> DenseReference:
+    """Dense passes (untimed) and the oracle trace of the true active sets."""
     from traces.format import open_trace
 
     check_store_matches(store, spec)
@@ -130,16 +142,122 @@ def run_model(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, pr
     token_ids = np.asarray(token_ids, np.int64)
     if len(token_ids) < 2:
         raise FlashsimError("model mode needs a text of at least 2 tokens")
-    full_logits, acts = dense_pass(model, token_ids)
+    full_logits, acts, xs = dense_pass(model, token_ids)
     dense_logits = dense_incremental_logits(model, token_ids)
-    trace = open_trace(write_oracle_trace(Path(workdir) / "oracle-trace", spec, token_ids, acts, keep_fraction))
-    ex = RealExecutor(store, trace, profile, config, device=device, threads=threads)
+    workdir = Path(workdir)
+    trace = open_trace(write_oracle_trace(workdir / "oracle-trace", spec, token_ids, acts, keep_fraction))
+    truth = np.stack([trace.mask(layer) for layer in range(trace.n_layers)])
+    return DenseReference(token_ids, full_logits, dense_logits, xs, truth, trace, keep_fraction, workdir)
+
+
+class _Live:
+    """The low-rank predictor evaluated on the sparse run's own FFN inputs (torch, timed inside the
+    step like any other compute); counts its agreement (Jaccard) with the sets the run used."""
+
+    def __init__(self, pred: Any, used: np.ndarray):
+        import torch
+
+        self.torch = torch
+        self.A = torch.from_numpy(pred.A)
+        self.B = torch.from_numpy(pred.B)
+        self.b = torch.from_numpy(pred.bias)
+        from real.predictor_train import logit_of
+
+        self.cut = logit_of(pred.threshold)
+        self.used = used
+        self.jaccard: list[float] = []
+
+    def __call__(self, layer: int, step: int, x: Any) -> None:
+        xf = x.reshape(-1, x.shape[-1]).float()
+        live = (((xf @ self.A[layer]) @ self.B[layer] + self.b[layer]) >= self.cut)[-1].numpy()
+        used = self.used[layer, step]
+        union = int((live | used).sum())
+        self.jaccard.append(int((live & used).sum()) / union if union else 1.0)
+
+
+def _sparse_mlp(ex: RealExecutor, layer: int, live: _Live | None = None) -> Any:
+    """A torch module standing in for a decoder layer's `mlp`: calls the executor's store-backed FFN
+    (after the live predictor, when there is one)."""
+    import torch
+
+    class SparseMlp(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            shape = x.shape
+            if live is not None:
+                live(layer, ex.step, x)
+            return ex.ffn(layer, x.reshape(-1, shape[-1])).reshape(shape)
+
+    return SparseMlp()
+
+
+def run_model(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, profile: DeviceProfile,
+              config: RunConfig, *, keep_fraction: float, workdir: str | Path, device: str = "cpu",
+              threads: int | None = None, predictor: str | None = None) -> tuple[RealRun, dict]:
+    """Dense oracle pass, then the real token-by-token run. Returns (run, quality).
+    predictor: oracle | previous | lowrank:FILE, or None to keep the config's predictor slot."""
+    ref = prepare(model, spec, store, token_ids, keep_fraction=keep_fraction, workdir=workdir)
+    return run_prepared(ref, model, spec, store, profile, config, predictor=predictor, device=device, threads=threads)
+
+
+def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, profile: DeviceProfile,
+                 config: RunConfig, *, predictor: str | None = None, device: str = "cpu",
+                 threads: int | None = None) -> tuple[RealRun, dict]:
+    """One real run of the prepared text under `config` with the given predictor."""
+    import torch
+
+    from real.predictors import (
+        config_overrides,
+        lowrank_masks,
+        parse_predictor,
+        previous_masks,
+        set_quality,
+        write_mask_trace,
+    )
+
+    check_store_matches(store, spec)
+    token_ids = ref.token_ids
+    notes: list[str] = []
+    live = None
+    if predictor is None:
+        label = config.predictor.name
+        used = ref.truth
+        if label == "oracle":
+            notes.append(ORACLE_NOTE)
+    else:
+        choice = parse_predictor(predictor)
+        label = choice.label
+        tag = f"{choice.kind}-{hashlib.sha256(choice.label.encode()).hexdigest()[:8]}"
+        if choice.kind == "oracle":
+            used = ref.truth
+            notes.append(ORACLE_NOTE)
+            if config.predictor.name != "oracle":
+                config = config.with_overrides(config_overrides(choice, None, 0))
+        elif choice.kind == "previous":
+            used = previous_masks(ref.truth)
+            path = write_mask_trace(ref.workdir / f"pred-{tag}", ref.trace, used, spec, {"predictor": label})
+            config = config.with_overrides(config_overrides(choice, path, 0))
+            notes.append(PREVIOUS_NOTE)
+        else:
+            from real.predictor_train import check_matches, load_predictor
+
+            pred = load_predictor(choice.path or "")
+            check_matches(pred, spec, f"--predictor {predictor}")
+            used = lowrank_masks(pred, ref.ffn_inputs)
+            path = write_mask_trace(ref.workdir / f"pred-{tag}", ref.trace, used, spec, {"predictor": label})
+            config = config.with_overrides(config_overrides(choice, path, pred.rank))
+            live = _Live(pred, used)
+            ho = pred.meta.get("heldout", {}).get("overall", {})
+            notes.append(f"active sets: low-rank predictor {choice.path} (rank {pred.rank}, threshold "
+                         f"{pred.threshold:g}, trained on rule {pred.meta.get('sparsity', '?')}, held-out recall "
+                         f"{ho.get('recall', float('nan')):.3f} precision {ho.get('precision', float('nan')):.3f}) on the "
+                         "dense model's FFN inputs; evaluated live on the run's own inputs too (live_agreement)")
+    ex = RealExecutor(store, ref.trace, profile, config, device=device, threads=threads)
     layers = model.model.layers
     saved = [layer.mlp for layer in layers]
     logits = []
     try:
         for i, layer in enumerate(layers):
-            layer.mlp = _sparse_mlp(ex, i)
+            layer.mlp = _sparse_mlp(ex, i, live)
         past = None
         with torch.no_grad():
             for s in range(ex.n_steps):
@@ -149,24 +267,34 @@ def run_model(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, pr
                 logits.append(out.logits[0, -1].float().numpy())
                 ex.end_step()
         run = ex.finish()
+    except CapacityError as e:
+        ex.close()
+        raise FlashsimError(f"DRAM budget too small for predictor {label} at step {e.step}: layer {e.layer} computes "
+                            f"{e.need} neurons but its share of the cache holds {e.cap}; raise --dram-budget or use a "
+                            "sparser predictor") from None
     except BaseException:
         ex.close()
         raise
     finally:
         for layer, mlp in zip(layers, saved):
             layer.mlp = mlp
-    run.notes.append(ORACLE_NOTE)
+    run.notes.extend(notes)
+    run.config["model_predictor"] = label
     real = np.stack(logits)
     run.outputs = [real]
     n = len(real)
+    dense_logits, full_logits = ref.dense_logits, ref.full_logits
     quality = {
-        "tokens": n, "keep_fraction": keep_fraction,
+        "predictor": label, "tokens": n, "keep_fraction": ref.keep_fraction,
+        **set_quality(used[:, :n], ref.truth[:, :n]),
         "max_abs_diff": float(np.abs(real - dense_logits[:n]).max()),
         "max_abs_diff_full_forward": float(np.abs(real - full_logits[:n]).max()),
         "greedy_agreement": float(np.mean(real.argmax(-1) == dense_logits[:n].argmax(-1))),
         "perplexity": _perplexity(real[:-1], token_ids[1:n]),
         "dense_perplexity": _perplexity(dense_logits[: n - 1], token_ids[1:n]),
     }
+    if live is not None:
+        quality["live_agreement"] = float(np.mean(live.jaccard)) if live.jaccard else 1.0
     return run, quality
 
 

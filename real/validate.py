@@ -1,9 +1,12 @@
 """Validation: run a grid of configurations on the real backend, replay what each run did in the
 simulator, and report the simulator's relative error per metric (times in seconds, sizes in bytes).
 
-For each configuration (window k x bundling x prefetch x budget):
-1. the real backend executes it (`real.shape_mode.run_shape`: a random-weight store of a small
-   llama shape, active sets from a synthetic trace; real direct-I/O reads, real sparse compute);
+For each configuration (window k x bundling x prefetch x budget) and mode:
+1. the real backend executes it: shape mode (`real.shape_mode.run_shape`: a random-weight store of a
+   small llama shape, active sets from a synthetic trace) and model mode (`real.model_mode`:
+   SmolLM2-135M token by token on a fixed text, its real FFN weights streamed from a store converted
+   from the embedded model, active sets the oracle top-`MODEL_KEEP` of the dense activations); real
+   direct-I/O reads, real sparse compute in both;
 2. the computed sets it executed are written as a trace (`real.records.write_executed_trace`);
 3. the simulator replays that trace with the same policies (predictor = oracle on the executed sets,
    so both see exactly the same neurons), the same budget and the device profile (`this-host` or
@@ -13,7 +16,12 @@ For each configuration (window k x bundling x prefetch x budget):
    belong to neither model).
 
 Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read. Summaries over configurations:
-median, p90 and max. Nothing is fitted: the simulator runs with the profile as written.
+median, p90 and max, over all configurations and per mode (`per_mode`). Nothing is fitted: the
+simulator runs with the profile as written.
+
+Model mode's store (fp32, both layouts, ~1.1 GiB for SmolLM2) is converted once and cached under
+the flashsim cache folder (`$FLASHSIM_CACHE`/stores/), keyed by the model's weight file (path, size,
+modification time) and the store settings; a damaged entry is converted again.
 """
 
 from __future__ import annotations
@@ -34,6 +42,14 @@ WARMUP_STEPS = 2
 FULL_K = (0, 1, 2, 4, 8)
 QUICK_K = (0, 2, 8)
 BUDGET_FRACTIONS = (0.25, 0.5)   # DRAM for neuron caches, as a fraction of the FFN's bytes
+MODES = ("shape", "model")
+MODEL_NAME = "smollm2-135m"
+MODEL_QUICK_K = (0, 4)
+# oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
+# neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
+MODEL_KEEP = 0.25
+STORE_SETTINGS = {"dtype": "fp32", "layout": "both", "alignment": "padded", "file_mode": "per-layer",
+                  "order": "original"}
 
 
 def validation_spec(quick: bool) -> ModelSpec:
@@ -66,6 +82,14 @@ def grid(quick: bool) -> list[GridPoint]:
     return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), ("none", "delta"), budgets)]
 
 
+def model_grid(quick: bool) -> list[GridPoint]:
+    """Model mode: the same grid (quick: k in MODEL_QUICK_K, 50% budget: 8 configurations)."""
+    if not quick:
+        return grid(False)
+    return [GridPoint(k, b, p, BUDGET_FRACTIONS[1])
+            for k, b, p in itertools.product(MODEL_QUICK_K, (True, False), ("none", "delta"))]
+
+
 def budget_for(spec: ModelSpec, n_steps: int, fraction: float) -> int:
     """Fixed weights + the largest KV cache + `fraction` of the FFN bytes."""
     ffn = spec.n_layers * spec.d_ff * spec.ffn_neuron_bytes
@@ -89,6 +113,9 @@ def compare(real_tokens: list, sim_tokens: list) -> dict[str, dict[str, float]]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
+                "per_metric": {}}
     per = {}
     for m in METRICS:
         e = np.array([r["metrics"][m]["error"] for r in rows], float)
@@ -98,9 +125,54 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "latency_error_max": lat["max"], "per_metric": per}
 
 
+def parse_modes(text: str | None) -> tuple[str, ...]:
+    from devices.errors import FlashsimError
+
+    if text is None:
+        return MODES
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise FlashsimError(f"--modes {text!r}: give one or both of {', '.join(MODES)} (comma-separated)")
+    return modes
+
+
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
-                   workdir: str | Path | None = None, progress: Any = None, threads: int | None = 1) -> dict[str, Any]:
-    """Runs the grid; returns the JSON report (summary, one row per configuration, provenance)."""
+                   workdir: str | Path | None = None, progress: Any = None, threads: int | None = 1,
+                   modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+    """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
+    configuration, provenance)."""
+    t0 = time.perf_counter()
+    n_tokens = tokens or (12 if quick else 24)
+    tmp = tempfile.TemporaryDirectory(prefix="flashsim-validate-", dir=workdir)
+    root = Path(tmp.name)
+    rows: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
+    try:
+        if "shape" in modes:
+            info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total)
+        if "model" in modes:
+            info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total)
+    finally:
+        tmp.cleanup()
+    report = summarize(rows)
+    report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m]), **info[m]} for m in modes}
+    report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
+                   "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
+                   "seed": seed, "compute_threads": threads, "direct_io": all(r["direct_io"] for r in rows),
+                   "configs": rows, "wall_s": time.perf_counter() - t0})
+    return report
+
+
+def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict[str, Any]:
+    return {"mode": mode, "config": f"{mode}: {gp.label}", "k": gp.k, "bundled": gp.bundled, "prefetch": gp.prefetch,
+            "budget_fraction": gp.budget_fraction, "budget_bytes": budget, "metrics": metrics,
+            "direct_io": run.config["reader"]["direct_io"]}
+
+
+def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
+                rows: list, progress: Any, n_total: int) -> dict[str, Any]:
     from real.convert import write_shape_store
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_trace_like
@@ -109,35 +181,94 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     from sim.engine import simulate
     from traces.format import open_trace
 
-    t0 = time.perf_counter()
     spec = validation_spec(quick)
-    n_tokens = tokens or (12 if quick else 24)
-    tmp = tempfile.TemporaryDirectory(prefix="flashsim-validate-", dir=workdir)
-    root = Path(tmp.name)
-    try:
-        store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="both"))
-        trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
-        rows = []
-        points = grid(quick)
-        for i, gp in enumerate(points):
-            budget = budget_for(spec, n_tokens, gp.budget_fraction)
-            cfg = RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])
-            run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
-            tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
-            res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
-            rows.append({"config": gp.label, "k": gp.k, "bundled": gp.bundled, "prefetch": gp.prefetch,
-                         "budget_fraction": gp.budget_fraction, "budget_bytes": budget,
-                         "metrics": compare(run.tokens, res.tokens), "direct_io": run.config["reader"]["direct_io"]})
-            if progress:
-                progress(i + 1, len(points), gp.label, rows[-1]["metrics"]["latency_s"]["error"])
-        report = summarize(rows)
-        report.update({"mode": "shape", "model": spec.name, "profile": profile.name, "tokens": n_tokens,
-                       "warmup_steps": WARMUP_STEPS, "quick": quick, "seed": seed, "compute_threads": threads,
-                       "direct_io": all(r["direct_io"] for r in rows), "configs": rows,
-                       "wall_s": time.perf_counter() - t0})
-        return report
-    finally:
-        tmp.cleanup()
+    store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="both"))
+    trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
+    for i, gp in enumerate(grid(quick)):
+        budget = budget_for(spec, n_tokens, gp.budget_fraction)
+        cfg = RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])
+        run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
+        tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
+        res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
+        rows.append(_row("shape", gp, budget, compare(run.tokens, res.tokens), run))
+        if progress:
+            progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])
+    return {"model": spec.name}
+
+
+def model_setup(n_tokens: int, workdir: Path) -> tuple[Any, Any, Any, np.ndarray]:
+    """(torch model, ModelSpec, opened store, token ids [n_tokens]) of model mode: SmolLM2 from the
+    capture cache, its store from the store cache, the builtin prompts' text (no chat template)."""
+    from real.store import open_store
+    from traces.capture.models import load_hf_model
+    from traces.capture.prompts import load_prompts
+
+    loaded = load_hf_model(MODEL_NAME)
+    store = open_store(cached_store(MODEL_NAME, loaded.source), verify="sizes")
+    text = "\n".join(p.text for p in load_prompts("builtin"))
+    ids = np.asarray(loaded.tokenizer(text)["input_ids"], np.int64)[:n_tokens]
+    return loaded.model, loaded.spec, store, ids
+
+
+def store_cache_key(model: str, source: str) -> str:
+    import hashlib
+    import json
+
+    from real.store import SCHEMA_VERSION
+
+    p = Path(source)
+    st = p.stat()
+    desc = {"model": model, "source": str(p.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "store_schema": SCHEMA_VERSION, **STORE_SETTINGS}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_store(model: str, source: str) -> Path:
+    """The model's store under the cache folder, converted on first use (atomic: a half-written
+    store never appears under the final name)."""
+    import contextlib
+
+    from devices.errors import FlashsimError
+    from real.convert import convert_model
+    from real.store import open_store
+    from traces.capture.models import cache_dir
+
+    path = cache_dir() / "stores" / f"{model}-{store_cache_key(model, source)}"
+    if path.exists():
+        with contextlib.suppress(FlashsimError):
+            open_store(path, verify="sizes")
+            return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return convert_model(model, path, overwrite=True, progress=False, **STORE_SETTINGS)
+
+
+def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
+                rows: list, progress: Any, n_total: int) -> dict[str, Any]:
+    from real.model_mode import prepare, run_prepared
+    from real.records import write_executed_trace
+    from sim.config import RunConfig
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    t0 = time.perf_counter()
+    model, spec, store, ids = model_setup(n_tokens, root)
+    ref = prepare(model, spec, store, ids, keep_fraction=MODEL_KEEP, workdir=root)
+    setup_s = time.perf_counter() - t0
+    quality = []
+    for i, gp in enumerate(model_grid(quick)):
+        budget = budget_for(store.spec, len(ids), gp.budget_fraction)
+        cfg = RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])
+        run, q = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=threads)
+        tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)
+        res = simulate(open_trace(tpath), store.spec, profile, cfg, fast=False)
+        rows.append(_row("model", gp, budget, compare(run.tokens, res.tokens), run))
+        quality.append(q)
+        if progress:
+            progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])
+    q0 = quality[0] if quality else {}
+    return {"model": spec.name, "store": str(store.path), "keep_fraction": MODEL_KEEP, "setup_s": setup_s,
+            "active_sets": "oracle (dense top-|a| of the same tokens)",
+            "quality": {k: q0.get(k) for k in ("greedy_agreement", "perplexity", "dense_perplexity")}}
 
 
 def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -155,7 +286,11 @@ def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     for ax, m in zip(axes, METRICS):
         r = [row["metrics"][m]["real"] for row in report["configs"]]
         s = [row["metrics"][m]["sim"] for row in report["configs"]]
-        ax.scatter(r, s, s=14)
+        for mode, marker in zip(MODES, "o^"):
+            sel = [i for i, row in enumerate(report["configs"]) if row.get("mode", "shape") == mode]
+            if sel:
+                ax.scatter([r[i] for i in sel], [s[i] for i in sel], s=14, marker=marker, label=mode)
+        ax.legend(fontsize=7)
         hi = max(r + s) * 1.05 if r else 1.0
         ax.plot([0, hi], [0, hi], "k--", lw=0.8)
         ax.set_xlabel(f"real {m}")

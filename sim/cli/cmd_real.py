@@ -18,6 +18,12 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
+from real.predictor_train import (  # NumPy only
+    DEFAULT_EPOCHS,
+    DEFAULT_HOLDOUT,
+    DEFAULT_LR,
+    DEFAULT_RANK,
+)
 from sim.cli.output import print_json, print_table
 
 
@@ -80,6 +86,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_mmap)
+    t = rsub.add_parser("train-predictor", help="train the low-rank activation predictor (LLM in a flash) and report "
+                                                "its held-out recall and precision")
+    t.add_argument("--model", required=True, help="smollm2-135m or a llama-family Hugging Face model folder")
+    t.add_argument("--prompts", default="builtin", help="prompt file (JSON lines, as `flashsim capture`; default builtin)")
+    t.add_argument("--limit-prompts", type=int, help="use only the first N prompts")
+    t.add_argument("--max-new-tokens", type=int, default=0,
+                   help="greedy tokens generated after each prompt and added to the data (default 0: prompt tokens only)")
+    t.add_argument("--no-chat-template", action="store_true",
+                   help="feed the prompts' plain text (default: the chat template, as capture does); the predictor "
+                        "learns the distribution it is trained on, so match what it will predict for")
+    t.add_argument("--rank", type=int, default=DEFAULT_RANK, help=f"rank r of A [d, r] and B [r, N] (default {DEFAULT_RANK})")
+    t.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"passes over the training tokens (default {DEFAULT_EPOCHS})")
+    t.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"Adam learning rate (default {DEFAULT_LR:g})")
+    t.add_argument("--sparsity", help="activity rule of the labels: threshold:F, topk:F or relu (default: capture's "
+                                      "default for the model, threshold:0.5 for SwiGLU)")
+    t.add_argument("--threshold", type=float, default=0.5, help="predicted active when sigmoid >= this (default 0.5)")
+    t.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT,
+                   help=f"share of the prompts held out for recall/precision (default {DEFAULT_HOLDOUT:g})")
+    t.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the minibatches")
+    t.add_argument("--threads", type=int, default=1,
+                   help="PyTorch threads (default 1: on cores shared with other work every multi-threaded op waits "
+                        "for a descheduled worker, see docs/validation.md; 1 also makes results host-independent)")
+    t.add_argument("--out", required=True, help="predictor file to write (.safetensors)")
+    t.add_argument("--json", action="store_true", help="print the metadata (with recall/precision) as JSON")
+    t.set_defaults(func=_train_predictor)
     __import__("sim.cli.cmd_realrun", fromlist=["register_real"]).register_real(rsub)  # `real run` (cmd_realrun.py)
 
 
@@ -236,4 +267,69 @@ def _mmap(args: argparse.Namespace) -> int:
              format_bytes(r["storage_read_bytes"]) if r["storage_read_bytes"] is not None else "n/a",
              format_bytes(r["evicted_bytes"]), format_bytes(r["resident_bytes"])] for r in recs]
     print_table(["token", "ms", "major faults", "read from disk", "evicted", "resident (mincore)"], rows, align="rrrrrr")
+    return 0
+
+
+# ---- train-predictor -----------------------------------------------------------------------------------
+def _train_predictor(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from real.predictor_train import check_settings, save_predictor, train_on_prompts
+    from traces.capture.models import load_hf_model
+    from traces.capture.prompts import load_prompts
+    from traces.sparsity import parse_rule
+
+    if not str(args.out).endswith(".safetensors"):
+        raise FlashsimError(f"--out {args.out}: the predictor file must end in .safetensors")
+    if args.threads is not None and args.threads < 1:
+        raise FlashsimError(f"--threads {args.threads}: must be >= 1")
+    prompts = load_prompts(args.prompts, args.limit_prompts)
+    check_settings(rank=args.rank, epochs=args.epochs, threshold=args.threshold, holdout=args.holdout,
+                   n_prompts=len(prompts))
+    if args.sparsity:
+        parse_rule(args.sparsity)
+    t0 = time.perf_counter()
+
+    def note(m: str) -> None:
+        if not args.json:
+            print(f"note: {m}", file=sys.stderr, flush=True)
+
+    import torch
+
+    before = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        loaded = load_hf_model(args.model, notify=note)
+        pred = train_on_prompts(loaded, prompts, rank=args.rank, epochs=args.epochs, seed=args.seed,
+                                sparsity=args.sparsity, threshold=args.threshold, holdout=args.holdout,
+                                max_new_tokens=args.max_new_tokens, lr=args.lr, prompts_source=str(args.prompts),
+                                progress=note, chat_template=not args.no_chat_template)
+    finally:
+        torch.set_num_threads(before)
+    pred.meta["total_s"] = time.perf_counter() - t0
+    pred.meta["torch_threads"] = args.threads
+    path = save_predictor(pred, args.out)
+    m = pred.meta
+    if args.json:
+        print_json({"path": str(path), **m})
+        return 0
+    ho = m["heldout"]
+    per = ho["per_layer"]
+    print(f"wrote {path}: {m['model']} low-rank predictor, rank {m['rank']}, threshold {m['threshold']:g}, rule "
+          f"{m['sparsity']}; {m['train_tokens']} training tokens ({len(m['train_prompts'])} prompts), "
+          f"{m['heldout_tokens']} held-out tokens ({len(m['heldout_prompts'])} prompts); trained in {m['training_s']:.1f} s")
+    rows = [[r["layer"], f"{r['recall']:.3f}", f"{r['precision']:.3f}", f"{r['predicted_fraction']:.3f}",
+             f"{r['active_fraction']:.3f}"] for r in per]
+    o = ho["overall"]
+    rows.append(["all", f"{o['recall']:.3f}", f"{o['precision']:.3f}", f"{o['predicted_fraction']:.3f}",
+                 f"{o['active_fraction']:.3f}"])
+    print_table(["layer", "recall", "precision", "predicted", "active"], rows, align="rrrrr")
+    own = m.get("heldout_own")
+    if own and m["shared_prefix_tokens"]:
+        o = own["overall"]
+        print(f"held-out tokens past the {m['shared_prefix_tokens']}-token prefix all prompts share "
+              f"({m['heldout_own_tokens']} tokens): recall {o['recall']:.3f}, precision {o['precision']:.3f}, "
+              f"predicted {o['predicted_fraction']:.3f}")
     return 0

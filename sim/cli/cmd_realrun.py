@@ -2,8 +2,10 @@
 
     flashsim real run --store STORE --trace TRACE [--preset P] [--set k=v ...]      (shape mode)
     flashsim real run --store STORE --model smollm2-135m --text FILE [--keep 0.3]  (model mode)
+          [--predictor oracle|previous|lowrank:FILE ...]   (repeat: one row per predictor)
           [--profile this-host] [--dram-budget 200MiB] [--records R.parquet] [--trace-out DIR] [--json]
     flashsim validate [--quick] [--json] [--plot DIR] [--profile NAME|YAML] [--tokens N] [--seed S]
+                      [--modes shape,model]
 
 `real run` is registered under `flashsim real` by `register_real(rsub)` (called from
 sim/cli/cmd_real.py); `validate` is a top-level verb registered here.
@@ -25,7 +27,7 @@ from sim.cli.output import print_json, print_table
 def register(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("validate", help="run a grid of configurations on the real backend and report the "
                                         "simulator's error against it")
-    v.add_argument("--quick", action="store_true", help="a 12-configuration subset (under 3 minutes)")
+    v.add_argument("--quick", action="store_true", help="a 20-configuration subset (12 shape, 8 model; under 3 minutes)")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--plot", metavar="DIR", help="write a sim-vs-real scatter plot (PNG) into DIR")
     v.add_argument("--profile", default="this-host", help="device profile the simulator replays with "
@@ -35,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
     v.add_argument("--threads", type=int, default=1, help="PyTorch compute threads of the real runs (default 1: "
                                                          "see docs/validation.md on shared cores)")
+    v.add_argument("--modes", default="shape,model", help="shape (random-weight store of a small llama shape), model "
+                                                        "(SmolLM2 token by token, its real FFN weights), or both (default)")
     v.set_defaults(func=_validate)
 
 
@@ -48,6 +52,10 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
     r.add_argument("--max-tokens", type=int, default=64, help="model mode: tokens of --text to run (default 64)")
     r.add_argument("--keep", type=float, default=1.0,
                    help="model mode: fraction of neurons active per token (oracle top-k; 1.0 = dense)")
+    r.add_argument("--predictor", action="append", metavar="P",
+                   help="model mode: what each token computes: oracle, previous (the previous token's true set) or "
+                        "lowrank:FILE.safetensors (`flashsim real train-predictor`); repeat to compare predictors on "
+                        "one dense pass (default: the config's predictor slot)")
     r.add_argument("--preset", default="neuroprefetcher", help="policy preset (default neuroprefetcher)")
     r.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--profile", default="this-host", help="device profile for the policies' context")
@@ -88,14 +96,22 @@ def _run(args: argparse.Namespace) -> int:
         from real.shape_mode import run_shape
         from traces.format import open_trace
 
+        if args.predictor:
+            raise FlashsimError("--predictor is for model mode (--model); shape mode takes --set predictor=...")
         run = run_shape(store, open_trace(args.trace), profile, cfg, device=args.device, threads=args.threads)
     else:
-        run, quality = _model_run(args, store, profile, cfg)
+        if args.predictor and len(args.predictor) > 1:
+            if args.records or args.trace_out:
+                raise FlashsimError("--records and --trace-out take one --predictor (run each predictor on its own)")
+            return _print_comparison(args, _model_runs(args, store, profile, cfg))
+        run, quality = _model_runs(args, store, profile, cfg)[0]
     if args.records:
         write_records(args.records, run)
     if args.trace_out:
         write_executed_trace(args.trace_out, run, run.view, store.spec, overwrite=True)
     summary = _summary(run)
+    if "model_predictor" in run.config:
+        summary["predictor"] = run.config["model_predictor"]
     if args.json:
         print_json({"summary": summary, "quality": quality, "notes": run.notes,
                     "config": {k: v for k, v in run.config.items() if k != "fixed_parts"}})
@@ -109,10 +125,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_run(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) -> tuple[Any, dict]:
+def _model_runs(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) -> list[tuple[Any, dict]]:
+    """One dense pass, then one real run per --predictor (or one with the config's predictor)."""
     import numpy as np
 
-    from real.model_mode import check_store_matches, run_model
+    from real.model_mode import check_store_matches, prepare, run_prepared
+    from real.predictors import parse_predictor
     from traces.capture.models import load_hf_model
 
     if not args.text:
@@ -120,12 +138,47 @@ def _model_run(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) -> 
     text_path = Path(args.text)
     if not text_path.is_file():
         raise FlashsimError(f"--text {args.text}: no such file")
+    predictors = args.predictor or [None]
+    for p in predictors:
+        if p is not None:
+            parse_predictor(p)   # bad names and missing files before the model loads
     loaded = load_hf_model(args.model, notify=lambda m: print(f"note: {m}", file=sys.stderr))
     check_store_matches(store, loaded.spec)
     ids = np.asarray(loaded.tokenizer(text_path.read_text())["input_ids"], np.int64)[: args.max_tokens]
     with tempfile.TemporaryDirectory(prefix="flashsim-run-") as tmp:
-        return run_model(loaded.model, loaded.spec, store, ids, profile, cfg, keep_fraction=args.keep,
-                         workdir=tmp, device=args.device, threads=args.threads)
+        ref = prepare(loaded.model, loaded.spec, store, ids, keep_fraction=args.keep, workdir=tmp)
+        return [run_prepared(ref, loaded.model, loaded.spec, store, profile, cfg, predictor=p, device=args.device,
+                             threads=args.threads) for p in predictors]
+
+
+QUALITY_COLUMNS = ("predictor_recall", "predictor_precision", "predicted_fraction", "perplexity", "dense_perplexity",
+                   "greedy_agreement", "live_agreement")
+
+
+def _print_comparison(args: argparse.Namespace, runs: list[tuple[Any, dict]]) -> int:
+    """One row per predictor: its set quality, the model's quality and the real run's costs."""
+    rows = [{"predictor": q["predictor"], **{k: q.get(k) for k in QUALITY_COLUMNS}, **_summary(run),
+             "notes": run.notes} for run, q in runs]
+    if args.json:
+        print_json({"runs": [{"summary": _summary(run), "quality": q, "notes": run.notes,
+                              "config": {k: v for k, v in run.config.items() if k != "fixed_parts"}}
+                             for run, q in runs], "comparison": rows})
+        return 0
+
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    table = [[r["predictor"], f(r["predictor_recall"], ".3f"), f(r["predictor_precision"], ".3f"),
+              f(r["predicted_fraction"], ".3f"), f(r["perplexity"], ".2f"), f(r["dense_perplexity"], ".2f"),
+              f(r["greedy_agreement"], ".3f"), f(r["live_agreement"], ".3f"), f(r["latency_ms_mean"], ".1f"),
+              format_bytes(r["bytes_read_per_token"])] for r in rows]
+    print_table(["predictor", "recall", "precision", "computed", "ppl", "dense ppl", "greedy agree",
+                 "live agree", "latency ms", "read/token"], table, align="lrrrrrrrrr")
+    for r in rows:
+        for n in r["notes"]:
+            if n.startswith("active sets"):
+                print(f"note ({r['predictor']}): {n}")
+    return 0
 
 
 def _summary(run: Any) -> dict[str, Any]:
@@ -146,27 +199,47 @@ def _summary(run: Any) -> dict[str, Any]:
 # ---- validate -------------------------------------------------------------------------------------
 def _validate(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.validate import run_validation, scatter_plot
+    from real.validate import parse_modes, run_validation
 
     if args.tokens is not None and args.tokens < 4:
         raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")
+    modes = parse_modes(args.modes)
     profile = load_profile(args.profile)
+    report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
+                            progress=validate_progress(args.json), threads=args.threads, modes=modes)
+    return print_validation(report, args.json, args.plot)
 
+
+def validate_progress(quiet: bool) -> Any:
     def progress(i: int, n: int, label: str, err: float) -> None:
-        if not args.json:
+        if not quiet:
             print(f"[{i}/{n}] {label}: latency error {err:.1%}", file=sys.stderr, flush=True)
 
-    report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
-                            progress=progress, threads=args.threads)
-    if args.plot:
-        report["plots"] = [str(p) for p in scatter_plot(report, args.plot)]
-    if args.json:
+    return progress
+
+
+def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
+    """The validate report: JSON, or one error table over all configurations and one per mode."""
+    from real.validate import scatter_plot
+
+    if plot:
+        report["plots"] = [str(p) for p in scatter_plot(report, plot)]
+    if as_json:
         print_json(report)
         return 0
-    print(f"{report['n_configs']} configurations, {report['tokens']} steps each, profile {report['profile']}, "
-          f"direct I/O {'yes' if report['direct_io'] else 'no'}, {report['wall_s']:.0f} s")
-    rows = [[m, f"{v['median']:.1%}", f"{v['p90']:.1%}", f"{v['max']:.1%}"] for m, v in report["per_metric"].items()]
-    print_table(["metric", "median error", "p90", "max"], rows)
+    counts = ", ".join(f"{m}: {v['n_configs']}" for m, v in report["per_mode"].items())
+    print(f"{report['n_configs']} configurations ({counts}), "
+          f"{report['tokens']} steps each, profile {report['profile']}, direct I/O {'yes' if report['direct_io'] else 'no'}, "
+          f"{report['wall_s']:.0f} s")
+    tables = [("all", report)] + (list(report["per_mode"].items()) if len(report["per_mode"]) > 1 else [])
+    for name, summary in tables:
+        rows = [[m, f"{v['median']:.1%}", f"{v['p90']:.1%}", f"{v['max']:.1%}"] for m, v in summary["per_metric"].items()]
+        print_table([f"metric ({name})", "median error", "p90", "max"], rows)
+    model = report["per_mode"].get("model")
+    if model and model.get("quality"):
+        q = model["quality"]
+        print(f"model mode: {model['model']}, active sets {model['active_sets']}, keep {model['keep_fraction']:g}: greedy "
+              f"agreement {q['greedy_agreement']:.3f}, perplexity {q['perplexity']:.2f} (dense {q['dense_perplexity']:.2f})")
     for p in report.get("plots", []):
         print(f"wrote {p}")
     return 0

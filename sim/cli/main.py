@@ -16,8 +16,9 @@ COMMAND_MODULES = (
     "sim.cli.cmd_capture",   # capture
     "sim.cli.cmd_trace",     # trace stats|synth|profile
     "sim.cli.cmd_replay",    # replay
-    "sim.cli.cmd_real",      # real convert|run|..., validate, calibrate
+    "sim.cli.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
     "sim.cli.cmd_realrun",   # real run (via cmd_real), validate
+    "sim.cli.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
     "sim.cli.cmd_bench",     # bench flash|compute
     "sim.cli.cmd_demo",      # demo
     "sim.cli.cmd_plan",      # plan

@@ -111,3 +111,99 @@ def test_smollm2_dense_equivalence(tmp_path):
     run, q = run_model(loaded.model, loaded.spec, store, ids, load_profile("this-host"), _cfg(0, "none", budget="2GiB"),
                        keep_fraction=1.0, workdir=tmp_path)
     assert q["max_abs_diff"] <= 1e-4 and q["greedy_agreement"] == 1.0
+
+
+# ---- predictors ------------------------------------------------------------------------------------
+def test_previous_predictor_computes_the_previous_tokens_set(tiny_llama, tmp_path):
+    from real.model_mode import prepare, run_prepared
+    from sim import bitsets
+
+    model, spec, store, ids, _ = tiny_llama
+    ref = prepare(model, spec, store, ids, keep_fraction=0.25, workdir=tmp_path)
+    cfg = _cfg(0, "none")
+    run, q = run_prepared(ref, model, spec, store, load_profile("this-host"), cfg, predictor="previous")
+    assert q["predictor"] == "previous" and run.config["model_predictor"] == "previous"
+    assert any("PREVIOUS" in n for n in run.notes)
+    executed = np.stack([bitsets.unpack(run.executed[layer], spec.d_ff) for layer in range(spec.n_layers)])
+    assert np.array_equal(executed[:, 0], ref.truth[:, 0])               # token 0: its own set (no previous)
+    assert np.array_equal(executed[:, 1:], ref.truth[:, :-1])            # then the previous token's true set
+    # recall/precision of those sets against the truth, by hand
+    used = np.concatenate([ref.truth[:, :1], ref.truth[:, :-1]], axis=1)
+    tp = (used & ref.truth).sum()
+    assert q["predictor_recall"] == pytest.approx(tp / ref.truth.sum())
+    assert q["predictor_precision"] == pytest.approx(tp / used.sum())
+    # the oracle on the same dense pass: perfect sets
+    _, qo = run_prepared(ref, model, spec, store, load_profile("this-host"), cfg, predictor="oracle")
+    assert qo["predictor_recall"] == qo["predictor_precision"] == 1.0
+    # a budget the predicted sets do not fit: one line, not a traceback
+    small = int(store.spec.non_ffn_bytes + (len(ids) + 1) * store.spec.kv_bytes_per_token
+                + spec.n_layers * 10 * store.spec.ffn_neuron_bytes)          # room for ~10 neurons a layer
+    with pytest.raises(FlashsimError, match="DRAM budget too small for predictor previous"):
+        run_prepared(ref, model, spec, store, load_profile("this-host"), _cfg(4, "delta", budget=str(small)),
+                     predictor="previous")
+
+
+def test_lowrank_predictor_in_model_mode(tiny_llama, tmp_path):
+    from real import predictor_train as PT
+    from real.model_mode import prepare, run_prepared
+    from real.records import write_executed_trace
+    from sim import bitsets
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    model, spec, store, ids, _ = tiny_llama
+    seqs = [np.random.default_rng(i).integers(0, 200, 24).tolist() for i in range(6)]
+    pairs = PT.collect_pairs(model, seqs)
+    pred = PT.train_from_pairs(pairs, rank=8, epochs=5, seed=0, rule="topk", fraction=0.25, meta={"model": spec.name})
+    path = PT.save_predictor(pred, tmp_path / "p.safetensors")
+    ref = prepare(model, spec, store, ids, keep_fraction=0.25, workdir=tmp_path / "w")
+    cfg = _cfg(2)
+    run, q = run_prepared(ref, model, spec, store, load_profile("this-host"), cfg, predictor=f"lowrank:{path}")
+    expect = np.stack([pred.predict(layer, ref.ffn_inputs[layer]) for layer in range(spec.n_layers)])
+    executed = np.stack([bitsets.unpack(run.executed[layer], spec.d_ff) for layer in range(spec.n_layers)])
+    assert np.array_equal(executed, expect)                              # the predictor's sets were computed
+    assert run.config["predictor"]["name"] == "recorded" and run.config["predictor"]["rank"] == 8
+    assert 0.0 < q["live_agreement"] <= 1.0 and 0.0 <= q["predictor_recall"] <= 1.0
+    assert q["predicted_fraction"] == pytest.approx(expect.mean())
+    assert any("low-rank predictor" in n for n in run.notes)
+    # the simulator replays what ran (oracle on the executed sets)
+    ex = write_executed_trace(tmp_path / "exec", run, run.view, store.spec)
+    sim = simulate(open_trace(ex), store.spec, load_profile("this-host"), cfg, fast=False)
+    assert [t.computed for t in sim.tokens] == [t.computed for t in run.tokens]
+    # a predictor of another shape is refused
+    other = PT.LowRankPredictor(pred.A[:1], pred.B[:1], pred.bias[:1], 0.5, {**pred.meta, "n_layers": 1})
+    PT.save_predictor(other, tmp_path / "o.safetensors")
+    with pytest.raises(FlashsimError, match="train one for this model"):
+        run_prepared(ref, model, spec, store, load_profile("this-host"), cfg, predictor=f"lowrank:{tmp_path / 'o.safetensors'}")
+
+
+def test_cli_compares_predictors(tmp_path, capsys):
+    import json
+
+    from real.convert import convert_model
+    from sim.cli.main import main
+    from tests.real.test_predictor_train import make_tiny_folder
+
+    folder = make_tiny_folder(tmp_path / "tiny")
+    convert_model(str(folder), tmp_path / "store", dtype="fp32", progress=False)
+    assert main(["real", "train-predictor", "--model", str(folder), "--limit-prompts", "4", "--rank", "4", "--epochs",
+                 "2", "--sparsity", "topk:0.25", "--out", str(tmp_path / "p.safetensors"), "--json"]) == 0
+    (tmp_path / "t.txt").write_text("A held-out line of text, not among the prompts.")
+    capsys.readouterr()
+    base = ["real", "run", "--store", str(tmp_path / "store"), "--model", str(folder), "--text", str(tmp_path / "t.txt"),
+            "--max-tokens", "12", "--keep", "0.25", "--set", "window.k=2", "--dram-budget", "64MiB", "--threads", "1"]
+    assert main(base + ["--predictor", "oracle", "--predictor", "previous", "--predictor",
+                        f"lowrank:{tmp_path / 'p.safetensors'}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["predictor"] for r in out["comparison"]] == ["oracle", "previous", f"lowrank:{tmp_path / 'p.safetensors'}"]
+    for r in out["runs"]:
+        assert r["quality"]["tokens"] == 12 and np.isfinite(r["quality"]["perplexity"])
+    assert out["comparison"][0]["predictor_recall"] == 1.0
+    assert main(base + ["--predictor", "previous"]) == 0
+    assert "predictor" in capsys.readouterr().out
+    # bad predictor names and files: one line, exit 2, before the model loads
+    assert main(base + ["--predictor", "magic"]) == 2
+    assert main(base + ["--predictor", "lowrank:/no/such.safetensors"]) == 2
+    assert main(base + ["--predictor", "oracle", "--predictor", "previous", "--records", str(tmp_path / "r.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "oracle, previous or lowrank" in err and "no such predictor file" in err
