@@ -18,7 +18,9 @@ mha:0, ffn:0, mha:1, ...), repeat. Step k costs (2L - k) forward passes, so all 
 O(L^2) passes. The first GSI step's scores are the one-shot scores (each block removed alone), which
 are reused rather than recomputed.
 
-Output file (JSON, written atomically: temp name then os.replace), schema_version 1:
+Output file (JSON, written atomically: temp name then os.replace), schema_version 1 (the reader,
+validator and writer are in sim/adapt/importance.py so the simulator reads these files without
+importing real; they are re-exported here):
   schema_version: 1
   model:          model name (e.g. "smollm2-135m") and n_layers
   text:           {source: "builtin" | path, sha256: hex digest of the UTF-8 text, n_tokens: tokens scored}
@@ -35,19 +37,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from sim.adapt.importance import (
+    KINDS,
+    SCHEMA_VERSION,
+    make_gsi_document,
+    read_gsi_file,
+    write_gsi_file,
+)
 
-SCHEMA_VERSION = 1
-KINDS = ("mha", "ffn")
+__all__ = ["BUILTIN_TEXT", "KINDS", "SCHEMA_VERSION", "GsiResult", "block_names", "dropped_blocks", "gsi_document",
+           "parse_block", "perplexity", "read_gsi_file", "run_gsi", "tokenize_text", "write_gsi_file"]
 
 # Written for this project: a plain English paragraph (~300 tokens with SmolLM2's tokenizer) on a
 # neutral subject, so the perplexity reflects general language modelling rather than one domain.
@@ -197,48 +203,10 @@ def run_gsi(model: Any, input_ids: Any, steps: int | None = None,
     return GsiResult(dense, gsi, one_shot, n_passes, time.perf_counter() - t0)
 
 
-# ---- file --------------------------------------------------------------------------------------------
-def _num(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
+# ---- file (format and reader/writer live in sim.adapt.importance) ---------------------------------------
 def gsi_document(result: GsiResult, *, model_name: str, n_layers: int, text: str, text_source: str,
                  n_tokens: int) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": {"name": model_name, "n_layers": n_layers},
-        "text": {"source": text_source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                 "n_tokens": n_tokens},
-        "dense_ppl": _num(result.dense_ppl),
-        "gsi": [{"block": b, "ppl_after": _num(p)} for b, p in result.gsi],
-        "one_shot": [{"block": b, "ppl_alone": _num(p)} for b, p in result.one_shot],
-    }
-
-
-def write_gsi_file(path: str | Path, doc: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_gsi_file(path: str | Path) -> dict[str, Any]:
-    """Load and check a GSI file; FlashsimError naming the file and field if it is not one."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FlashsimError(f"{path}: no such GSI file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FlashsimError(f"{path}: not a GSI JSON file ({e})") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise FlashsimError(f"{path}: schema_version must be {SCHEMA_VERSION}")
-    for key, field_name in (("gsi", "ppl_after"), ("one_shot", "ppl_alone")):
-        rows = doc.get(key)
-        if not isinstance(rows, list) or not all(
-                isinstance(r, dict) and isinstance(r.get("block"), str) and field_name in r for r in rows):
-            raise FlashsimError(f"{path}: field {key!r} must be a list of {{block, {field_name}}}")
-    return doc
+    return make_gsi_document(dense_ppl=result.dense_ppl, gsi=result.gsi, one_shot=result.one_shot,
+                             model_name=model_name, n_layers=n_layers,
+                             text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                             text_source=text_source, n_tokens=n_tokens)

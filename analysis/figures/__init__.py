@@ -30,6 +30,7 @@ FIGURES = {
     "sim-vs-real": ("analysis.figures.fig_sim_vs_real", "validation"),
     "read-curve": ("analysis.figures.fig_read_curve", "device"),
     "memory": ("analysis.figures.fig_memory", "records"),
+    "adapt": ("analysis.figures.fig_adapt", "records"),
 }
 INPUTS = ("results", "validation", "device", "records", "trace")
 TRACE_STATS = "analysis.figures.trace_stats"  # another helper's module: trace statistics figures

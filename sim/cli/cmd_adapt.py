@@ -25,7 +25,7 @@ DEFAULT_MAX_TOKENS = 256
 
 # Further `adapt` sub-commands, one module each under sim/cli/ with `register(asub)` (asub: the
 # `adapt` sub-parsers action); each module owns its sub-command's options and handler.
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("adapt_real", "adapt_eval", "adapt_train")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
