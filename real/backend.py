@@ -7,13 +7,19 @@ and layer l, the plan `stack.plan(l, s, s + 1, cap)` (ranges of length 1, policy
 
 1. wait for the prefetch of (s, l) issued one step earlier (background thread; waiting = stall);
 2. delete from the layer's `real.cache.LayerCache` what the policy keeps neither for the next step
-   nor computes now (rows moved: memory management);
+   nor computes now, and what the plan evicted to make room although it prefetches it back (rows
+   moved: memory management);
 3. read the demand set (`BundleReader`, direct I/O, coalesced) into rows appended to the cache;
 4. compute the sparse FFN: gather the computed rows (gate | up | down) out of the cache, SwiGLU
    (or the model's activation) on them only;
 5. drop computed-but-not-kept neurons, then issue the prefetch of the neurons the policy keeps for
    step s + 1 that are not resident (its own reader, one background thread, overlapping the
    remaining layers' compute).
+
+The store decides the flash layout's alignment: `store_config` sets `bundling.align_bytes` from the
+manifest (4096 for a padded store, 0 for packed), so the simulator built here, and any replay of the
+run, count the padded strides the reads really move. Block pruning (`prune.blocks`) is refused: the
+executor plans and runs every layer (block pruning on the real model: real/pruning.py).
 
 The policy's own bookkeeping (set algebra in Python) is timed apart (`plan_s`) and NOT counted in
 the records: it is the simulator's planning, not work the device does. Every step yields one
@@ -35,6 +41,7 @@ from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
 from sim import bitsets
 from sim.config import RunConfig
+from sim.policies.base import CapacityError
 from sim.records import TokenRecord
 from traces.format import Trace
 
@@ -89,6 +96,9 @@ class RealExecutor:
         from sim.engine import build
 
         self.torch = torch
+        if config.prune.blocks.strip():
+            raise FlashsimError(f"prune.blocks={config.prune.blocks!r}: the real backend plans and runs every layer; "
+                                "drop it here (block pruning on the real model is measured by real/pruning.py)")
         # intra-op compute threads (None: leave PyTorch's setting). On a host whose cores are shared
         # with other work, 1 avoids the per-op barrier waiting for a descheduled worker thread
         # (measured here: a sparse FFN layer 0.59 ms with 1 thread, 16-24 ms median with 2).
@@ -98,6 +108,7 @@ class RealExecutor:
             threads = profile.compute.threads   # the count the profile's compute rates were measured with
         if threads is not None:
             torch.set_num_threads(threads)
+        config, self.layout_note = store_config(config, store)
         self.store, self.spec = store, store.spec
         if (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff):
             raise FlashsimError(f"trace {trace.path} is {trace.n_layers} layers x {trace.n_neurons} neurons but the "
@@ -118,8 +129,11 @@ class RealExecutor:
             raise FlashsimError(f"store {store.path} has no {layout} layout (it has {', '.join(store.layouts)}); "
                                 f"convert with --layout both to run bundling.bundled={str(bundled).lower()}")
         self.in_flight = int(config.flash.in_flight or profile.flash.max_in_flight)
-        self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight)
-        self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight)
+        # the layout's coalescing limit, so real reads are cut into the chunks the simulator counts
+        lp = stack.layout.params
+        max_chunk = int(getattr(lp, "max_chunk_bytes", 1 << 20)) if getattr(lp, "coalesce", True) else 1
+        self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
+        self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
         self.pending: dict[int, Future] = {}
         L, N = self.spec.n_layers, self.spec.d_ff
@@ -172,7 +186,10 @@ class RealExecutor:
         cache = self.caches[layer]
         p0 = time.perf_counter()
         cap = self.sim.memory.cap_neurons(self.sim.budget_bytes, s, s + 1)
-        plan = self.sim.stack.plan(layer, s, s + 1, cap)
+        try:
+            plan = self.sim.stack.plan(layer, s, s + 1, cap)
+        except CapacityError as e:
+            raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
         N = self.spec.d_ff
         computed = plan.computed[0]
         self.executed[layer, s] = computed
@@ -180,6 +197,8 @@ class RealExecutor:
         keep = self._kept(layer)
         keep_mask = bitsets.unpack(keep, N) | bitsets.unpack(self.sim.stack.static_mask(layer), N)
         comp_mask = bitsets.unpack(computed, N)
+        # what the plan prefetches for s + 1 (kept, not resident after its demand reads)
+        pf_mask = bitsets.unpack(plan.prefetch_next[0], N)
         self._quality(layer, plan)
         p1 = time.perf_counter()
         T.plan_s += p1 - p0
@@ -192,10 +211,12 @@ class RealExecutor:
             T.io_s += st.seconds
             T.prefetch_bytes += st.bytes_read
             T.reads_issued += st.reads_issued
-        # 2. evict what is neither kept nor computed
+        # 2. evict what is neither kept nor computed, and what the plan evicted to make room for the
+        #    demand reads although the next step keeps it (a cache at its share deletes before it
+        #    inserts; the plan then prefetches those neurons back, so they are read again)
         m0 = time.perf_counter()
         res = cache.resident_ids()
-        drop = res[~(keep_mask[res] | comp_mask[res])]
+        drop = res[~(keep_mask[res] | comp_mask[res]) | pf_mask[res]]
         if len(drop):
             cache.delete(drop)
         m1 = time.perf_counter()
@@ -264,6 +285,8 @@ class RealExecutor:
                     "compute_threads": self.torch.get_num_threads(),
                     "cache_row_bytes": self.reader.dest_row_bytes, "store": str(self.store.path)})
         notes = list(self.sim.notes)
+        if self.layout_note:
+            notes.append(self.layout_note)
         if self.thread_note:
             notes.append(self.thread_note)
         if not self.reader.direct_io:
@@ -331,6 +354,44 @@ class RealExecutor:
         # logits then differ from HF by ~1.4e-4 instead of <= 1e-4). The copy is k*d elements.
         y = F.linear(h, down.T.contiguous())
         return y.to(x.dtype).to(x.device)
+
+
+class RealCapacityError(CapacityError, FlashsimError):
+    """A step's computed set does not fit the layer's cache share, raised by `RealExecutor.ffn`.
+
+    A `CapacityError` (model mode catches it and names its predictor) and a `FlashsimError` (shape
+    mode lets it reach the CLI: one line, exit 2)."""
+
+    def __init__(self, layer: int, step: int, need_neurons: int, cap_neurons: int):
+        super().__init__(layer, step, need_neurons, cap_neurons)
+        self.args = (f"DRAM budget too small at step {step}: layer {layer} computes {need_neurons} neurons but its "
+                     f"share of the cache holds {cap_neurons}; raise --dram-budget or use a sparser policy or trace",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def store_alignment_bytes(store: Any) -> int:
+    """Bytes each unit occupies on flash is rounded up to: the store's `align_bytes` when its units are
+    padded, 0 when packed (a packed store's reads are widened to 4 KiB per read instead, which the
+    layout does not model)."""
+    return int(store.manifest.align_bytes) if store.manifest.alignment == "padded" else 0
+
+
+def store_config(config: RunConfig, store: Any) -> tuple[RunConfig, str | None]:
+    """`config` with the bundling layout's `align_bytes` taken from the store's manifest, and a note
+    when that replaced a different value the run asked for (None otherwise)."""
+    if config.layout.name != "bundling":
+        return config, None
+    want = store_alignment_bytes(store)
+    had = int(config.layout.params.align_bytes)
+    if had == want:
+        return config, None
+    note = None
+    if had != 0:
+        note = (f"bundling.align_bytes={had} replaced by {want}: the store {store.path} is {store.manifest.alignment} "
+                "and its layout is what the reads move")
+    return config.with_overrides([f"bundling.align_bytes={want}"]), note
 
 
 def check_threads(threads: int | None, profile: DeviceProfile) -> str | None:

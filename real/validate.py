@@ -15,9 +15,24 @@ For each configuration (window k x bundling x prefetch x budget) and mode:
    `WARMUP_STEPS` steps skipped on both sides: cold caches, thread start-up and allocator warm-up
    belong to neither model).
 
-Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read. Summaries over configurations:
-median, p90 and max, over all configurations and per mode (`per_mode`). Nothing is fitted: the
-simulator runs with the profile as written.
+Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and stall_s and mem_mgmt_s
+(the parts of the latency spent waiting for reads and moving cache rows) where both sides' records
+have them. Summaries over configurations: median, p90 and max, over all configurations and per mode
+(`per_mode`). Nothing is fitted: the simulator runs with the profile as written. The replay uses the
+store's layout alignment (`real.backend.store_config`: `bundling.align_bytes` = 4096 for the padded
+stores used here), so bytes read agree exactly in both modes.
+
+Budgets: DRAM for the neuron caches = a fraction of the FFN's bytes (`budget_for`). Shape mode's
+trace activates 10% of the neurons: 25% and 50% of the FFN. Model mode's oracle computes the top
+`MODEL_KEEP` = 25% of every layer: a 25% budget is exactly the computed set, and window k = 0 with
+delta prefetch keeps every layer's prefetched next set (~25% of the FFN) across the step plus the
+layer being computed, which cannot fit (the simulator's DRAM check refused it at step 0; the real
+run, which checks no total, ran over the budget). Model mode's budgets are therefore 37.5% and 50%
+(`MODEL_BUDGET_FRACTIONS`: 1.5x and 2x the computed set).
+
+The run records the host's load average at start and end (`os.getloadavg`); a 1-minute load above
+the core count means other work shared the cores and the timing errors are not trustworthy (a
+warning is printed on stderr).
 
 Model mode's store (fp32, both layouts, ~1.1 GiB for SmolLM2) is converted once and cached under
 the flashsim cache folder (`$FLASHSIM_CACHE`/stores/), keyed by the model's weight file (path, size,
@@ -27,6 +42,8 @@ modification time) and the store settings; a damaged entry is converted again.
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,10 +55,13 @@ import numpy as np
 from devices.model_spec import ModelSpec
 
 METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
+OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s")   # compared when both sides' records carry them
 WARMUP_STEPS = 2
 FULL_K = (0, 1, 2, 4, 8)
 QUICK_K = (0, 2, 8)
 BUDGET_FRACTIONS = (0.25, 0.5)   # DRAM for neuron caches, as a fraction of the FFN's bytes
+# model mode computes MODEL_KEEP of every layer: the lower budget must hold more than that (module docstring)
+MODEL_BUDGET_FRACTIONS = (0.375, 0.5)
 MODES = ("shape", "model")
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
@@ -83,11 +103,10 @@ def grid(quick: bool) -> list[GridPoint]:
 
 
 def model_grid(quick: bool) -> list[GridPoint]:
-    """Model mode: the same grid (quick: k in MODEL_QUICK_K, 50% budget: 8 configurations)."""
-    if not quick:
-        return grid(False)
-    return [GridPoint(k, b, p, BUDGET_FRACTIONS[1])
-            for k, b, p in itertools.product(MODEL_QUICK_K, (True, False), ("none", "delta"))]
+    """Model mode: the same k x bundling x prefetch grid with MODEL_BUDGET_FRACTIONS (quick: k in
+    MODEL_QUICK_K, 50% budget: 8 configurations)."""
+    ks, budgets = (MODEL_QUICK_K, MODEL_BUDGET_FRACTIONS[1:]) if quick else (FULL_K, MODEL_BUDGET_FRACTIONS)
+    return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), ("none", "delta"), budgets)]
 
 
 def budget_for(spec: ModelSpec, n_steps: int, fraction: float) -> int:
@@ -103,9 +122,12 @@ def rel_error(sim: float, real: float) -> float:
 
 
 def compare(real_tokens: list, sim_tokens: list) -> dict[str, dict[str, float]]:
-    """Per metric: real and simulated means over the measured steps, and the relative error."""
+    """Per metric: real and simulated means over the measured steps, and the relative error (the
+    OPTIONAL_METRICS only when both sides' records have them)."""
     out = {}
-    for m in METRICS:
+    both = real_tokens[:1] + sim_tokens[:1]
+    extra = [m for m in OPTIONAL_METRICS if both and all(hasattr(t, m) for t in both)]
+    for m in (*METRICS, *extra):
         r = np.array([getattr(t, m) for t in real_tokens[WARMUP_STEPS:]], float)
         s = np.array([getattr(t, m) for t in sim_tokens[WARMUP_STEPS:]], float)
         out[m] = {"real": float(r.mean()), "sim": float(s.mean()), "error": rel_error(float(s.mean()), float(r.mean()))}
@@ -117,12 +139,37 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
                 "per_metric": {}}
     per = {}
-    for m in METRICS:
-        e = np.array([r["metrics"][m]["error"] for r in rows], float)
+    for m in metrics_of(rows):
+        e = np.array([r["metrics"][m]["error"] for r in rows if m in r["metrics"]], float)
         per[m] = {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
     lat = per["latency_s"]
     return {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
             "latency_error_max": lat["max"], "per_metric": per}
+
+
+def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
+    """METRICS, then each optional metric some row has."""
+    return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]
+
+
+def host_load() -> dict[str, Any]:
+    """1-, 5- and 15-minute load averages and the usable cores (None where the OS gives none)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"load_avg": load, "cores": cores}
+
+
+def load_warning(start: dict[str, Any], end: dict[str, Any]) -> str | None:
+    """A warning when the 1-minute load at start or end exceeded the core count (None otherwise)."""
+    cores = start["cores"]
+    peak = max((x["load_avg"][0] for x in (start, end) if x["load_avg"]), default=None)
+    if peak is None or not cores or peak <= cores:
+        return None
+    return (f"WARNING: 1-minute load average reached {peak:.1f} on {cores} core(s) during validation: other work "
+            "shared the cores, so the timing errors measure the load as much as the model; re-run on an idle host")
 
 
 def parse_modes(text: str | None) -> tuple[str, ...]:
@@ -138,10 +185,13 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 
 
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
-                   workdir: str | Path | None = None, progress: Any = None, threads: int | None = 1,
+                   workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
                    modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
-    configuration, provenance)."""
+    configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none)."""
+    if threads is None:
+        threads = profile.compute.threads or 1
+    load_start = host_load()
     t0 = time.perf_counter()
     n_tokens = tokens or (12 if quick else 24)
     tmp = tempfile.TemporaryDirectory(prefix="flashsim-validate-", dir=workdir)
@@ -156,11 +206,17 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
             info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total)
     finally:
         tmp.cleanup()
+    load_end = host_load()
+    warning = load_warning(load_start, load_end)
+    if warning:
+        print(warning, file=sys.stderr)
     report = summarize(rows)
     report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m]), **info[m]} for m in modes}
     report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
-                   "seed": seed, "compute_threads": threads, "direct_io": all(r["direct_io"] for r in rows),
+                   "seed": seed, "compute_threads": threads, "threads": threads,
+                   "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
+                   "cores": load_start["cores"], "load_warning": warning, "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
 
@@ -173,6 +229,7 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int) -> dict[str, Any]:
+    from real.backend import store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_trace_like
@@ -186,7 +243,7 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
     for i, gp in enumerate(grid(quick)):
         budget = budget_for(spec, n_tokens, gp.budget_fraction)
-        cfg = RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])
+        cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
         run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
         res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
@@ -244,6 +301,7 @@ def cached_store(model: str, source: str) -> Path:
 
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int) -> dict[str, Any]:
+    from real.backend import store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
     from sim.config import RunConfig
@@ -257,7 +315,7 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     quality = []
     for i, gp in enumerate(model_grid(quick)):
         budget = budget_for(store.spec, len(ids), gp.budget_fraction)
-        cfg = RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])
+        cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
         run, q = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=threads)
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)
         res = simulate(open_trace(tpath), store.spec, profile, cfg, fast=False)
@@ -282,12 +340,14 @@ def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4))
-    for ax, m in zip(axes, METRICS):
-        r = [row["metrics"][m]["real"] for row in report["configs"]]
-        s = [row["metrics"][m]["sim"] for row in report["configs"]]
+    metrics = metrics_of(report["configs"])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4))
+    for ax, m in zip(axes, metrics):
+        rows = [row for row in report["configs"] if m in row["metrics"]]
+        r = [row["metrics"][m]["real"] for row in rows]
+        s = [row["metrics"][m]["sim"] for row in rows]
         for mode, marker in zip(MODES, "o^"):
-            sel = [i for i, row in enumerate(report["configs"]) if row.get("mode", "shape") == mode]
+            sel = [i for i, row in enumerate(rows) if row.get("mode", "shape") == mode]
             if sel:
                 ax.scatter([r[i] for i in sel], [s[i] for i in sel], s=14, marker=marker, label=mode)
         ax.legend(fontsize=7)

@@ -1,9 +1,12 @@
 """`flashsim bench flash|compute`: microbenchmarks that write a device profile.
 
     bench flash     random reads (chunk size x reads in flight, direct I/O), sequential bandwidth,
-                    4 KiB latency; or `--import-fio FIO.json` -> the profile's `flash` section
-    bench compute   dense and gathered GEMV per dtype, DRAM bandwidth, per-op overhead
-                    -> the profile's `compute` section and memory bandwidth/capacity
+                    4 KiB latency, the reads' host CPU cost against a compute probe of
+                    `--compute-threads` threads (`--no-host-cpu` skips it); or `--import-fio FIO.json`
+                    -> the profile's `flash` section
+    bench compute   dense and gathered GEMV per dtype, DRAM bandwidth, per-op overhead, at
+                    `--threads` compute threads -> the profile's `compute` section (with
+                    `threads`) and memory bandwidth/capacity
 
 By default the profile `this-host` in devices/profiles/ is updated (other sections kept);
 `--out FILE` writes elsewhere, `--name` names the profile, `--no-write` only measures.
@@ -41,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--keep-file", action="store_true", help="keep a file this command created")
     f.add_argument("--import-fio", help="build the flash section from fio --output-format=json results instead")
     f.add_argument("--seed", type=int, default=0, help="seed of the random offsets and file contents")
+    f.add_argument("--compute-threads", type=int, default=1, help="threads of the host-CPU probe's compute (the "
+                   "real runs' compute threads; default 1)")
+    f.add_argument("--no-host-cpu", action="store_true", help="skip the host-CPU probe (reads' CPU cost and their "
+                   "interference with a concurrent compute); the profile then gets no host-CPU terms")
     _profile_args(f)
     f.set_defaults(func=_flash)
 
@@ -48,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quick", action="store_true", help="smaller matrices and shorter timing")
     c.add_argument("--framework", choices=["auto", "torch", "numpy"], default="auto")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, help="compute threads (torch) to measure with, recorded as the "
+                   "profile's compute.threads; use the count the real runs will use (default: PyTorch's own)")
     _profile_args(c)
     c.set_defaults(func=_compute)
 
@@ -84,7 +93,10 @@ def _flash(args: argparse.Namespace) -> int:
 
         measuring = [f"--{k.replace('_', '-')}" for k in ("path", "size", "chunks", "in_flight", "duration_s")
                      if getattr(args, k) is not None] + [f"--{k.replace('_', '-')}" for k in
-                                                          ("quick", "buffered", "keep_file") if getattr(args, k)]
+                                                          ("quick", "buffered", "keep_file", "no_host_cpu")
+                                                          if getattr(args, k)]
+        if args.compute_threads != 1:
+            measuring.append("--compute-threads")
         if measuring:
             raise FlashsimError(f"--import-fio takes the whole table from fio; drop {', '.join(measuring)}")
 
@@ -97,14 +109,18 @@ def _flash(args: argparse.Namespace) -> int:
         depths = (parse_list(args.in_flight, lambda t: _int(t, "--in-flight"), "--in-flight") if args.in_flight
                   else QUICK_IN_FLIGHT if args.quick else DEFAULT_IN_FLIGHT)
         duration = args.duration_s if args.duration_s is not None else 0.2 if args.quick else 1.0
+        if args.compute_threads < 1:
+            raise FlashsimError(f"--compute-threads {args.compute_threads}: must be >= 1")
         cfg = FlashBenchConfig(chunks=tuple(chunks), in_flight=tuple(depths), duration_s=duration, seed=args.seed,
-                               direct=False if args.buffered else None)
+                               direct=False if args.buffered else None, host_cpu=not args.no_host_cpu,
+                               compute_threads=args.compute_threads)
         size = parse_bytes(args.size, "--size") if args.size else (64 << 20 if args.quick else 2 << 30)
         path = Path(args.path) if args.path else Path.cwd() / f"flashsim-bench-{os.getpid()}.dat"
         command = ("flashsim bench flash --chunks " + ",".join(str(c) for c in cfg.chunks) + " --in-flight "
                    + ",".join(map(str, cfg.in_flight)) + f" --duration-s {cfg.duration_s:g} --seed {cfg.seed}"
                    + (f" --path {args.path}" if args.path else "") + (f" --size {size}" if not path.exists() else "")
-                   + (" --buffered" if args.buffered else ""))
+                   + (" --buffered" if args.buffered else "")
+                   + (" --no-host-cpu" if args.no_host_cpu else f" --compute-threads {cfg.compute_threads}"))
         result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
             len(cfg.chunks) * len(cfg.in_flight) + 2, args.json))
         how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
@@ -128,9 +144,22 @@ def _flash(args: argparse.Namespace) -> int:
     print_table(["chunk"] + [f"q={q}" for q in g["in_flight"]], table_rows(g), align="r" * (len(g["in_flight"]) + 1))
     print(f"sequential: {format_rate(result['sequential']['bytes_per_s'])}; 4 KiB latency at q=1: "
           f"{result['latency_4k_qd1']['mean_s'] * 1e6:.0f} us (mean)")
+    print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")
     return 0
+
+
+def host_cpu_line(host: dict[str, Any] | None) -> str:
+    """One line with the host-CPU probe's results (or why there are none)."""
+    if not host:
+        return "host CPU probe: not run (--no-host-cpu or imported results)"
+    us = 1e6
+    return (f"host CPU probe ({format_bytes(host['chunk_bytes'])} x {host['in_flight']} in flight, batches of "
+            f"{'/'.join(map(str, host['batch_reads']))} reads, {host['compute_threads']}-thread compute, load "
+            f"{host['load_average_1min']:.1f}): CPU {host['cpu_s_per_read'] * us:.1f} us/read; compute lost "
+            f"{host['compute_lost_s_per_read'] * us:.1f} us/read + {host['compute_lost_s_per_batch'] * 1e3:.3f} ms/batch; "
+            f"read delay {host['read_delay_s_per_read'] * us:.1f} us/read + {host['read_delay_s_per_batch'] * 1e3:.3f} ms/batch")
 
 
 def _int(text: str, what: str) -> int:
@@ -161,8 +190,9 @@ def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench
 
-    result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed)
-    command = f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
+    result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+    command = (f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
+               + (f" --threads {args.threads}" if args.threads is not None else ""))
     result["command"] = command
     if not args.no_write:
         from real.profile_writer import write_profile

@@ -15,7 +15,17 @@
   Fiedler vector of the normalised co-activation matrix, by power iteration on sampled tokens).
   Orders computed from the replayed trace are optimistic (they saw the test tokens): noted.
 
-Chunk sizes are multiples of the read unit: `chunk_sizes()[j] = (j+1) * unit`.
+* `align_bytes` (0 = packed): every unit occupies `round_up(unit bytes, align_bytes)` on flash, as
+  in a padded weight store (real/store.py: each bundle, or each matrix row when unbundled, starts on
+  a 4 KiB boundary so a run of units is one aligned O_DIRECT read). A read of r adjacent units then
+  moves r padded strides: the padding is read from the device too. `flashsim real run` and
+  `flashsim validate` set it from the store's manifest (4096 for padded stores). SmolLM2-135M fp32:
+  bundle 6912 -> 8192 B, row 2304 -> 4096 B; Llama-2-7B fp16: 24576 B bundles are already aligned.
+  Only flash is modelled here: the DRAM a cached neuron takes is the memory model's
+  (`ffn_neuron_bytes`); the real cache's rows are padded too (docs/validation.md, "Left out").
+
+Chunk sizes are multiples of the read unit (the padded stride when aligned):
+`chunk_sizes()[j] = (j+1) * unit`.
 """
 
 from __future__ import annotations
@@ -48,9 +58,13 @@ class BundlingLayout(Layout):
                                      unit="bytes")
         order: Literal["original", "hot-first", "coactivation"] = param(
             "original", "neuron order on flash (matters only with coalescing)")
+        align_bytes: int = param(0, "each unit (bundle, or row when unbundled) occupies its size rounded up to a "
+                                 "multiple of this on flash, padding read too (0 = packed; 4096 = a padded store)",
+                                 unit="bytes")
 
         def __post_init__(self) -> None:
             check(self.max_chunk_bytes >= 512, f"max_chunk_bytes must be >= 512, got {self.max_chunk_bytes}")
+            check(self.align_bytes >= 0, f"align_bytes must be >= 0, got {self.align_bytes}")
 
     def bind(self, ctx) -> None:  # type: ignore[no-untyped-def]
         super().bind(ctx)
@@ -59,6 +73,8 @@ class BundlingLayout(Layout):
             self.unit_bytes, self.units_per_neuron = spec.ffn_neuron_bytes, 1
         else:
             self.unit_bytes, self.units_per_neuron = spec.ffn_row_bytes, spec.ffn_matrices
+        self.useful_unit_bytes = self.unit_bytes
+        self.unit_bytes = padded_bytes(self.unit_bytes, self.params.align_bytes)
         self.max_units = max(1, self.params.max_chunk_bytes // self.unit_bytes) if self.params.coalesce else 1
         self._perm: dict[int, np.ndarray] = {}
         if self.params.order != "original":
@@ -96,6 +112,13 @@ class BundlingLayout(Layout):
                 p = coactivation_order(view, layer, self.ctx.rng.fresh(f"layout/coactivation/layer{layer}"))
             self._perm[layer] = p
         return p
+
+
+def padded_bytes(n_bytes: int, align_bytes: int) -> int:
+    """`n_bytes` rounded up to a multiple of `align_bytes` (0: unchanged)."""
+    if align_bytes <= 0:
+        return int(n_bytes)
+    return -(-int(n_bytes) // align_bytes) * align_bytes
 
 
 def coactivation_order(view, layer: int, rng: np.random.Generator) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -171,3 +171,36 @@ def test_bench_compute_records_threads(tmp_path, capsys):
         run_compute_bench(quick=True, threads=0)
     with pytest.raises(FlashsimError, match="needs torch"):
         run_compute_bench(quick=True, framework="numpy", threads=2)
+
+
+def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "c.yaml"
+    assert main(["bench", "compute", "--quick", "--threads", "1", "--out", str(out), "--name", "one"]) == 0
+    assert "1 threads" in capsys.readouterr().out
+    prof = load_profile(out)
+    assert prof.compute.threads == 1
+    assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
+    assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads 0: must be >= 1" in err and "Traceback" not in err
+
+
+def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "f.yaml"
+    assert main(_quick_flash(tmp_path, "--compute-threads", "2", "--out", str(out))) == 0
+    text = capsys.readouterr().out
+    line = next(t for t in text.splitlines() if t.startswith("host CPU probe"))
+    assert "2-thread compute" in line and "us/read" in line and "4 in flight" in line
+    assert any("--compute-threads 2" in r for r in load_profile(out).source.references)
+    assert main(_quick_flash(tmp_path, "--no-host-cpu", "--out", str(out), "--json")) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["host_cpu"] is None and res["command"].endswith("--no-host-cpu")
+    assert load_profile(out).flash.host_cpu_s_per_read == 0      # no probe: no host-CPU terms
+    assert main(_quick_flash(tmp_path, "--no-host-cpu", "--no-write")) == 0
+    assert "host CPU probe: not run" in capsys.readouterr().out
+    assert main(_quick_flash(tmp_path, "--compute-threads", "0", "--no-write")) == 2
+    assert main(["bench", "flash", "--import-fio", str(FIO), "--no-host-cpu", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "--compute-threads 0" in err and "drop --no-host-cpu" in err and "Traceback" not in err

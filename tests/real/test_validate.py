@@ -83,17 +83,23 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
         assert key in out
     assert out["n_configs"] == 4 and len(out["configs"]) == 4 and calls == [6]
     assert [c["mode"] for c in out["configs"]] == ["shape", "shape", "model", "model"]
-    assert set(out["per_metric"]) == set(V.METRICS)
     # both replay exactly the same reads: shape mode's rows are exactly 4 KiB; the tiny llama's 768 B bundles
-    # sit in 4 KiB padded strides, which the real reads move and the simulator's layout does not count
-    assert out["per_mode"]["shape"]["per_metric"]["bytes_read"]["max"] == 0.0
-    pad = 1 - (3 * 64 * 4) / 4096
-    assert out["per_mode"]["model"]["per_metric"]["bytes_read"]["max"] == pytest.approx(pad)
-    assert out["per_mode"]["model"]["per_metric"]["bytes_read"]["median"] == pytest.approx(pad)
+    # sit in 4 KiB padded strides, which the real reads move and the replay's layout (align_bytes from the
+    # store's manifest) counts: bytes read agree exactly in both modes
+    for mode in ("shape", "model"):
+        assert out["per_mode"][mode]["per_metric"]["bytes_read"]["max"] == 0.0
+    for c in out["configs"]:
+        assert c["metrics"]["bytes_read"]["sim"] == c["metrics"]["bytes_read"]["real"] > 0
+    model_real = [c["metrics"]["bytes_read"]["real"] for c in out["configs"] if c["mode"] == "model"]
+    assert all(b % 4096 == 0 for b in model_real)       # whole padded strides (a useful bundle is 768 B)
+    assert set(out["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
+    assert out["threads"] == 1 and out["compute_threads"] == 1
+    for key in ("load_avg_start", "load_avg_end"):
+        assert len(out[key]) == 3 and all(x >= 0 for x in out[key])
     assert 0.0 <= out["latency_error_median"] <= out["latency_error_max"]
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
-        assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS)
+        assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
         errs = [c["metrics"]["latency_s"]["error"] for c in out["configs"] if c["mode"] == mode]
         assert pm["latency_error_max"] == pytest.approx(max(errs))
     assert out["per_mode"]["model"]["model"] == "tiny-llama"
@@ -155,3 +161,64 @@ def test_validate_quick_end_to_end(capsys):
     assert main(["validate", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["n_configs"] >= 20 and out["per_mode"]["model"]["n_configs"] == 8  # the < 3 min target of --quick is measured in tests/benchmarks/test_bench_validate.py
+
+
+def test_model_grid_budgets_hold_more_than_the_computed_set():
+    """Model mode computes MODEL_KEEP of every layer: its lower budget must exceed that (at 25% the full grid
+    failed: k=0 with delta prefetch keeps every layer's next set plus the layer being computed)."""
+    full = V.model_grid(quick=False)
+    assert len(full) == 40 and {p.k for p in full} == {0, 1, 2, 4, 8}
+    assert {p.budget_fraction for p in full} == set(V.MODEL_BUDGET_FRACTIONS) == {0.375, 0.5}
+    assert min(V.MODEL_BUDGET_FRACTIONS) > V.MODEL_KEEP
+    quick = V.model_grid(quick=True)
+    assert len(quick) == 8 and {p.budget_fraction for p in quick} == {0.5} and {p.k for p in quick} == {0, 4}
+
+
+def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
+    class T:
+        def __init__(self, v, extra=True):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = 100
+            if extra:
+                self.stall_s, self.mem_mgmt_s = v / 2, 0.0
+
+    c = V.compare([T(1.0)] * 4, [T(1.5)] * 4)
+    assert c["stall_s"]["real"] == 0.5 and c["stall_s"]["error"] == pytest.approx(0.5)
+    assert c["mem_mgmt_s"]["error"] == 0.0 and c["bytes_read"]["error"] == 0.0
+    assert "stall_s" not in V.compare([T(1.0, False)] * 3, [T(1.0)] * 3)
+    rows = [{"metrics": c}, {"metrics": V.compare([T(1.0, False)] * 3, [T(1.0, False)] * 3)}]
+    s = V.summarize(rows)
+    assert list(s["per_metric"]) == [*V.METRICS, *V.OPTIONAL_METRICS]
+    assert s["per_metric"]["stall_s"]["max"] == pytest.approx(0.5)   # over the rows that have it
+
+
+def test_load_warning_by_hand():
+    idle = {"load_avg": [0.5, 0.4, 0.3], "cores": 2}
+    busy = {"load_avg": [2.5, 1.0, 1.0], "cores": 2}
+    assert V.load_warning(idle, idle) is None
+    assert V.load_warning(idle, {"load_avg": [2.0, 0, 0], "cores": 2}) is None       # equal to the cores: fine
+    w = V.load_warning(idle, busy)
+    assert w.startswith("WARNING: 1-minute load average reached 2.5 on 2 core(s)")
+    assert V.load_warning({"load_avg": None, "cores": 2}, {"load_avg": None, "cores": 2}) is None
+    h = V.host_load()
+    assert h["cores"] >= 1 and len(h["load_avg"]) == 3
+
+
+def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
+    """threads=None: the profile's compute.threads (1 when it has none); the count is in the JSON, and a
+    load above the cores prints a warning line on stderr."""
+    from devices import load_profile
+
+    seen = []
+    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot:
+                        seen.append(threads) or {"model": "x"})
+    prof = load_profile("this-host")
+    monkeypatch.setattr(V, "host_load", lambda: {"load_avg": [9.0, 1.0, 1.0], "cores": 2})
+    rep = V.run_validation(prof.model_copy(update={"compute": prof.compute.model_copy(update={"threads": 3})}),
+                           quick=True, workdir=tmp_path, modes=("shape",))
+    assert seen == [3] and rep["threads"] == rep["compute_threads"] == 3
+    assert rep["load_avg_start"] == [9.0, 1.0, 1.0] and rep["load_warning"].startswith("WARNING")
+    assert "WARNING: 1-minute load average reached 9.0" in capsys.readouterr().err
+    V.run_validation(prof.model_copy(update={"compute": prof.compute.model_copy(update={"threads": None})}),
+                     quick=True, workdir=tmp_path, modes=("shape",))
+    assert seen == [3, 1]

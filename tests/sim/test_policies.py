@@ -198,3 +198,61 @@ def test_quantized_precision_scales_every_byte(small_trace, host) -> None:
     assert decode(r4)[0].bytes_read == pytest.approx(decode(r16)[0].bytes_read * 4.5 / 16, rel=0.02)
     _, r8 = run(small_trace, host, "naive", "precision=quantized", "quantized.bits=8")
     assert decode(r8)[0].bytes_read == pytest.approx(decode(r16)[0].bytes_read * 8.5 / 16, rel=0.02)
+
+
+def test_bundling_alignment_pads_every_unit_by_hand(gated_trace, host) -> None:
+    """align_bytes: every unit occupies its size rounded up on flash (a padded store). gated_trace: d_model 64
+    fp16, so a row is 128 B and a bundle (gate | up | down) 384 B; at 4 KiB alignment both take 4096 B."""
+    spec_row, spec_bundle = 64 * 2, 3 * 64 * 2
+    mask = np.zeros((1, gated_trace.n_neurons), bool)
+    mask[0, [0, 1, 2, 5, 10, 11]] = True                 # runs of 3, 1 and 2 adjacent neurons
+    words = bitsets.pack(mask)
+
+    def layout(*sets):  # type: ignore[no-untyped-def]
+        cfg = preset_config("llm-in-a-flash").with_overrides(["bundling.max_chunk_bytes=8KiB", *sets])
+        return fresh(gated_trace, host, cfg).stack.layout
+
+    # packed (default): 384 B units, up to 8192 // 384 = 21 per chunk: three reads of 3, 1 and 2 bundles
+    packed = layout()
+    assert packed.read_units() == (spec_bundle, 1)
+    c = packed.read_counts(0, words)
+    assert c[0, 0] == 1 and c[0, 1] == 1 and c[0, 2] == 1 and c.sum() == 3
+    assert int((c * packed.chunk_sizes()).sum()) == 6 * spec_bundle
+    # aligned to 4 KiB: 4096 B strides, 8192 // 4096 = 2 per chunk: runs 3 -> 2 + 1, 1 -> 1, 2 -> 2
+    bun = layout("bundling.align_bytes=4KiB")
+    assert bun.read_units() == (4096, 1)
+    assert bun.chunk_sizes().tolist() == [4096, 8192]
+    assert bun.read_counts(0, words).tolist() == [[2, 2]]
+    assert int((bun.read_counts(0, words) * bun.chunk_sizes()).sum()) == 2 * 4096 + 2 * 8192 == 6 * 4096
+    # unbundled: one 128 B row per matrix, each in a 4096 B stride: the same runs in each of 3 regions
+    unb = layout("bundling.align_bytes=4KiB", "bundling.bundled=false")
+    assert unb.read_units() == (4096, 3)
+    assert unb.read_counts(0, words).tolist() == [[6, 6]]
+    assert int((unb.read_counts(0, words) * unb.chunk_sizes()).sum()) == 3 * 6 * 4096
+    # alignment that is not a power of the unit: 384 -> 512, 128 -> 512
+    assert layout("bundling.align_bytes=512").read_units() == (512, 1)
+    assert layout("bundling.align_bytes=512", "bundling.bundled=false").read_units() == (512, 3)
+    assert layout("bundling.align_bytes=128", "bundling.bundled=false").read_units() == (spec_row, 3)
+
+
+def test_bundling_alignment_scales_bytes_read_exactly(gated_trace, host) -> None:
+    """Without coalescing every read is one unit, so padding scales each token's bytes by stride / unit
+    and leaves reads, hits and DRAM (the memory model counts useful bytes) unchanged; 0 is the packed
+    default (golden numbers unchanged)."""
+    for bundled, unit in (("true", 3 * 64 * 2), ("false", 64 * 2)):
+        base = ["bundling.coalesce=false", f"bundling.bundled={bundled}"]
+        _, p = run(gated_trace, host, "llm-in-a-flash", *base)
+        _, z = run(gated_trace, host, "llm-in-a-flash", *base, "bundling.align_bytes=0")
+        _, a = run(gated_trace, host, "llm-in-a-flash", *base, "bundling.align_bytes=4096")
+        assert [t.bytes_read for t in z.tokens] == [t.bytes_read for t in p.tokens]
+        assert sum(t.bytes_read for t in p.tokens) > 0
+        for x, y in zip(p.tokens, a.tokens):
+            assert y.bytes_read * unit == x.bytes_read * 4096
+            assert (y.reads_issued, y.hits, y.computed, y.cache_bytes) == (x.reads_issued, x.hits, x.computed, x.cache_bytes)
+
+
+def test_bundling_alignment_must_not_be_negative(gated_trace, host) -> None:
+    from devices.errors import FlashsimError
+
+    with pytest.raises(FlashsimError, match="align_bytes"):
+        preset_config("llm-in-a-flash").with_overrides(["bundling.align_bytes=-1"])

@@ -1,0 +1,132 @@
+"""RealExecutor's fidelity rules: the store's padding is what the simulator counts (bytes read agree
+exactly with units that are not 4 KiB multiples), the layout's coalescing limit is the reader's,
+block pruning is refused and a cache share too small for a step is one line (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from devices import load_profile
+from devices.errors import FlashsimError
+from real.backend import store_alignment_bytes, store_config
+from real.convert import write_shape_store
+from real.records import write_executed_trace
+from real.store import open_store
+from sim.cli.main import main
+from sim.config import RunConfig
+from tests.real.conftest import tiny_spec
+from traces.format import open_trace
+
+pytest.importorskip("torch")
+
+# d_model 128 fp32: a row is 512 B and a bundle (gate | up | down) 1536 B; a padded store puts each in a
+# 4096 B stride, so the real reads move 8x (unbundled) and 2.67x (bundled) the useful bytes
+SPEC = dict(d_model=128, d_ff=256, n_layers=2)
+ROW, BUNDLE = 128 * 4, 3 * 128 * 4
+
+
+@pytest.fixture(scope="module")
+def padded_setup(tmp_path_factory):
+    from real.shape_mode import shape_trace_like
+
+    root = tmp_path_factory.mktemp("padded")
+    store = open_store(write_shape_store(tiny_spec(**SPEC), root / "store", seed=3, dtype="fp32", layout="both"))
+    trace = open_trace(shape_trace_like(store.spec, root / "trace", 8, seed=5, active_fraction=0.2, hot_skew=0.3))
+    return root, store, trace
+
+
+def _cfg(*sets: str, budget: str = "64MiB") -> RunConfig:
+    return RunConfig().with_overrides(["residency=window", "predictor=oracle", "workload.prompt_tokens=0",
+                                       f"memory.dram_budget_bytes={budget}", *sets])
+
+
+@pytest.mark.parametrize("sets", [
+    ("window.k=0", "bundling.bundled=true", "prefetch=none"),
+    ("window.k=2", "bundling.bundled=false", "prefetch=delta"),
+    ("window.k=1", "bundling.bundled=true", "prefetch=delta", "bundling.max_chunk_bytes=8KiB"),
+    ("window.k=0", "bundling.bundled=false", "prefetch=none", "bundling.coalesce=false"),
+])
+def test_padded_store_replays_with_exactly_the_bytes_read(padded_setup, sets):
+    from real.shape_mode import run_shape
+    from sim.engine import simulate
+
+    root, store, trace = padded_setup
+    profile = load_profile("this-host")
+    cfg = _cfg(*sets)
+    run = run_shape(store, trace, profile, cfg, seed=1, threads=1)
+    assert run.config["layout"]["align_bytes"] == 4096          # set from the manifest
+    ex = open_trace(write_executed_trace(root / ("exec-" + "-".join(sets)), run, run.view, store.spec))
+    aligned, _ = store_config(cfg, store)
+    sim = simulate(ex, store.spec, profile, aligned, fast=False)
+    real_b = [t.bytes_read for t in run.tokens]
+    assert sum(real_b) > 0
+    assert [t.bytes_read for t in sim.tokens] == real_b
+    assert [t.demand_bytes for t in sim.tokens] == [t.demand_bytes for t in run.tokens]
+    assert [t.prefetch_bytes for t in sim.tokens] == [t.prefetch_bytes for t in run.tokens]
+    assert [t.reads_issued for t in sim.tokens] == [t.reads_issued for t in run.tokens]
+    # the packed layout (the simulator before) counts the useful bytes only
+    if "bundling.coalesce=false" in sets:
+        packed = simulate(ex, store.spec, profile, cfg, fast=False)
+        assert [t.bytes_read * 4096 for t in packed.tokens] == [b * ROW for b in real_b]
+
+
+def test_store_config_follows_the_manifest(padded_setup, tmp_path):
+    _, store, _ = padded_setup
+    assert store_alignment_bytes(store) == 4096
+    cfg, note = store_config(_cfg(), store)
+    assert cfg.layout.params.align_bytes == 4096 and note is None
+    cfg, note = store_config(_cfg("bundling.align_bytes=512", "bundling.bundled=false"), store)
+    assert cfg.layout.params.align_bytes == 4096 and not cfg.layout.params.bundled and "replaced" in note
+    packed = open_store(write_shape_store(tiny_spec(**SPEC), tmp_path / "packed", seed=1, dtype="fp32",
+                                          alignment="packed"))
+    assert store_alignment_bytes(packed) == 0
+    assert store_config(_cfg(), packed)[0].layout.params.align_bytes == 0
+
+
+def test_block_pruning_is_refused(padded_setup, capsys):
+    from real.backend import RealExecutor
+
+    _, store, trace = padded_setup
+    with pytest.raises(FlashsimError, match="prune.blocks='ffn:1'.*real/pruning.py"):
+        RealExecutor(store, trace, load_profile("this-host"), _cfg("prune.blocks=ffn:1"))
+    assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path),
+                 "--set", "prune.blocks=mha:0", "--dram-budget", "64MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "prune.blocks" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_shape_mode_cache_too_small_is_one_line(padded_setup, capsys):
+    """The budget holds the fixed weights and KV cache but a share of only a few neurons per layer,
+    while the trace computes ~20% (51) of them: a one-line error, exit 2."""
+    from real.shape_mode import run_shape
+
+    _, store, trace = padded_setup
+    spec = store.spec
+    budget = spec.non_ffn_bytes + (trace.n_tokens + 1) * spec.kv_bytes_per_token + 8 * spec.n_layers * spec.ffn_neuron_bytes
+    with pytest.raises(FlashsimError, match="DRAM budget too small at step 0: layer 0 computes"):
+        run_shape(store, trace, load_profile("this-host"), _cfg("window.k=2", budget=str(budget)), threads=1)
+    assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path), "--set", "window.k=2",
+                 "--set", "predictor.rank=0", "--dram-budget", str(budget)]) == 2
+    err = capsys.readouterr().err
+    assert "DRAM budget too small" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("bundled", ["true", "false"])
+def test_cache_at_its_share_replays_exactly(padded_setup, bundled):
+    """A window larger than the cache share with delta prefetch: the plan evicts before its demand reads
+    land and prefetches some evicted neurons back; the real run carries that out, so the prefetch bytes
+    agree with the replay step by step (before: the real cache kept those rows and read less)."""
+    from real.shape_mode import run_shape
+    from sim.engine import simulate
+
+    root, store, trace = padded_setup
+    spec, profile = store.spec, load_profile("this-host")
+    share = 70     # neurons per layer; the trace computes ~51 per step with 60% overlap, so k=8 overflows it
+    budget = spec.non_ffn_bytes + (trace.n_tokens + 1) * spec.kv_bytes_per_token + share * spec.n_layers * spec.ffn_neuron_bytes
+    cfg = _cfg("window.k=8", f"bundling.bundled={bundled}", "prefetch=delta", budget=str(budget))
+    run = run_shape(store, trace, profile, cfg, seed=1, threads=1)
+    ex = open_trace(write_executed_trace(root / f"exec-share-{bundled}", run, run.view, spec))
+    sim = simulate(ex, spec, profile, store_config(cfg, store)[0], fast=False)
+    assert max(t.cache_bytes for t in sim.tokens) >= 0.9 * share * spec.n_layers * spec.ffn_neuron_bytes  # at the share
+    for f in ("bytes_read", "demand_bytes", "prefetch_bytes", "hits", "computed"):
+        assert [getattr(t, f) for t in sim.tokens] == [getattr(t, f) for t in run.tokens], f
