@@ -44,6 +44,18 @@ PREVIOUS_NOTE = ("active sets: PREVIOUS token's true set (a one-step-stale ORACL
                  "token t-1; token 0, which has no previous token, its own true set)")
 
 
+def _decode_step(model: Any, ids: np.ndarray, past: Any) -> tuple[Any, Any]:
+    """One cached forward step; (output, KV cache). transformers 5 names the cache argument `cache`
+    (4.x: `past_key_values`, deprecated in 5), as in traces/capture/generate.py."""
+    import inspect
+
+    import torch
+
+    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(torch.as_tensor(ids), use_cache=True, **{arg: past})
+    return out, (out[arg] if arg in out else out.get("past_key_values"))
+
+
 def check_store_matches(store: Any, spec: ModelSpec) -> None:
     s = store.spec
     if (s.n_layers, s.d_model, s.d_ff, s.gated) != (spec.n_layers, spec.d_model, spec.d_ff, spec.gated):
@@ -98,8 +110,7 @@ def dense_incremental_logits(model: Any, token_ids: np.ndarray) -> np.ndarray:
     past, out_logits = None, []
     with torch.no_grad():
         for s in range(len(token_ids)):
-            out = model(torch.as_tensor(token_ids[None, s:s + 1]), past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out, past = _decode_step(model, token_ids[None, s:s + 1], past)
             out_logits.append(out.logits[0, -1].float().numpy())
     return np.stack(out_logits)
 
@@ -262,8 +273,7 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
         with torch.no_grad():
             for s in range(ex.n_steps):
                 ex.begin_step(s)
-                out = model(torch.as_tensor(token_ids[None, s:s + 1]), past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out, past = _decode_step(model, token_ids[None, s:s + 1], past)
                 logits.append(out.logits[0, -1].float().numpy())
                 ex.end_step()
         run = ex.finish()

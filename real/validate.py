@@ -22,10 +22,10 @@ have them. Summaries over configurations: median, p90 and max, over all configur
 store's layout alignment (`real.backend.store_config`: `bundling.align_bytes` = 4096 for the padded
 stores used here), so bytes read agree exactly in both modes.
 
-Budgets: DRAM for the neuron caches = a fraction of the FFN's bytes (`budget_for`). Shape mode's
-trace activates 10% of the neurons: 25% and 50% of the FFN. Model mode's oracle computes the top
-`MODEL_KEEP` = 25% of every layer: a 25% budget is exactly the computed set, and window k = 0 with
-delta prefetch keeps every layer's prefetched next set (~25% of the FFN) across the step plus the
+Budgets: DRAM for the neuron caches = a fraction of the FFN's bytes as the caches hold them
+(bundles padded to the store's alignment, `budget_for`). Shape mode's trace activates 10% of the
+neurons: 25% and 50% of the FFN. Model mode's oracle computes the top `MODEL_KEEP` = 25% of every
+layer: a 25% budget is exactly the computed set, and window k = 0 with delta prefetch keeps every layer's prefetched next set (~25% of the FFN) across the step plus the
 layer being computed, which cannot fit (the simulator's DRAM check refused it at step 0; the real
 run, which checks no total, ran over the budget). Model mode's budgets are therefore 37.5% and 50%
 (`MODEL_BUDGET_FRACTIONS`: 1.5x and 2x the computed set).
@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from devices.model_spec import ModelSpec
+from sim.policies.bundling import padded_bytes
 
 METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
 OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s")   # compared when both sides' records carry them
@@ -109,9 +110,11 @@ def model_grid(quick: bool) -> list[GridPoint]:
     return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), ("none", "delta"), budgets)]
 
 
-def budget_for(spec: ModelSpec, n_steps: int, fraction: float) -> int:
-    """Fixed weights + the largest KV cache + `fraction` of the FFN bytes."""
-    ffn = spec.n_layers * spec.d_ff * spec.ffn_neuron_bytes
+def budget_for(spec: ModelSpec, n_steps: int, fraction: float, align_bytes: int = 0) -> int:
+    """Fixed weights + the largest KV cache + `fraction` of the FFN bytes as the neuron caches hold them
+    (each neuron a bundle rounded up to `align_bytes`, the store's: the real cache's rows, which the
+    simulator's memory model charges too), so a fraction is the same share of neurons in any store."""
+    ffn = spec.n_layers * spec.d_ff * padded_bytes(spec.ffn_neuron_bytes, align_bytes)
     return int(spec.non_ffn_bytes + (n_steps + 1) * spec.kv_bytes_per_token + fraction * ffn)
 
 
@@ -229,7 +232,7 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int) -> dict[str, Any]:
-    from real.backend import store_config
+    from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_trace_like
@@ -242,7 +245,7 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="both"))
     trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
     for i, gp in enumerate(grid(quick)):
-        budget = budget_for(spec, n_tokens, gp.budget_fraction)
+        budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
         run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
@@ -301,7 +304,7 @@ def cached_store(model: str, source: str) -> Path:
 
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int) -> dict[str, Any]:
-    from real.backend import store_config
+    from real.backend import store_alignment_bytes, store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
     from sim.config import RunConfig
@@ -314,7 +317,7 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     setup_s = time.perf_counter() - t0
     quality = []
     for i, gp in enumerate(model_grid(quick)):
-        budget = budget_for(store.spec, len(ids), gp.budget_fraction)
+        budget = budget_for(store.spec, len(ids), gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
         run, q = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=threads)
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)

@@ -201,9 +201,11 @@ class Simulation:
             if stack.residency.page_granular:
                 nxt = min(s + 2, len(memory.kv_bytes))
                 stack.residency.shrink_bytes(int(memory.cache_bytes(b, s, nxt).min()))  # type: ignore[attr-defined]
+                held = stack.residency.dynamic_bytes()
             else:
                 stack.residency.on_budget_change(int(memory.cap_neurons(b, s, s + 1).min()))
-            resident = need + stack.residency.dynamic_bytes()
+                held = stack.residency.dynamic_bytes(memory.neuron_bytes)  # type: ignore[call-arg]
+            resident = need + held
             if resident > b:
                 raise FlashsimError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
                                     f"{format_bytes(b)} ({resident - b:,} bytes over)")
@@ -326,10 +328,11 @@ def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: Run
     else:
         parts["non_ffn_weights"] = spec.non_ffn_bytes - mha_saved - ffn_small_saved
     static = sum(int(np.bitwise_count(stack.static_mask(layer)).sum()) for layer in range(L) if ffn_kept[layer])
-    parts["static_ffn_neurons"] = static * spec.ffn_neuron_bytes
+    neuron_bytes = stack.layout.dram_bytes_per_neuron(spec)  # type: ignore[attr-defined]
+    parts["static_ffn_neurons"] = static * neuron_bytes
     parts["predictor_weights"] = int(ffn_kept.sum()) * stack.predictor.weight_bytes_per_layer()
     kv = steps.kv_tokens * int(bm.kv_bytes_per_token[~dropped].sum())
-    return MemoryModel(parts, kv, max(int(ffn_kept.sum()), 1), spec.ffn_neuron_bytes)
+    return MemoryModel(parts, kv, max(int(ffn_kept.sum()), 1), neuron_bytes)
 
 
 def prune_summary(spec: ModelSpec, dropped: np.ndarray | None) -> dict[str, Any]:

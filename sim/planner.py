@@ -176,7 +176,7 @@ class Planner:
         try:
             lp = self.stack.plan(layer, a0, b0, cap)
         except CapacityError as e:
-            nb = self.spec.ffn_neuron_bytes
+            nb = self.memory.neuron_bytes
             short = (e.need - e.cap) * nb * self.memory.n_layers
             raise FlashsimError(
                 f"DRAM budget too small at step {e.step}: layer {e.layer} computes {e.need} neurons "
@@ -288,7 +288,7 @@ class Planner:
         a = self.arr
         rows = slice(a0, b0)
         if not self.stack.residency.page_granular:
-            nb = self.spec.ffn_neuron_bytes
+            nb = self.memory.neuron_bytes  # DRAM per cached neuron (padded rows with an aligned layout)
             base = np.maximum(a.before[rows], a.after[rows])
             excess = (a.peak[rows] - base).max(axis=1)
             a.s["cache_bytes"][rows] = (base.sum(axis=1) + excess) * nb

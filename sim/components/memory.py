@@ -12,8 +12,10 @@ Accounting at every step (the `dram_bytes` of each record, an upper bound over t
               prefetch for the next step, a streamed layer's neurons)
 
 The cache share per layer for step s is floor((budget - fixed - kv_s) / (layers x neuron bytes)):
-equal, preallocated per-layer matrices as in LLM in a flash. Activations and the runtime's own
-buffers (MBs) are not counted.
+equal, preallocated per-layer matrices as in LLM in a flash. "Neuron bytes" (`neuron_bytes`) is the
+DRAM one cached neuron takes, from the layout (`BundlingLayout.dram_bytes_per_neuron`): the bundle,
+rounded up to `bundling.align_bytes` when set, as the real cache's rows are (static neurons count at
+the same size). Activations and the runtime's own buffers (MBs) are not counted.
 
 Block pruning (sim/blocks.py; built by sim.engine._memory_model): fixed loses the dropped MHA blocks'
 attention weights and norms and the dropped FFN blocks' norms, biases, static neurons and predictor;
@@ -123,7 +125,8 @@ def _point(path: Path, where: str, t: object, b: object) -> tuple[float, int]:
 
 class MemoryModel:
     """Fixed resident bytes, KV per step, and the cache share left by a budget. `n_layers`: the layers
-    that hold a neuron cache (all FFN layers, or the kept ones when blocks are pruned)."""
+    that hold a neuron cache (all FFN layers, or the kept ones when blocks are pruned);
+    `neuron_bytes`: DRAM per cached neuron (the layout's `dram_bytes_per_neuron`)."""
 
     def __init__(self, parts: dict[str, int], kv_bytes: np.ndarray, n_layers: int, neuron_bytes: int):
         self.parts = {k: int(v) for k, v in parts.items() if v}

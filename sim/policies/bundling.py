@@ -21,8 +21,12 @@
   moves r padded strides: the padding is read from the device too. `flashsim real run` and
   `flashsim validate` set it from the store's manifest (4096 for padded stores). SmolLM2-135M fp32:
   bundle 6912 -> 8192 B, row 2304 -> 4096 B; Llama-2-7B fp16: 24576 B bundles are already aligned.
-  Only flash is modelled here: the DRAM a cached neuron takes is the memory model's
-  (`ffn_neuron_bytes`); the real cache's rows are padded too (docs/validation.md, "Left out").
+  DRAM too: `dram_bytes_per_neuron(spec)` is what one cached neuron takes in the memory model
+  (sim/engine.py `_memory_model`, the planner's dram_bytes, the cache policy's `dynamic_bytes`):
+  `round_up(ffn_neuron_bytes, align_bytes)` in BOTH layouts, because the real cache
+  (real/cache.py `LayerCache`, rows of `BundleReader.dest_row_bytes`) holds every neuron as one
+  bundle row padded to 4 KiB whether flash holds it as one bundle or as per-matrix rows (SmolLM2
+  fp32: 8192 B, not 3 x 4096). align_bytes = 0: `ffn_neuron_bytes`, unchanged.
 
 Chunk sizes are multiples of the read unit (the padded stride when aligned):
 `chunk_sizes()[j] = (j+1) * unit`.
@@ -83,6 +87,12 @@ class BundlingLayout(Layout):
                                  "itself (optimistic)")
             else:
                 ctx.notes.append(f"bundling: order={self.params.order} has no effect without coalescing")
+
+    def dram_bytes_per_neuron(self, spec) -> int:  # type: ignore[no-untyped-def]
+        """DRAM one cached neuron takes (bytes): the bundle (gate row | up row | down column),
+        rounded up to `align_bytes` when aligned, in both layouts (the real cache's row; see the
+        module docstring). `spec`: the ModelSpec as stored (after the precision policy)."""
+        return padded_bytes(spec.ffn_neuron_bytes, self.params.align_bytes)
 
     def read_units(self) -> tuple[int, int]:
         return self.unit_bytes, self.units_per_neuron

@@ -277,10 +277,14 @@ class CachedResidency:
     def advance(self, layer, steps, computed, next_hint, cap_neurons):  # type: ignore[no-untyped-def]
         return self.state["cache"].advance(layer, steps.start, computed, next_hint, cap_neurons)  # type: ignore[attr-defined]
 
-    def dynamic_bytes(self) -> int:
+    def dynamic_bytes(self, neuron_bytes: int | None = None) -> int:
+        """Bytes the caches hold now: resident neurons x `neuron_bytes`, the DRAM one cached neuron
+        takes (the layout's `dram_bytes_per_neuron`, i.e. the memory model's `neuron_bytes`: padded
+        rows with an aligned layout); None: the packed bundle `ffn_neuron_bytes`."""
         cache = self.state["cache"]  # type: ignore[attr-defined]
         n = sum(int(bitsets.count(st["res"])) for st in cache.layers.values())
-        return n * self.ctx.spec.ffn_neuron_bytes  # type: ignore[attr-defined]
+        nb = self.ctx.spec.ffn_neuron_bytes if neuron_bytes is None else int(neuron_bytes)  # type: ignore[attr-defined]
+        return n * nb
 
     def on_budget_change(self, cap_neurons: int) -> np.ndarray:
         ev = self.state["cache"].shrink(cap_neurons)  # type: ignore[attr-defined]

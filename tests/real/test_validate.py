@@ -222,3 +222,63 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
     V.run_validation(prof.model_copy(update={"compute": prof.compute.model_copy(update={"threads": None})}),
                      quick=True, workdir=tmp_path, modes=("shape",))
     assert seen == [3, 1]
+
+
+def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_path):
+    """SmolLM2's FFN rows (d_model 576 fp32): a bundle is 3 x 2304 = 6912 B, held by the real cache
+    (real/cache.py, rows of BundleReader.dest_row_bytes) in 8192 B rows in BOTH layouts. The replay's memory
+    model (bundling.align_bytes from the manifest) charges the same 8192 B per cached neuron, so its cache
+    share is exactly what the real per-layer matrices take, and a real run's cache bytes are the simulated
+    ones (before: 6912 B per neuron, the real cache held 1.19x the simulated bytes)."""
+    from devices import load_profile
+    from real.backend import RealExecutor, store_config
+    from real.cache import LayerCache
+    from real.convert import write_shape_store
+    from real.records import write_executed_trace
+    from real.shape_mode import run_shape, shape_trace_like
+    from real.store import open_store
+    from sim.config import RunConfig
+    from sim.engine import build, simulate
+    from tests.real.conftest import tiny_spec
+    from traces.format import open_trace
+
+    store = open_store(write_shape_store(tiny_spec(d_model=576, d_ff=128, n_layers=2), tmp_path / "store", seed=3,
+                                         dtype="fp32", layout="both"))
+    trace = open_trace(shape_trace_like(store.spec, tmp_path / "trace", 8, seed=5, active_fraction=0.2, hot_skew=0.3))
+    profile = load_profile("this-host")
+    assert store.bundle_bytes == store.spec.ffn_neuron_bytes == 6912
+    probe = build(trace, store.spec, profile, RunConfig().with_overrides(["workload.prompt_tokens=0"]))
+    # the largest KV cache, then 100 padded neurons per layer (118 at the packed size)
+    budget = probe.memory.fixed_bytes + int(probe.memory.kv_bytes.max()) + 2 * 8192 * 100
+    # validate's budgets are fractions of the FFN as the caches hold it: 2 layers x 128 neurons x 8192 B
+    assert V.budget_for(store.spec, 8, 0.5, 4096) - V.budget_for(store.spec, 8, 0.5) == 0.5 * 256 * (8192 - 6912)
+    for bundled, sets in ((True, ["window.k=2", "prefetch=delta"]), (False, ["window.k=1", "prefetch=none"])):
+        base = RunConfig().with_overrides(["residency=window", "predictor=oracle", "workload.prompt_tokens=0",
+                                           f"memory.dram_budget_bytes={budget}",
+                                           f"bundling.bundled={str(bundled).lower()}", *sets])
+        cfg, _ = store_config(base, store)
+        assert cfg.layout.params.align_bytes == 4096
+        ex = RealExecutor(store, trace, profile, cfg, threads=1)
+        try:
+            nb = ex.sim.memory.neuron_bytes
+            assert nb == 8192 and all(c.row_stride_bytes == nb for c in ex.caches)
+            assert build(trace, store.spec, profile, base).memory.neuron_bytes == 6912   # packed (the simulator before)
+            cap = ex.sim.memory.cap_neurons(budget, 0, ex.n_steps)
+            assert int(cap[-1]) == 100
+            # the share the simulator budgets is exactly what real matrices of that many rows allocate
+            share = int(cap.min()) * nb * len(ex.caches)
+            assert share == sum(LayerCache(int(cap.min()), 128, c.row_bytes, c.row_stride_bytes).allocated_bytes
+                                for c in ex.caches) <= budget - ex.sim.memory.fixed_bytes - int(ex.sim.memory.kv_bytes.max())
+        finally:
+            ex.close()
+        run = run_shape(store, trace, profile, cfg, seed=1, threads=1)
+        replay = simulate(open_trace(write_executed_trace(tmp_path / f"exec-{bundled}", run, run.view, store.spec)),
+                          store.spec, profile, cfg, fast=False)
+        real_b, sim_b = [t.cache_bytes for t in run.tokens], [t.cache_bytes for t in replay.tokens]
+        assert all(b % 8192 == 0 for b in real_b + sim_b) and sum(real_b) > 0
+        # the simulated bytes bound the real cache at every step ...
+        assert all(r <= s for r, s in zip(real_b, sim_b))
+        if bundled:
+            # ... and equal it (delta prefetch: the kept window and the prefetch are resident at the step's peak),
+            # except the last step, where the real run issues no prefetch for a step that does not exist
+            assert real_b[:-1] == sim_b[:-1]

@@ -237,8 +237,9 @@ def test_bundling_alignment_pads_every_unit_by_hand(gated_trace, host) -> None:
 
 def test_bundling_alignment_scales_bytes_read_exactly(gated_trace, host) -> None:
     """Without coalescing every read is one unit, so padding scales each token's bytes by stride / unit
-    and leaves reads, hits and DRAM (the memory model counts useful bytes) unchanged; 0 is the packed
-    default (golden numbers unchanged)."""
+    and leaves reads and hits unchanged; a cached neuron's DRAM is its bundle padded (384 -> 4096 B) in
+    both layouts, as in the real cache, so cache_bytes scale by 4096 / 384 (the budget here is large
+    enough that nothing changes what is cached); 0 is the packed default (golden numbers unchanged)."""
     for bundled, unit in (("true", 3 * 64 * 2), ("false", 64 * 2)):
         base = ["bundling.coalesce=false", f"bundling.bundled={bundled}"]
         _, p = run(gated_trace, host, "llm-in-a-flash", *base)
@@ -248,7 +249,45 @@ def test_bundling_alignment_scales_bytes_read_exactly(gated_trace, host) -> None
         assert sum(t.bytes_read for t in p.tokens) > 0
         for x, y in zip(p.tokens, a.tokens):
             assert y.bytes_read * unit == x.bytes_read * 4096
-            assert (y.reads_issued, y.hits, y.computed, y.cache_bytes) == (x.reads_issued, x.hits, x.computed, x.cache_bytes)
+            assert (y.reads_issued, y.hits, y.computed) == (x.reads_issued, x.hits, x.computed)
+            assert y.cache_bytes * 3 * 64 * 2 == x.cache_bytes * 4096
+
+
+def test_bundling_alignment_pads_cached_neurons_in_dram_by_hand(gated_trace, host) -> None:
+    """A cached neuron takes its bundle padded to align_bytes of DRAM in BOTH layouts, as in the real cache
+    (real/cache.py: one bundle row of round_up(bundle, 4 KiB)), not one padded stride per flash row.
+    gated_trace: 3 layers x 192 SwiGLU neurons, d_model 64 fp16: bundle 3 x 128 = 384 B -> 4096 B (unbundled:
+    three 128 B rows, 4096 B each on flash, still 4096 B in DRAM). Fixed: non-FFN 355,200 B + the oracle
+    predictor 3 x (64 x 128 + 128 x 192) x 2 = 196,608 B; KV 768 B per token (768 at step 0, 18,432 at the
+    last). Budget = fixed + 18,432 + 3 layers x 4096 x 40 = 1,061,760 B."""
+    fixed, budget = 355_200 + 196_608, 355_200 + 196_608 + 18_432 + 3 * 4096 * 40
+    for bundled in ("true", "false"):
+        sets = [f"bundling.bundled={bundled}", f"memory.dram_budget_bytes={budget}"]
+        packed = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides(sets))
+        padded = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides(
+            [*sets, "bundling.align_bytes=4096"]))
+        assert padded.stack.layout.dram_bytes_per_neuron(padded.spec) == padded.memory.neuron_bytes == 4096
+        assert packed.stack.layout.dram_bytes_per_neuron(packed.spec) == packed.memory.neuron_bytes == 384
+        assert padded.memory.fixed_bytes == packed.memory.fixed_bytes == fixed
+        # share per layer: floor((budget - fixed - kv) / (3 x neuron bytes)); step 0 then the last (repeated)
+        S = padded.steps.n
+        assert padded.memory.cap_neurons(budget, 0, S)[[0, -1]].tolist() == [509_184 // 12_288, 40] == [41, 40]
+        assert packed.memory.cap_neurons(budget, 0, S)[[0, -1]].tolist() == [509_184 // 1152, 491_520 // 1152] == [442, 426]
+        r = padded.run()
+        assert all(t.resident_bytes == fixed + t.kv_bytes + t.cache_bytes <= budget for t in r.tokens)
+        assert all(t.cache_bytes % 4096 == 0 for t in r.tokens)
+        # from step 8 the caches are full: 3 layers x 40 neurons x 4096 B; the last step uses the whole budget
+        assert {t.cache_bytes for t in r.tokens[8:]} == {3 * 40 * 4096}
+        assert r.tokens[-1].resident_bytes == budget == 1_061_760
+        # the cache policy's own count, at the padded size
+        res = padded.stack.residency
+        assert res.dynamic_bytes(padded.memory.neuron_bytes) * 384 == res.dynamic_bytes() * 4096 > 0
+    # static neurons (hybrid) are cache rows too: fraction 0.9 keeps (0.9 x 576,384 - 355,200) // (3 x 384)
+    # = 141 neurons per layer
+    hyb = ["residency=hybrid", "hybrid.fraction=0.9"]
+    sp = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides([*hyb, "bundling.align_bytes=4096"]))
+    sk = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides(hyb))
+    assert sp.memory.parts["static_ffn_neurons"] == 3 * 141 * 4096 and sk.memory.parts["static_ffn_neurons"] == 3 * 141 * 384
 
 
 def test_bundling_alignment_must_not_be_negative(gated_trace, host) -> None:
