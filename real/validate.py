@@ -25,9 +25,10 @@ stores used here), so bytes read agree exactly in both modes.
 Budgets: DRAM for the neuron caches = a fraction of the FFN's bytes as the caches hold them
 (bundles padded to the store's alignment, `budget_for`). Shape mode's trace activates 10% of the
 neurons: 25% and 50% of the FFN. Model mode's oracle computes the top `MODEL_KEEP` = 25% of every
-layer: a 25% budget is exactly the computed set, and window k = 0 with delta prefetch keeps every layer's prefetched next set (~25% of the FFN) across the step plus the
-layer being computed, which cannot fit (the simulator's DRAM check refused it at step 0; the real
-run, which checks no total, ran over the budget). Model mode's budgets are therefore 37.5% and 50%
+layer: a 25% budget is exactly the computed set, and window k = 0 with delta prefetch keeps every
+layer's prefetched next set (~25% of the FFN) across the step plus the layer being computed, which
+cannot fit (the simulator's DRAM check refused it at step 0; the real run, which checks no total, ran
+over the budget). Model mode's budgets are therefore 37.5% and 50%
 (`MODEL_BUDGET_FRACTIONS`: 1.5x and 2x the computed set).
 
 The run records the host's load average at start and end (`os.getloadavg`); a 1-minute load above
