@@ -166,12 +166,16 @@ class RealExecutor:
         return [LayerCache(rows, N, self.store.bundle_bytes, self.reader.dest_row_bytes) for _ in range(L)]
 
     def _preload_static(self) -> None:
+        # The static neurons live in the cache rows but the simulator counts them in its fixed term;
+        # records subtract them from the cache so they are counted once (as the simulator does).
+        self._static_bytes = 0
         for layer, cache in enumerate(self.caches):
             ids = bitsets.unpack(self.sim.stack.static_mask(layer), self.spec.d_ff)
             ids = np.flatnonzero(ids)
             if len(ids):
                 a, b = cache.append(ids)
                 self.reader.read(layer, ids, cache.rows[a:b])
+                self._static_bytes += len(ids) * cache.row_stride_bytes
 
     # ---- per step -----------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -310,7 +314,8 @@ class RealExecutor:
         return st.layers[layer]["res"]
 
     def _cache_bytes(self) -> int:
-        return sum(c.resident_bytes for c in self.caches)
+        """DRAM of the neuron caches' dynamic rows (the static neurons are in the fixed term)."""
+        return sum(c.resident_bytes for c in self.caches) - self._static_bytes
 
     def _quality(self, layer: int, plan: Any) -> None:
         """The simulator's own quality proxy (sim.quality.layer_quality) on this step's sets."""

@@ -131,3 +131,21 @@ def test_cache_at_its_share_replays_exactly(padded_setup, bundled):
     assert max(t.cache_bytes for t in sim.tokens) >= 0.9 * share * spec.n_layers * row  # at the share
     for f in ("bytes_read", "demand_bytes", "prefetch_bytes", "hits", "computed"):
         assert [getattr(t, f) for t in sim.tokens] == [getattr(t, f) for t in run.tokens], f
+
+
+
+def test_static_neurons_are_counted_once_in_the_records(padded_setup, tmp_path):
+    """Hybrid keeps its static neurons in the cache rows, and the simulator counts them in its fixed
+    term; the real records must count them once too, so their resident bytes equal the replay's."""
+    from real.shape_mode import run_shape
+    from sim.engine import simulate
+
+    _, store, trace = padded_setup
+    profile = load_profile("this-host")
+    cfg = RunConfig().with_overrides(["residency=hybrid", "hybrid.fraction=0.25", "predictor=oracle",
+                                      "workload.prompt_tokens=0", "memory.dram_budget_bytes=64MiB"])
+    run = run_shape(store, trace, profile, cfg, seed=1, threads=1)
+    ex = open_trace(write_executed_trace(tmp_path / "exec", run, run.view, store.spec))
+    sim = simulate(ex, store.spec, profile, store_config(cfg, store)[0], fast=False)
+    assert [t.cache_bytes for t in run.tokens] == [t.cache_bytes for t in sim.tokens]
+    assert [t.resident_bytes for t in run.tokens] == [t.resident_bytes for t in sim.tokens]
