@@ -142,9 +142,10 @@ def test_static_neurons_are_counted_once_in_the_records(padded_setup, tmp_path):
 
     _, store, trace = padded_setup
     profile = load_profile("this-host")
-    cfg = RunConfig().with_overrides(["residency=hybrid", "hybrid.fraction=0.25", "predictor=oracle",
+    cfg = RunConfig().with_overrides(["residency=hybrid", "hybrid.fraction=0.95", "predictor=oracle",
                                       "workload.prompt_tokens=0", "memory.dram_budget_bytes=64MiB"])
     run = run_shape(store, trace, profile, cfg, seed=1, threads=1)
+    assert int(run.view.trace.n_layers) == 2 and run.tokens[0].cache_bytes < 235 * 4096   # 235 static per layer
     ex = open_trace(write_executed_trace(tmp_path / "exec", run, run.view, store.spec))
     sim = simulate(ex, store.spec, profile, store_config(cfg, store)[0], fast=False)
     assert [t.cache_bytes for t in run.tokens] == [t.cache_bytes for t in sim.tokens]
