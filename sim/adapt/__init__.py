@@ -7,7 +7,7 @@ Modules (each owns one thing):
     quality      perplexity of a dropped set: estimate from a GSI file, or a measured callable
     episode      replay a timeline + workload with a controller: footprint, violations, time, quality
     controllers  the Controller protocol (controllers/base.py) and one module per controller
-    env, train   the Gymnasium environment and training of the learned controller (helper D)
+    env, train   the Gymnasium environment and training of the learned controller
 
 Block indices follow sim.blocks: block 2*l + k, k=0 "mha:l", k=1 "ffn:l". Sizes in bytes, times in
 seconds of simulated time.

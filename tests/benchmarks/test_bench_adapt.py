@@ -7,10 +7,10 @@ asserted (the host is shared: wall time next to CPU time).
 1. Held-out decision points: 300 workloads and budgets from `adapt train`'s held-out seed (disjoint
    from training and validation). The DQN trains with the shipped defaults; every 1/30 of the run the
    current greedy policy (with the safety rule, as deployed, and without it: raw_viol) is scored there
-   next to helper C's heuristic (GSI order, `sim.adapt.controllers.heuristic`, and its per-byte
+   next to heuristic (GSI order, `sim.adapt.controllers.heuristic`, and its per-byte
    variant). Printed: the first training time (wall and CPU, the held-out checks excluded) at which
    the learned mean score beats the heuristic's with the policy alone never violating, then the table.
-2. Episodes: the trained policy and the heuristic through helper C's episode runner on the simulator
+2. Episodes: the trained policy and the heuristic through episode runner on the simulator
    (shipped SmolLM2 trace, jetson-orin-nano-8gb, batch 16, 40 + 128 tokens): budgets 0.8 / 0.6, the
    issue's default timelines, and five held-out seeded burst timelines. Printed: violations,
    perplexity (estimate), tok/s, and `decide_us` / the dense decode step's simulated latency.

@@ -2,7 +2,7 @@
 
 `base` holds the `AdaptState` a controller sees and the `Controller` protocol; every other module
 here is one controller: `static_ratio` (static-ratio), `static_window` (static-window), `heuristic`
-(heuristic, and heuristic-bytes: its per-byte rule), `learned` (helper D's DQN policy).
+(heuristic, and heuristic-bytes: its per-byte rule), `learned` (DQN policy).
 `make_controller` builds one by its CLI name; the learned controller is imported only when asked for.
 """
 

@@ -162,7 +162,7 @@ def test_quality_real_on_smollm2(capsys):
 
 
 def test_learned_controller_runs_with_a_weights_file(capsys, gsi_file, tmp_path):
-    """The learned controller (helper D's module) joins the table when given weights: here random
+    """The learned controller (module) joins the table when given weights: here random
     ones in its documented file format; its safety rule keeps it within a feasible budget."""
     learned = pytest.importorskip("sim.adapt.controllers.learned")
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
