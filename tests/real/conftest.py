@@ -33,3 +33,20 @@ def make_store(tmp_path: Path):
         return open_store(path, verify="full")
 
     return make
+
+
+def tiny_llama(n_layers: int, d_ff: int = 64, std: float = 0.2, seed: int = 0):  # type: ignore[no-untyped-def]
+    """A random-weight LlamaForCausalLM (vocab 64, d_model 32, 4 heads, 2 KV heads) with its matrices
+    redrawn from N(0, std): larger than the default init, so dropping a block or a neuron matters."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=d_ff, num_hidden_layers=n_layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, std)
+    return model

@@ -22,21 +22,14 @@ from real.gsi import (  # noqa: E402
     write_gsi_file,
 )
 from sim.cli.main import main  # noqa: E402
+from tests.real.conftest import tiny_llama  # noqa: E402
 
 N_LAYERS = 3
 WORDS = [f"w{i}" for i in range(60)]
 
 
 def _tiny_model(seed: int = 0):
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=N_LAYERS,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # larger weights than the default init, so blocks matter and scores differ
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-    return model
+    return tiny_llama(N_LAYERS, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from real.selectinfer_quality import (  # noqa: E402
     summarize,
     vote_dynamic,
 )
+from tests.real.conftest import tiny_llama  # noqa: E402
 from traces.capture.prompts import Prompt  # noqa: E402
 from traces.profiler import NeuronProfile  # noqa: E402
 
@@ -33,15 +34,7 @@ L, N = 2, 16
 
 
 def _tiny_model(seed: int = 0):
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=N, num_hidden_layers=L,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    return model
+    return tiny_llama(L, d_ff=N, std=0.3, seed=seed)
 
 
 @pytest.fixture(scope="module")
