@@ -3,8 +3,8 @@
 Owns: `RapEnv`, a `gymnasium.Env` whose episode is one decision point of a controller: a sampled
 workload (batch, sequence length) and memory budget, then up to 2L sequential keep/drop decisions, one
 per block, in the visiting order of `sim.adapt.controllers.learned.visiting_order` (`visit`:
-ascending importance per byte freed, the default, or ascending importance). Bytes come from `sim.blocks.BlockMemory`, importances from a GSI
-file (`sim.adapt.importance.importance_vector`), quality from a perplexity estimate
+ascending importance, the default, or ascending importance per byte freed). Bytes come from
+`sim.blocks.BlockMemory`, importances from a GSI file (`sim.adapt.importance.importance_vector`), quality from a perplexity estimate
 (`sim.adapt.quality.GsiPerplexity`, or any object with `log_ppl(dropped) -> float`).
 
 Observation: float32 [15], the layout of `sim.adapt.controllers.learned` (`OBS_NAMES`, documented
@@ -75,7 +75,7 @@ class RapEnv(gym.Env):
                  batch_range: tuple[int, int] = DEFAULT_BATCH_RANGE,
                  seq_len_range: tuple[int, int] = DEFAULT_SEQ_LEN_RANGE,
                  available_range: tuple[float, float] = DEFAULT_AVAILABLE_RANGE,
-                 visit: str = "per-byte"):
+                 visit: str = "importance"):
         """ValueError for an importance of the wrong shape, negative α/β or an empty range."""
         super().__init__()
         n = len(blocks.names)

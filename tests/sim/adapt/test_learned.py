@@ -222,7 +222,7 @@ def test_cli_train_end_to_end(tmp_path, capsys):
     assert summary["n_params"] == 18_818 and out.is_file()
     meta = load_policy(out).metadata
     assert (meta["alpha"], meta["beta"], meta["seed"], meta["train_steps"], meta["hidden"], meta["visit"]) == (
-        "1.5", "3.0", "1", "600", "128,128", "per-byte")
+        "1.5", "3.0", "1", "600", "128,128", "importance")
     h = summary["held_out"]
     assert set(h) >= {"learned", "heuristic", "heuristic-bytes", "points"}
     assert h["learned"]["violations"] <= h["points"] and h["heuristic"]["violations"] >= 0
