@@ -35,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--tokens", type=int, help="decode steps per configuration (default 12 quick, 24 full)")
     v.add_argument("--seed", type=int, default=0, help="seed of the store, trace and compute inputs")
     v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
-    v.add_argument("--threads", type=int, default=1, help="PyTorch compute threads of the real runs (default 1: "
-                                                         "see docs/validation.md on shared cores)")
+    v.add_argument("--threads", type=int, help="PyTorch compute threads of the real runs (default: the profile's "
+                                               "compute.threads, the count its rates were measured at; 1 if none)")
     v.add_argument("--modes", default="shape,model", help="shape (random-weight store of a small llama shape), model "
                                                         "(SmolLM2 token by token, its real FFN weights), or both (default)")
     v.set_defaults(func=_validate)
@@ -203,6 +203,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     if args.tokens is not None and args.tokens < 4:
         raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")
+    if args.threads is not None and args.threads < 1:
+        raise FlashsimError(f"--threads {args.threads}: give at least 1 compute thread (or omit it: the profile's count)")
     modes = parse_modes(args.modes)
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,

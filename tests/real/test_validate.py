@@ -283,3 +283,11 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
             # ... and equal it (delta prefetch: the kept window and the prefetch are resident at the step's peak),
             # except the last step, where the real run issues no prefetch for a step that does not exist
             assert real_b[:-1] == sim_b[:-1]
+
+
+def test_cli_threads_below_one_is_one_line(capsys):
+    from sim.cli.main import main
+
+    assert main(["validate", "--quick", "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads 0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
