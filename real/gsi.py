@@ -45,12 +45,12 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from sim.adapt.importance import (
-    KINDS,
     SCHEMA_VERSION,
     make_gsi_document,
     read_gsi_file,
     write_gsi_file,
 )
+from sim.blocks import KINDS, block_names
 
 __all__ = ["BUILTIN_TEXT", "KINDS", "SCHEMA_VERSION", "GsiResult", "block_names", "dropped_blocks", "gsi_document",
            "parse_block", "perplexity", "read_gsi_file", "run_gsi", "tokenize_text", "write_gsi_file"]
@@ -74,11 +74,6 @@ BUILTIN_TEXT = (
     "calm nights the reflection of the tower stretches almost all the way to the boats. The people "
     "who live here say that as long as the lighthouse stands, the town will know where it is."
 )
-
-
-def block_names(n_layers: int) -> list[str]:
-    """All blocks in the canonical order mha:0, ffn:0, mha:1, ffn:1, ... (the tie-break order)."""
-    return [f"{kind}:{i}" for i in range(n_layers) for kind in KINDS]
 
 
 def parse_block(name: str, n_layers: int) -> tuple[str, int]:

@@ -201,10 +201,9 @@ def gsi_prefixes(doc: dict[str, Any], steps: Sequence[int]) -> list[list[str]]:
     The removal order is the one the controllers use (sim.adapt.importance.removal_order): the file's
     greedy GSI steps, then the blocks GSI did not reach by ascending one-shot perplexity. So a file
     made with `--steps N` gives exact GSI prefixes up to k = N and one-shot order beyond."""
-    from sim.adapt.importance import block_names as file_block_names
     from sim.adapt.importance import removal_order
 
-    names = file_block_names(int(doc["model"]["n_layers"]))
+    names = block_names(int(doc["model"]["n_layers"]))
     order = [names[i] for i in removal_order(doc, names)]
     for k in steps:
         if not 0 <= k <= len(order):

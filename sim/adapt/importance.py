@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from sim.blocks import block_names
 
 SCHEMA_VERSION = 1
-KINDS = ("mha", "ffn")
 
 
 def _num(x: float | None) -> float | None:
@@ -69,6 +69,19 @@ def write_gsi_file(path: str | Path, doc: dict[str, Any]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def gsi_path_for(model_name: str, given: str | None = None) -> Path:
+    """`given` as a path, or the GSI file shipped for `model_name` (sim/adapt/data/<model>.gsi.json);
+    FlashsimError naming the command that computes one when none is shipped."""
+    if given:
+        return Path(given)
+    shipped = Path(__file__).resolve().parent / "data" / f"{model_name}.gsi.json"
+    if not shipped.is_file():
+        raise FlashsimError(f"--gsi: no GSI file shipped for model {model_name!r} ({shipped}); compute one with "
+                            f"`flashsim adapt gsi --model {model_name} --steps all --out FILE.json` and pass "
+                            "--gsi FILE.json")
+    return shipped
 
 
 def read_gsi_file(path: str | Path) -> dict[str, Any]:
@@ -121,11 +134,6 @@ def validate_gsi(doc: Any, where: str = "GSI document") -> None:
     one = [r["block"] for r in doc["one_shot"]]
     if sorted(one) != sorted(names):
         raise FlashsimError(f"{where}: field 'one_shot' must list each of the {len(names)} blocks once")
-
-
-def block_names(n_layers: int) -> tuple[str, ...]:
-    """mha:0, ffn:0, mha:1, ... (the same order as sim.blocks.block_names)."""
-    return tuple(f"{kind}:{i}" for i in range(n_layers) for kind in KINDS)
 
 
 def check_names(doc: dict[str, Any], names: Sequence[str], where: str = "GSI file") -> None:

@@ -111,23 +111,13 @@ def _parse_controllers(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _gsi_path(args: argparse.Namespace, model_name: str) -> Path:
-    if args.gsi:
-        return Path(args.gsi)
-    shipped = Path(__file__).resolve().parents[1] / "adapt" / "data" / f"{model_name}.gsi.json"
-    if not shipped.is_file():
-        raise FlashsimError(f"no shipped GSI file for model {model_name!r} ({shipped}); compute one with "
-                            f"`flashsim adapt gsi --model {model_name} --steps all --out FILE` and pass --gsi FILE")
-    return shipped
-
-
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from devices import load_model, load_profile
     from sim.adapt.controllers import learned_unavailable, make_controller
     from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
-    from sim.adapt.importance import importance_vector, read_gsi_file
+    from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
     from sim.adapt.quality import GsiPerplexity
     from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.blocks import BlockMemory
@@ -158,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_model(args.model) if args.model else trace.spec
     profile = load_profile(args.device)
     blocks = BlockMemory.from_spec(spec)
-    gsi_path = _gsi_path(args, spec.name)
+    gsi_path = gsi_path_for(spec.name, args.gsi)
     doc = read_gsi_file(gsi_path)
     importance = importance_vector(doc, blocks.names)
     estimate = GsiPerplexity(doc, blocks.names)

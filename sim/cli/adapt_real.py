@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from sim.cli.output import output_file, print_json, print_table
 
 DEFAULT_GSI_STEPS = (0, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 256   # as `adapt gsi`, so the builtin text scores like the GSI file's perplexities
@@ -310,12 +310,7 @@ def _selectinfer(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--threads {args.threads}: must be >= 1")
     if args.prompts_per_task is not None and args.prompts_per_task < 1:
         raise FlashsimError(f"--prompts-per-task {args.prompts_per_task}: must be >= 1")
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        if out.is_dir():
-            raise FlashsimError(f"--out {out}: is a directory; give a FILE.csv")
-        if not out.parent.is_dir():
-            raise FlashsimError(f"--out {out}: folder {out.parent} does not exist")
+    out = output_file(args.out, "FILE.csv") if args.out else None
     trace_path = Path(args.trace) if args.trace else shipped_trace_path()
     trace = open_trace(trace_path)          # FlashsimError for a missing or damaged trace
     prompts = sq.held_out_prompts(load_prompts("builtin"), trace.manifest.prompts)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from sim.cli.output import output_file, print_json, print_table
 
 DEFAULT_STEPS = 150_000      # = sim.adapt.train.DqnConfig().steps
 DEFAULT_EVAL_POINTS = 300
@@ -56,26 +55,17 @@ def register(asub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
 
-def default_gsi_path(model: str) -> Path:
-    import sim.adapt
-
-    return Path(sim.adapt.__file__).resolve().parent / "data" / f"{model}.gsi.json"
-
-
 def build_env(model: str, gsi: str | None, alpha: float, beta: float,
               visit: str = DEFAULT_VISIT) -> tuple[Any, dict[str, Any], str]:
     """(RapEnv, GSI document, sha256 of the GSI file) for a model; FlashsimError on bad input."""
     from devices import load_model
     from sim.adapt.env import RapEnv
-    from sim.adapt.importance import check_names, importance_vector, read_gsi_file
+    from sim.adapt.importance import check_names, gsi_path_for, importance_vector, read_gsi_file
     from sim.adapt.quality import GsiPerplexity
     from sim.blocks import BlockMemory
 
     spec = load_model(model)
-    path = Path(gsi) if gsi else default_gsi_path(spec.name)
-    if not gsi and not path.is_file():
-        raise FlashsimError(f"--gsi: no GSI file shipped for {spec.name} ({path}); compute one with "
-                            f"`flashsim adapt gsi --model {model} --steps all --out FILE.json` and pass --gsi FILE.json")
+    path = gsi_path_for(spec.name, gsi)
     doc = read_gsi_file(path)
     blocks = BlockMemory.from_spec(spec)
     check_names(doc, blocks.names, where=f"--gsi {path}")
@@ -139,11 +129,7 @@ def _train(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--eval-points {args.eval_points}: must be >= 0")
     if args.seed < 0:
         raise FlashsimError(f"--seed {args.seed}: must be >= 0")
-    out = Path(args.out)
-    if out.is_dir():
-        raise FlashsimError(f"--out {out}: is a directory; give a FILE.safetensors")
-    if not out.parent.is_dir():
-        raise FlashsimError(f"--out {out}: folder {out.parent} does not exist")
+    out = output_file(args.out, "FILE.safetensors")
     env, doc, gsi_sha = build_env(args.model, args.gsi, args.alpha, args.beta, args.visit)
     config = DqnConfig(steps=args.steps, seed=args.seed)
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from sim.cli.output import output_file, print_json, print_table
 
 # Passes for S steps: 1 (dense) + 2L (one-shot, also step 1) + sum over k=1..S-1 of (2L - k). SmolLM2-135M
 # (2L = 60) at 256 tokens measured 0.44 s per pass in fp32 on 2 CPU cores, so the default 8 steps
@@ -74,11 +74,7 @@ def _gsi(args: argparse.Namespace) -> int:
     steps = _parse_steps(args.steps)
     if args.max_tokens < 2:
         raise FlashsimError(f"--max-tokens {args.max_tokens}: must be >= 2 (perplexity needs a next token)")
-    out = Path(args.out)
-    if out.is_dir():
-        raise FlashsimError(f"--out {out}: is a directory; give a FILE.json")
-    if not out.parent.is_dir():
-        raise FlashsimError(f"--out {out}: folder {out.parent} does not exist")
+    out = output_file(args.out, "FILE.json")
     if args.text:
         try:
             text = Path(args.text).read_text(encoding="utf-8")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,22 +37,19 @@ from sim.adapt.controllers.learned import (
     single_thread_blas,
 )
 from sim.adapt.env import RapEnv
-from sim.adapt.importance import importance_vector, read_gsi_file
+from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
 from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
 from sim.blocks import BlockMemory
-from sim.cli.adapt_train import default_gsi_path, held_out_states
+from sim.cli.adapt_train import held_out_states
 
 STEPS = DqnConfig().steps
 CHECKS = 30
 
 
 def _gsi() -> tuple[dict, str]:
-    for path in (default_gsi_path("smollm2-135m"), Path("/work/gsi/smollm2-135m.gsi.json")):
-        if path.is_file():
-            return read_gsi_file(path), str(path)
-    pytest.skip("no SmolLM2 GSI file (sim/adapt/data/smollm2-135m.gsi.json)")
-    raise AssertionError
+    path = gsi_path_for("smollm2-135m")
+    return read_gsi_file(path), str(path)
 
 
 def _score(env: RapEnv, states, decide) -> dict:
