@@ -44,14 +44,18 @@ PREVIOUS_NOTE = ("active sets: PREVIOUS token's true set (a one-step-stale ORACL
                  "token t-1; token 0, which has no previous token, its own true set)")
 
 
-def _decode_step(model: Any, ids: np.ndarray, past: Any) -> tuple[Any, Any]:
-    """One cached forward step; (output, KV cache). transformers 5 names the cache argument `cache`
-    (4.x: `past_key_values`, deprecated in 5), as in traces/capture/generate.py."""
+def _cache_arg(model: Any) -> str:
+    """The KV-cache argument's name: transformers 5 calls it `cache` (4.x: `past_key_values`,
+    deprecated in 5), as in traces/capture/generate.py. Looked up once per run, not per token."""
     import inspect
 
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _decode_step(model: Any, ids: np.ndarray, past: Any, arg: str) -> tuple[Any, Any]:
+    """One cached forward step; (output, KV cache). `arg`: `_cache_arg(model)`."""
     import torch
 
-    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(torch.as_tensor(ids), use_cache=True, **{arg: past})
     return out, (out[arg] if arg in out else out.get("past_key_values"))
 
@@ -107,10 +111,10 @@ def dense_incremental_logits(model: Any, token_ids: np.ndarray) -> np.ndarray:
     attention code path as the real run, so only the FFN differs between the two."""
     import torch
 
-    past, out_logits = None, []
+    past, out_logits, arg = None, [], _cache_arg(model)
     with torch.no_grad():
         for s in range(len(token_ids)):
-            out, past = _decode_step(model, token_ids[None, s:s + 1], past)
+            out, past = _decode_step(model, token_ids[None, s:s + 1], past, arg)
             out_logits.append(out.logits[0, -1].float().numpy())
     return np.stack(out_logits)
 
@@ -269,11 +273,11 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
     try:
         for i, layer in enumerate(layers):
             layer.mlp = _sparse_mlp(ex, i, live)
-        past = None
+        past, arg = None, _cache_arg(model)
         with torch.no_grad():
             for s in range(ex.n_steps):
                 ex.begin_step(s)
-                out, past = _decode_step(model, token_ids[None, s:s + 1], past)
+                out, past = _decode_step(model, token_ids[None, s:s + 1], past, arg)
                 logits.append(out.logits[0, -1].float().numpy())
                 ex.end_step()
         run = ex.finish()
