@@ -64,6 +64,10 @@ class ComputeSpec(_Strict):
     gemv_flops_per_s: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], float]
     gather_bytes_per_s: float = Field(gt=0, description="copying scattered rows into a dense buffer")
     op_overhead_s: float = Field(ge=0, description="fixed cost per operation (launch / dispatch)")
+    gemv_row_s: float = Field(default=0.0, ge=0, description="time per output row of a GEMV beyond streaming its "
+                              "bytes (the inner loop's setup, the prefetcher restarting per row); 0 = none")
+    transpose_bytes_per_s: float | None = Field(default=None, gt=0, description="the sparse FFN's transposed copy "
+                                                "of the gathered down rows; None = no such copy")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
     source: str

@@ -39,6 +39,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
+from real.cache import gather_rows, gather_scratch
 from sim import bitsets
 from sim.config import RunConfig
 from sim.policies.base import CapacityError
@@ -336,7 +337,7 @@ class RealExecutor:
         # gather: one np.take of whole cache rows into the preallocated scratch (PyTorch's
         # index_select on these NumPy-backed byte rows measured 300x slower here), then the
         # segments are views of it. The scratch's rows are GATHER_ROW_PAD_BYTES wider than the
-        # cache's: see gather_rows
+        # cache's: see real.cache.GATHER_ROW_PAD_BYTES
         k = len(comp_ids)
         if self._gather is None or len(self._gather) < k:
             self._gather = gather_scratch(max(k, cache.capacity), cache.row_stride_bytes)
@@ -358,28 +359,6 @@ class RealExecutor:
         # logits then differ from HF by ~1.4e-4 instead of <= 1e-4). The copy is k*d elements.
         y = F.linear(h, down.T.contiguous())
         return y.to(x.dtype).to(x.device)
-
-
-# Extra bytes per row of the gather scratch. A padded store makes every cache row a multiple of
-# 4 KiB; with that row stride the down segment's transposed copy (_sparse_ffn) reads one element per
-# row from addresses 4 KiB apart, which all map to the same L1/L2 cache sets, so the copy thrashes.
-# Measured here (1 thread, fp32 unless noted), gather + transpose per layer, 4 KiB-multiple stride vs
-# the same stride + 64 B: SmolLM2 384 x 576 (8 KiB rows) 556 vs 246 us; d 1024 x 205 rows (12 KiB)
-# 509 vs 212 us; Llama-2-7B fp16 1100 x 4096 (24 KiB) 22.2 vs 7.4 ms. Same bytes, same results.
-GATHER_ROW_PAD_BYTES = 64
-
-
-def gather_scratch(n_rows: int, row_bytes: int) -> np.ndarray:
-    """A gather destination for up to n_rows cache rows of row_bytes (rows padded, see above)."""
-    return np.empty((n_rows, row_bytes + GATHER_ROW_PAD_BYTES), np.uint8)
-
-
-def gather_rows(rows: np.ndarray, slots: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """Copy rows[slots] into the first len(slots) rows of `scratch` (from gather_scratch); returns the
-    [k, row_bytes + pad] view whose leading row_bytes columns hold them."""
-    k, w = len(slots), rows.shape[1]
-    np.take(rows, slots, axis=0, out=scratch[:k, :w])
-    return scratch[:k]
 
 
 class RealCapacityError(CapacityError, FlashsimError):
@@ -406,7 +385,11 @@ def store_alignment_bytes(store: Any) -> int:
 
 def store_config(config: RunConfig, store: Any) -> tuple[RunConfig, str | None]:
     """`config` with the bundling layout's `align_bytes` taken from the store's manifest, and a note
-    when that replaced a different value the run asked for (None otherwise)."""
+    when that replaced a different value the run asked for (None otherwise). The window's
+    `insert_copy` is set false: the reader writes new neurons straight into the cache's rows (a
+    packed store's staging copy is part of the read), so no insert copy is made."""
+    if config.residency.name == "window" and getattr(config.residency.params, "insert_copy", False):
+        config = config.with_overrides(["window.insert_copy=false"])
     if config.layout.name != "bundling":
         return config, None
     want = store_alignment_bytes(store)

@@ -15,6 +15,16 @@
   as STREAM does, bytes read + bytes written per second (2 x size / time). The neuron cache's
   `bytes_moved` is one side of a copy, so a move costs 2 x bytes_moved / bandwidth.
 * Per-op overhead: an elementwise add of 1-element tensors into a preallocated output.
+* GEMV row cost (torch): two GEMVs of the same bytes (64 MiB fp32; --quick 16 MiB), one with
+  ROW_SHAPES' many short rows, one with few long rows. Both stream their weights from DRAM (far
+  beyond any L3), so the difference is the per-row work (the kernel's inner-loop setup and the
+  hardware prefetcher restarting at each row): gemv_row_s = (t_many - t_few) / (rows_many -
+  rows_few). Measured here: 39 ns per row, which makes a 1024-wide fp32 GEMV stream at 20 GB/s
+  against 25 GB/s for 4096-wide rows. The GEMV rates written to the profile are the dense GEMV's
+  with its rows' share removed, so rate + row cost reproduce the dense measurement.
+* Transposed copy (torch): the real backend's sparse FFN gathers cache rows
+  (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
+  the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
 Every figure is the median over repetitions (at least 5, for at least `min_time_s` in total); the
 JSON also gives the minima, whose gap to the medians shows contention from other work on the host.
 """
@@ -36,6 +46,12 @@ QUICK_SHAPE = (4096, 2048)
 GATHER_FRACTION = 0.10
 GATHER_SETS = 8
 COPY_BYTES = 512 << 20
+# (many short rows, few long rows) of the same bytes, fp32: 64 MiB each (--quick: 16 MiB)
+ROW_SHAPES = ((16384, 1024), (1024, 16384))
+QUICK_ROW_SHAPES = ((4096, 1024), (256, 16384))
+# cache rows of a d_model 1024 fp32 bundle (gate | up | down = 12 KiB, a padded store's stride),
+# 10% of 4096 gathered, the down segment transposed
+TRANSPOSE_SHAPE = (4096, 1024)
 QUICK_COPY_BYTES = 128 << 20
 
 
@@ -118,6 +134,8 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
         t_op = _median_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"torch {torch.__version__}"
+        extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
+                 "transpose": _transpose_rate(torch, rng, sets_t, min_time_s)}
     else:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
         for name, ndt in {"fp32": np.float32, "fp16": np.float16}.items():
@@ -130,13 +148,44 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         a, b, c = np.ones(1), np.ones(1), np.empty(1)
         t_op = _median_s(lambda: np.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"numpy {np.__version__}"
+        extra = {}
     copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
     return {
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
         "memory_capacity_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
         "load_average_1min": os.getloadavg()[0],   # other work on the host: compare medians with minima
+        **extra,
     }
+
+
+def _row_cost(torch: Any, shapes: tuple[tuple[int, int], ...], min_time_s: float) -> dict[str, Any]:
+    """Per-row GEMV cost from two cold GEMVs of equal bytes (module docstring)."""
+    (m1, k1), (m2, k2) = shapes
+    F = torch.nn.functional
+    times = []
+    for m, k in shapes:
+        w, x = torch.randn(m, k), torch.randn(1, k)
+        with torch.no_grad():
+            times.append(_median_s(lambda w=w, x=x: F.linear(x, w), min_time_s))
+    row_s = max(0.0, (times[0] - times[1]) / (m1 - m2))
+    return {"shapes": [list(s) for s in shapes], "gemv_s": times, "row_s": row_s}
+
+
+def _transpose_rate(torch: Any, rng: np.random.Generator, sets_t: list[Any], min_time_s: float) -> dict[str, Any]:
+    """bytes/s of the down segment's transposed copy after the backend's own gather."""
+    from real.cache import gather_rows, gather_scratch
+
+    n, d = TRANSPOSE_SHAPE
+    rows = rng.integers(0, 64, (n, 3 * d * 4), dtype=np.uint8)   # small bytes: finite fp32 values
+    k = int(n * GATHER_FRACTION)
+    slots = [np.sort(rng.choice(n, k, replace=False)) for _ in range(GATHER_SETS)]
+    scratch = gather_scratch(k, rows.shape[1])
+    turn = itertools.cycle(range(GATHER_SETS))
+    gathered = [torch.from_numpy(gather_rows(rows, slots[i], scratch).copy()).view(torch.float32)[:, 2 * d:3 * d]
+                for i in range(2)]
+    t = _median_s(lambda: gathered[next(turn) % 2].T.contiguous(), min_time_s)
+    return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 
 
 def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.ndarray,
@@ -166,14 +215,28 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     per = result["per_dtype"]
     gather_dtype = "fp32" if "fp32" in per else next(iter(per))
     prefix = f"measured by flashsim bench compute ({date}, {result['framework']}, {result['threads']} threads)"
+    M, K = result["dense_shape"]
+    row_s = float(result.get("gemv_rows", {}).get("row_s", 0.0))
+    rates = {}
+    for k, v in per.items():   # the dense GEMV's time less its rows' share (kept >= half the time)
+        t = v["dense_gemv_s"]
+        rates[k] = float(f"{2.0 * M * K / max(t - M * row_s, 0.5 * t):.4g}")
     compute = {
-        "gemv_flops_per_s": {k: float(f"{v['dense_gemv_flops_per_s']:.4g}") for k, v in per.items()},
+        "gemv_flops_per_s": rates,
         "gather_bytes_per_s": float(f"{per[gather_dtype]['gather_bytes_per_s']:.4g}"),
         "op_overhead_s": float(f"{result['op_overhead_s']:.4g}"),
+        "gemv_row_s": float(f"{row_s:.4g}"),
         "threads": int(result["threads"]),
-        "source": f"{prefix}: dense GEMV {result['dense_shape'][0]}x{result['dense_shape'][1]} per dtype; "
-                  f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype}); 1-element add per op; `{command}`",
+        "source": f"{prefix}: dense GEMV {M}x{K} per dtype less {M} rows x gemv_row_s; "
+                  f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype}); 1-element add per op; "
+                  + ("gemv_row_s from cold GEMVs {} vs {}; ".format(*result["gemv_rows"]["shapes"])
+                     if "gemv_rows" in result else "")
+                  + ("transposed copy of {}x{} gathered fp32 rows; ".format(*result["transpose"]["rows"])
+                     if "transpose" in result else "")
+                  + f"`{command}`",
     }
+    if "transpose" in result:
+        compute["transpose_bytes_per_s"] = float(f"{result['transpose']['bytes_per_s']:.4g}")
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
     memory = {

@@ -120,7 +120,10 @@ def _calibrate(args: argparse.Namespace) -> int:
                      "grid": flash["grid"], "command": flash_cmd}
     fp32 = comp["per_dtype"].get("fp32", next(iter(comp["per_dtype"].values())))
     compute_summary = {"framework": comp["framework"], "threads": comp["threads"],
-                       "fp32_gemv_flops_per_s": fp32["dense_gemv_flops_per_s"],
+                       "fp32_gemv_flops_per_s": profile.compute.flops_per_s("fp32"),   # as written (row cost removed)
+                       "dense_gemv_flops_per_s": fp32["dense_gemv_flops_per_s"],
+                       "gemv_row_s": profile.compute.gemv_row_s,
+                       "transpose_bytes_per_s": profile.compute.transpose_bytes_per_s,
                        "dram_bytes_per_s": comp["memory"]["stream_copy_bytes_per_s"],
                        "op_overhead_s": comp["op_overhead_s"], "command": comp_cmd}
     if args.json:

@@ -107,13 +107,18 @@ class Phase:
 class ComputeModel:
     """Phase costs for one model (as stored) on one device."""
 
-    def __init__(self, spec: ModelSpec, profile: DeviceProfile):
+    def __init__(self, spec: ModelSpec, profile: DeviceProfile, row_bytes: int | None = None):
         self.spec, self.profile = spec, profile
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s
         self.op_s = profile.compute.op_overhead_s
+        self.row_s = profile.compute.gemv_row_s
+        self.transpose_bytes_per_s = profile.compute.transpose_bytes_per_s
         self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
+        # a cached neuron's DRAM row (the layout's dram_bytes_per_neuron: padded on a padded store),
+        # what the gather and the cache's row moves copy
+        self.row_bytes = int(row_bytes) if row_bytes else spec.ffn_neuron_bytes
 
     def attention(self, n_tokens: np.ndarray, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray,
                   predictor_flops_per_token: float = 0.0, predictor_bytes: int = 0) -> Phase:
@@ -126,8 +131,10 @@ class ComputeModel:
         nbytes = s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
         nbytes = nbytes + predictor_bytes
         kernels = ATTENTION_KERNELS + (PREDICTOR_KERNELS if predictor_flops_per_token > 0 else 0)
+        rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         z = np.zeros_like(n)
-        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z, z + kernels * self.op_s)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
+                     z + kernels * self.op_s + rows * self.row_s)
 
     def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool = True) -> Phase:
         """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers`: the
@@ -140,16 +147,25 @@ class ComputeModel:
         flops = 2.0 * n * c * s.ffn_matrices * s.d_model
         nbytes = c * s.ffn_neuron_bytes
         sparse = (c > 0) & (c < s.d_ff) & gathers
-        gather = np.where(sparse, nbytes / self.gather_bytes_per_s, 0.0)
+        # the gather copies whole cache rows; the down rows are then transposed into a [d_model, c] matrix
+        gather = c * self.row_bytes / self.gather_bytes_per_s
+        if self.transpose_bytes_per_s:
+            gather = gather + c * s.d_model * s.dtype_bytes / self.transpose_bytes_per_s
+        gather = np.where(sparse, gather, 0.0)
         kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices + sparse, 0)
-        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather, kernels * self.op_s)
+        # output rows: c per input-side matrix (gate, up), d_model for the down projection
+        rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
+                     kernels * self.op_s + rows * self.row_s)
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
-        """Copy rows inside the cache matrix: each byte is read and written once."""
+        """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
+        each a row copy like the FFN's gather (scattered rows, not a streaming copy: at
+        gather_bytes_per_s, not the DRAM bandwidth)."""
         m = np.asarray(moved_neurons, np.float64)
-        nbytes = 2.0 * m * self.spec.ffn_neuron_bytes
         z = np.zeros_like(m)
-        return Phase(z, nbytes / self.dram_bytes_per_s, z, np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
+        return Phase(z, 2.0 * m * self.row_bytes / self.gather_bytes_per_s, z,
+                     np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
 
     def head(self, n_sequences: int, n_tokens: np.ndarray) -> Phase:
         """Final norm + lm_head for one logits row per sequence, plus the embedding lookup."""
@@ -159,7 +175,8 @@ class ComputeModel:
         flops = np.full_like(n, 2.0 * n_sequences * s.vocab_size * s.d_model)
         nbytes = head_bytes + s.final_norm_bytes + n * s.d_model * s.dtype_bytes
         z = np.zeros_like(n)
-        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z, z + HEAD_KERNELS * self.op_s)
+        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
+                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s)
 
 
 def stretch(t0_s: float, work_s: float, segments, ) -> float:  # type: ignore[no-untyped-def]

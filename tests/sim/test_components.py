@@ -92,10 +92,33 @@ def test_compute_phases_hand_computed() -> None:
     kv = 100 * spec.kv_bytes_per_token / spec.n_layers
     assert att.mem_s[0] == pytest.approx((spec.attn_bytes_per_layer + spec.norm_bytes_per_layer + kv) / bw)
     assert att.flop_s[0] == pytest.approx((2 * spec.attn_params_per_layer + 4 * 4096 * 100) / fl)
-    mg = cm.memory_management(np.array([10]))
-    assert mg.mem_s[0] == pytest.approx(2 * 10 * spec.ffn_neuron_bytes / bw)
+    mg = cm.memory_management(np.array([10]))   # gather + scatter of 10 rows, at the gather rate
+    assert mg.gather_s[0] == 0.0 and mg.mem_s[0] == pytest.approx(2 * 10 * spec.ffn_neuron_bytes / 2.0e11)
     ph = Phase(np.array([1.0]), np.array([2.0]), np.array([0.5]), np.array([0.1]))
     assert ph.total_s()[0] == pytest.approx(0.5 + 2.0 + 0.1)
+
+
+def test_compute_row_transpose_and_padded_row_terms() -> None:
+    """gemv_row_s per output row, the down rows' transposed copy and the gather of padded cache rows,
+    hand-computed for SmolLM2 (d_model 576, d_ff 1536, 9 heads of 64, 3 KV heads, vocab 49152, fp32)."""
+    spec = load_model("smollm2-135m").with_dtype("fp32")
+    prof = load_profile("this-host")
+    base = prof.model_copy(update={"compute": prof.compute.model_copy(
+        update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None})})
+    terms = prof.model_copy(update={"compute": prof.compute.model_copy(
+        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10})})
+    a, b = ComputeModel(spec, base), ComputeModel(spec, terms, row_bytes=8192)
+    n, c = np.array([1.0]), np.array([[384.0]])
+    f0, f1 = a.ffn(n, c), b.ffn(n, c)
+    g = prof.compute.gather_bytes_per_s
+    assert f0.gather_s[0, 0] == pytest.approx(384 * spec.ffn_neuron_bytes / g)
+    assert f1.gather_s[0, 0] == pytest.approx(384 * 8192 / g + 384 * 576 * spec.dtype_bytes / 1e10)
+    assert f1.ovh_s[0, 0] - f0.ovh_s[0, 0] == pytest.approx((2 * 384 + 576) * 4e-8)   # gate + up rows, down rows
+    att0 = a.attention(n, np.array([10]), np.array([10]), np.array([True]))
+    att1 = b.attention(n, np.array([10]), np.array([10]), np.array([True]))
+    assert att1.ovh_s[0] - att0.ovh_s[0] == pytest.approx((576 + 2 * 192 + 576) * 4e-8)
+    assert b.head(1, n).ovh_s[0] - a.head(1, n).ovh_s[0] == pytest.approx(49152 * 4e-8)
+    assert b.memory_management(np.array([3])).mem_s[0] == pytest.approx(2 * 3 * 8192 / g)
 
 
 def test_memory_model_caps_and_shortfall_message() -> None:
