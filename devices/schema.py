@@ -131,6 +131,9 @@ class FlashSpec(_Strict):
                                             "(waking and collecting the reader threads), on top of the per-read loss")
     read_delay_s_per_batch: float = Field(default=0.0, ge=0, description="time a batch takes longer while the "
                                           "compute runs, on top of the per-read delay")
+    staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
+                                     "in place (not aligned for direct I/O) and are copied out of the reader's "
+                                     "staging buffer; 0 = none")
     source: str
 
     @model_validator(mode="after")

@@ -99,6 +99,8 @@ class Planner:
         self.S, self.L = S, L
         layout = stack.layout
         self.read_cost = ReadCost(profile.flash.curve, layout.chunk_sizes(), in_flight)
+        # each staged read's copy out of the reader's staging buffer (0 unless the profile prices it)
+        self.staged_s_per_read = profile.flash.staged_s_per_read if layout.staged_reads() else 0.0
         self.in_flight = in_flight
         self.stream_non_ffn = stream_non_ffn
         self.manages_cache = stack.residency.manages_cache
@@ -189,14 +191,15 @@ class Planner:
         a, rc, layout = self.arr, self.read_cost, self.stack.layout
         rows = slice(a0, b0)
         counts = layout.read_counts(layer, lp.demand)
-        a.dem_s[rows, layer] = rc.time_s(counts)
+        staged = self.staged_s_per_read
+        a.dem_s[rows, layer] = rc.time_s(counts) + staged * counts.sum(axis=1)
         a.dem_bytes[rows, layer] = rc.bytes(counts)
         a.dem_reads[rows, layer] = counts.sum(axis=1)
         if lp.prefetch_next.any():
             pc = layout.read_counts(layer, lp.prefetch_next)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            a.pf_s[tgt[ok], layer] = rc.time_s(pc)[ok]
+            a.pf_s[tgt[ok], layer] = (rc.time_s(pc) + staged * pc.sum(axis=1))[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = pc.sum(axis=1)[ok]
         n_comp = bitsets.count(lp.computed)

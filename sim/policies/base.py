@@ -173,6 +173,11 @@ class Layout(Policy):
     slot = "layout"
 
     @abstractmethod
+    def staged_reads(self) -> bool:
+        """Reads land in a staging buffer and are copied out (priced by the profile's
+        `flash.staged_s_per_read`); layouts that do not say so read in place."""
+        return False
+
     def read_units(self) -> tuple[int, int]:
         """(unit_bytes, units_per_neuron): one neuron is `units_per_neuron` reads of `unit_bytes`
         when nothing coalesces (bundled: 1 x bundle; unbundled: one row per FFN matrix)."""

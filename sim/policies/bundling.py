@@ -48,6 +48,9 @@ from sim.policies.registry import LAYOUTS
 # frequent neurons; rare neurons carry no signal either way.
 COACT_SAMPLE_TOKENS = 2048
 COACT_ITERATIONS = 60
+# O_DIRECT buffer alignment of the real reader (real.buffers.ALIGN_BYTES): iovecs of units that are not
+# multiples of it cannot point into the destination rows
+DIRECT_IO_ALIGN_BYTES = 4096
 
 
 @LAYOUTS.register("bundling")
@@ -93,6 +96,15 @@ class BundlingLayout(Layout):
         rounded up to `align_bytes` when aligned, in both layouts (the real cache's row; see the
         module docstring). `spec`: the ModelSpec as stored (after the precision policy)."""
         return padded_bytes(spec.ffn_neuron_bytes, self.params.align_bytes)
+
+    def staged_reads(self) -> bool:
+        """Do a direct-I/O reader's reads land in a staging buffer and get copied out (real/reader.py
+        `_zero_copy_ok`)? Yes on a packed store, and when unbundled rows are not multiples of
+        DIRECT_IO_ALIGN_BYTES; a padded bundle lands straight in its cache row. The profile's
+        `flash.staged_s_per_read` prices the copy."""
+        if self.params.align_bytes <= 0:
+            return True
+        return not self.params.bundled and self.useful_unit_bytes % DIRECT_IO_ALIGN_BYTES != 0
 
     def read_units(self) -> tuple[int, int]:
         return self.unit_bytes, self.units_per_neuron

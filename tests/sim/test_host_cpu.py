@@ -129,3 +129,17 @@ def test_prefetch_waits_at_most_for_the_compute_it_overlaps() -> None:
     flash.enable_host_cpu(HostCpu(1e-5, 2e-5, 5e-6))
     end = flash.submit(0.0, 0.01, 1e6, 200, "prefetch", step=2, overlap_s=1e-4)
     assert end == pytest.approx(0.01 + 1e-4) and flash.host_cpu_extra_s == {2: pytest.approx(1e-4)}
+
+
+@pytest.mark.parametrize(("bundled", "align", "staged"), [(False, 4096, True), (True, 4096, False), (True, 0, True)])
+def test_staged_reads_priced_per_read(gated_trace, base_profile, bundled, align, staged) -> None:
+    """flash.staged_s_per_read is added to each read a direct-I/O reader must stage: unbundled rows
+    that are not 4 KiB multiples, or any packed store; a padded bundle lands in place."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(
+        ["prefetch=none", f"bundling.bundled={str(bundled).lower()}", f"bundling.align_bytes={align}"])
+    a = simulate(gated_trace, None, base_profile, cfg, fast=False)
+    b = simulate(gated_trace, None, _with_host(base_profile, staged_s_per_read=1e-5), cfg, fast=False)
+    assert sum(t.reads_issued for t in a.tokens) > 0
+    for ta, tb in zip(a.tokens, b.tokens, strict=True):
+        assert tb.io_s - ta.io_s == pytest.approx(1e-5 * ta.reads_issued if staged else 0.0, abs=1e-12)
+        assert tb.reads_issued == ta.reads_issued
