@@ -68,6 +68,11 @@ class ComputeSpec(_Strict):
                               "bytes (the inner loop's setup, the prefetcher restarting per row); 0 = none")
     transpose_bytes_per_s: float | None = Field(default=None, gt=0, description="the sparse FFN's transposed copy "
                                                 "of the gathered down rows; None = no such copy")
+    framework_layer_s: float = Field(default=0.0, ge=0, description="per decoder layer, the framework's own work "
+                                     "outside the kernels (Hugging Face modules: Python, dispatch, cache and "
+                                     "rotary bookkeeping); charged when the run config's compute.framework is hf")
+    framework_token_s: float = Field(default=0.0, ge=0, description="per decode step, the framework's work outside "
+                                     "the layers (masks, positions, embedding call)")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
     source: str

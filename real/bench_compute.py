@@ -22,6 +22,12 @@
   rows_few). Measured here: 39 ns per row, which makes a 1024-wide fp32 GEMV stream at 20 GB/s
   against 25 GB/s for 4096-wide rows. The GEMV rates written to the profile are the dense GEMV's
   with its rows' share removed, so rate + row cost reproduce the dense measurement.
+* Framework overhead (torch + transformers): decode steps of two tiny random llama models in
+  transformers (width FRAMEWORK_DIMS, 1 and FRAMEWORK_LAYERS layers, KV cache on), whose kernels
+  take microseconds, so a step's time is the framework's own work: Python module calls, dispatch,
+  mask / rotary / cache bookkeeping. framework_layer_s = the slope per layer, framework_token_s =
+  the rest of a step. Charged by the simulator when the run config's compute.framework is hf (what
+  flashsim's model mode runs); measured here: ~150 us per layer and ~0.8 ms per step.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
@@ -52,6 +58,11 @@ QUICK_ROW_SHAPES = ((4096, 1024), (256, 16384))
 # cache rows of a d_model 1024 fp32 bundle (gate | up | down = 12 KiB, a padded store's stride),
 # 10% of 4096 gathered, the down segment transposed
 TRANSPOSE_SHAPE = (4096, 1024)
+# the tiny llama of the framework overhead: hidden 64, 2 heads of 32 (1 KV head), FFN 128, vocab 256
+FRAMEWORK_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+                  "head_dim": 32, "vocab_size": 256}
+FRAMEWORK_LAYERS = 5
+FRAMEWORK_STEPS = 48          # decode steps per model (the first 8 are warm-up)
 QUICK_COPY_BYTES = 128 << 20
 
 
@@ -136,6 +147,9 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         fw = f"torch {torch.__version__}"
         extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
                  "transpose": _transpose_rate(torch, rng, sets_t, min_time_s)}
+        fw_overhead = _framework_overhead(torch, seed)
+        if fw_overhead is not None:
+            extra["framework"] = fw_overhead
     else:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
         for name, ndt in {"fp32": np.float32, "fp16": np.float16}.items():
@@ -170,6 +184,32 @@ def _row_cost(torch: Any, shapes: tuple[tuple[int, int], ...], min_time_s: float
             times.append(_median_s(lambda w=w, x=x: F.linear(x, w), min_time_s))
     row_s = max(0.0, (times[0] - times[1]) / (m1 - m2))
     return {"shapes": [list(s) for s in shapes], "gemv_s": times, "row_s": row_s}
+
+
+def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
+    """Per-layer and per-step time of transformers' llama decode at negligible width (module
+    docstring); None without transformers."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    from real.model_mode import _cache_arg, _decode_step
+
+    step_s = {}
+    for n_layers in (1, FRAMEWORK_LAYERS):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=n_layers, **FRAMEWORK_DIMS)).eval()
+        arg, past, times = _cache_arg(model), None, []
+        ids = np.ones((1, 1), np.int64)
+        with torch.no_grad():
+            for _ in range(FRAMEWORK_STEPS):
+                t = time.perf_counter()
+                _, past = _decode_step(model, ids, past, arg)
+                times.append(time.perf_counter() - t)
+        step_s[n_layers] = float(np.median(times[8:]))
+    layer_s = max(0.0, (step_s[FRAMEWORK_LAYERS] - step_s[1]) / (FRAMEWORK_LAYERS - 1))
+    return {"dims": FRAMEWORK_DIMS, "step_s": {str(k): v for k, v in step_s.items()},
+            "layer_s": layer_s, "token_s": max(0.0, step_s[1] - layer_s)}
 
 
 def _transpose_rate(torch: Any, rng: np.random.Generator, sets_t: list[Any], min_time_s: float) -> dict[str, Any]:
@@ -237,6 +277,12 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     }
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = float(f"{result['transpose']['bytes_per_s']:.4g}")
+    if "framework" in result:
+        compute["framework_layer_s"] = float(f"{result['framework']['layer_s']:.4g}")
+        compute["framework_token_s"] = float(f"{result['framework']['token_s']:.4g}")
+        compute["source"] = compute["source"].replace(
+            f"`{command}`", f"framework overhead from tiny transformers llama decode steps (1 and "
+                            f"{FRAMEWORK_LAYERS} layers); `{command}`")
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
     memory = {

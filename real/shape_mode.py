@@ -21,11 +21,18 @@ from traces.format import Trace
 SHAPE_WEIGHT_STD = 0.02
 
 
+def shape_config(config: RunConfig) -> RunConfig:
+    """The run config shape mode runs under: `compute.framework=kernels`, since its attention
+    stand-in calls the projection kernels directly, not through Hugging Face modules (replay an
+    executed shape-mode trace with this config, or `--set compute.framework=kernels`)."""
+    return config.with_overrides(["compute.framework=kernels"])
+
+
 def run_shape(store: Any, trace: Trace, profile: DeviceProfile, config: RunConfig, *, seed: int = 0,
               device: str = "cpu", threads: int | None = None) -> RealRun:
     import torch
 
-    ex = RealExecutor(store, trace, profile, config, device=device, threads=threads)
+    ex = RealExecutor(store, trace, profile, shape_config(config), device=device, threads=threads)
     try:
         F = torch.nn.functional
         spec, dt = store.spec, ex.tdtype

@@ -242,7 +242,7 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
-    from real.shape_mode import run_shape, shape_trace_like
+    from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
     from sim.config import RunConfig
     from sim.engine import simulate
@@ -253,7 +253,7 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
     for i, gp in enumerate(grid(quick)):
         budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
-        cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
+        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])), store)
         run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
         res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from devices.errors import FlashsimError
 from devices.loading import read_mapping
@@ -72,6 +72,16 @@ class FlashParams:
 
 
 @dataclass(frozen=True)
+class ComputeParams:
+    """The software that runs the model's layers."""
+
+    framework: Literal["hf", "kernels"] = param(
+        "hf", "hf: decoder layers run through Hugging Face transformers' modules, paying the profile's "
+              "compute.framework_layer_s per layer and framework_token_s per step (Python and dispatch "
+              "outside the kernels); kernels: the kernels alone (a fused runtime, or shape mode's stand-in)")
+
+
+@dataclass(frozen=True)
 class SimParams:
     """Simulation options."""
 
@@ -100,7 +110,7 @@ class PruneParams:
 
 
 SECTIONS: dict[str, type] = {"workload": WorkloadParams, "memory": MemoryParams, "flash": FlashParams,
-                             "sim": SimParams, "prune": PruneParams}
+                             "compute": ComputeParams, "sim": SimParams, "prune": PruneParams}
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class RunConfig:
     workload: WorkloadParams = field(default_factory=WorkloadParams)
     memory: MemoryParams = field(default_factory=MemoryParams)
     flash: FlashParams = field(default_factory=FlashParams)
+    compute: ComputeParams = field(default_factory=ComputeParams)
     sim: SimParams = field(default_factory=SimParams)
     prune: PruneParams = field(default_factory=PruneParams)
     budget_timeline: BudgetTimeline | None = None

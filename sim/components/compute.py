@@ -107,7 +107,8 @@ class Phase:
 class ComputeModel:
     """Phase costs for one model (as stored) on one device."""
 
-    def __init__(self, spec: ModelSpec, profile: DeviceProfile, row_bytes: int | None = None):
+    def __init__(self, spec: ModelSpec, profile: DeviceProfile, row_bytes: int | None = None,
+                 framework: str = "hf"):
         self.spec, self.profile = spec, profile
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
@@ -115,6 +116,9 @@ class ComputeModel:
         self.op_s = profile.compute.op_overhead_s
         self.row_s = profile.compute.gemv_row_s
         self.transpose_bytes_per_s = profile.compute.transpose_bytes_per_s
+        hf = framework == "hf"
+        self.layer_fw_s = profile.compute.framework_layer_s if hf else 0.0
+        self.token_fw_s = profile.compute.framework_token_s if hf else 0.0
         self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
         # a cached neuron's DRAM row (the layout's dram_bytes_per_neuron: padded on a padded store),
         # what the gather and the cache's row moves copy
@@ -134,7 +138,7 @@ class ComputeModel:
         rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         z = np.zeros_like(n)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
-                     z + kernels * self.op_s + rows * self.row_s)
+                     z + kernels * self.op_s + rows * self.row_s + self.layer_fw_s)
 
     def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool = True) -> Phase:
         """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers`: the
@@ -176,7 +180,7 @@ class ComputeModel:
         nbytes = head_bytes + s.final_norm_bytes + n * s.d_model * s.dtype_bytes
         z = np.zeros_like(n)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
-                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s)
+                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s + self.token_fw_s)
 
 
 def stretch(t0_s: float, work_s: float, segments, ) -> float:  # type: ignore[no-untyped-def]
