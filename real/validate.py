@@ -125,16 +125,23 @@ def rel_error(sim: float, real: float) -> float:
     return abs(sim - real) / abs(real)
 
 
-def compare(real_tokens: list, sim_tokens: list) -> dict[str, dict[str, float]]:
+def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = None) -> dict[str, dict[str, float]]:
     """Per metric: real and simulated means over the measured steps, and the relative error (the
-    OPTIONAL_METRICS only when both sides' records have them)."""
+    OPTIONAL_METRICS only when both sides' records have them). `repeats`: the records of further
+    real runs of the same configuration; the real mean is then the mean over all runs and `spread`
+    = (max - min) / mean of the runs' means, the real runs' own disagreement (the noise floor)."""
     out = {}
+    runs = [real_tokens, *(repeats or [])]
     both = real_tokens[:1] + sim_tokens[:1]
     extra = [m for m in OPTIONAL_METRICS if both and all(hasattr(t, m) for t in both)]
     for m in (*METRICS, *extra):
-        r = np.array([getattr(t, m) for t in real_tokens[WARMUP_STEPS:]], float)
+        means = np.array([np.mean([getattr(t, m) for t in toks[WARMUP_STEPS:]]) for toks in runs], float)
         s = np.array([getattr(t, m) for t in sim_tokens[WARMUP_STEPS:]], float)
-        out[m] = {"real": float(r.mean()), "sim": float(s.mean()), "error": rel_error(float(s.mean()), float(r.mean()))}
+        real = float(means.mean())
+        out[m] = {"real": real, "sim": float(s.mean()), "error": rel_error(float(s.mean()), real)}
+        if len(runs) > 1:
+            out[m]["spread"] = rel_error(float(means.max()), float(means.min())) if real else 0.0
+            out[m]["real_runs"] = means.tolist()
     return out
 
 
@@ -142,13 +149,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
                 "per_metric": {}}
-    per = {}
+    per, noise = {}, {}
     for m in metrics_of(rows):
         e = np.array([r["metrics"][m]["error"] for r in rows if m in r["metrics"]], float)
         per[m] = {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
+        sp = np.array([r["metrics"][m]["spread"] for r in rows if "spread" in r["metrics"].get(m, {})], float)
+        if len(sp):
+            noise[m] = {"median": float(np.median(sp)), "p90": float(np.percentile(sp, 90)), "max": float(sp.max())}
     lat = per["latency_s"]
-    return {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
-            "latency_error_max": lat["max"], "per_metric": per}
+    out = {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
+           "latency_error_max": lat["max"], "per_metric": per}
+    if noise:   # (max - min) / mean of the repeated real runs: errors below this are noise
+        out["noise_floor"] = noise
+    return out
 
 
 def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
@@ -196,9 +209,15 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
-                   modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+                   modes: tuple[str, ...] = MODES, repeats: int = 1) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
-    configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none)."""
+    configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
+    repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
+    over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread."""
+    from devices.errors import FlashsimError
+
+    if repeats < 1:
+        raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
     if threads is None:
         threads = profile.compute.threads or 1
     load_start = host_load()
@@ -211,9 +230,11 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
     try:
         if "shape" in modes:
-            info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total)
+            info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total,
+                                        repeats)
         if "model" in modes:
-            info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total)
+            info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total,
+                                        repeats)
     finally:
         tmp.cleanup()
     load_end = host_load()
@@ -224,7 +245,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m]), **info[m]} for m in modes}
     report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
-                   "seed": seed, "compute_threads": threads, "threads": threads,
+                   "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
                    "cores": load_start["cores"], "load_warning": warning, "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
@@ -238,7 +259,7 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 
 
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
@@ -251,13 +272,16 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     spec = validation_spec(quick)
     store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="both"))
     trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
-    for i, gp in enumerate(grid(quick)):
+    points = []
+    for gp in grid(quick):
         budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])), store)
-        run = run_shape(store, trace, profile, cfg, seed=seed, threads=threads)
+        points.append((gp, budget, cfg))
+    runs = _passes(points, repeats, lambda cfg: run_shape(store, trace, profile, cfg, seed=seed, threads=threads))
+    for i, ((gp, budget, cfg), (run, *more)) in enumerate(zip(points, runs, strict=True)):
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
         res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
-        rows.append(_row("shape", gp, budget, compare(run.tokens, res.tokens), run))
+        rows.append(_row("shape", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r in more]), run))
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])
     return {"model": spec.name}
@@ -309,8 +333,17 @@ def cached_store(model: str, source: str) -> Path:
     return convert_model(model, path, overwrite=True, progress=False, **STORE_SETTINGS)
 
 
+def _passes(points: list, repeats: int, run_one: Any) -> list[list[Any]]:
+    """Real runs of every point, `repeats` passes over the whole grid: [point][pass]."""
+    runs: list[list[Any]] = [[] for _ in points]
+    for _ in range(repeats):
+        for i, (_gp, _budget, cfg) in enumerate(points):
+            runs[i].append(run_one(cfg))
+    return runs
+
+
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
@@ -323,13 +356,17 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     ref = prepare(model, spec, store, ids, keep_fraction=MODEL_KEEP, workdir=root)
     setup_s = time.perf_counter() - t0
     quality = []
-    for i, gp in enumerate(model_grid(quick)):
+    points = []
+    for gp in model_grid(quick):
         budget = budget_for(store.spec, len(ids), gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
-        run, q = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=threads)
+        points.append((gp, budget, cfg))
+    runs = _passes(points, repeats, lambda cfg: run_prepared(ref, model, spec, store, profile, cfg, device="cpu",
+                                                             threads=threads))
+    for i, ((gp, budget, cfg), ((run, q), *more)) in enumerate(zip(points, runs, strict=True)):
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)
         res = simulate(open_trace(tpath), store.spec, profile, cfg, fast=False)
-        rows.append(_row("model", gp, budget, compare(run.tokens, res.tokens), run))
+        rows.append(_row("model", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r, _ in more]), run))
         quality.append(q)
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])

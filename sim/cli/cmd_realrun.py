@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                "compute.threads, the count its rates were measured at; 1 if none)")
     v.add_argument("--modes", default="shape,model", help="shape (random-weight store of a small llama shape), model "
                                                         "(SmolLM2 token by token, its real FFN weights), or both (default)")
+    v.add_argument("--repeats", type=int, default=1,
+                   help="real runs per configuration, as passes over the whole grid (default 1); with 2 or more "
+                        "the report adds the real runs' own spread per metric (noise_floor)")
     v.set_defaults(func=_validate)
 
 
@@ -205,10 +208,13 @@ def _validate(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")
     if args.threads is not None and args.threads < 1:
         raise FlashsimError(f"--threads {args.threads}: give at least 1 compute thread (or omit it: the profile's count)")
+    if args.repeats < 1:
+        raise FlashsimError(f"--repeats {args.repeats}: give 1 or more real runs per configuration")
     modes = parse_modes(args.modes)
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
-                            progress=validate_progress(args.json), threads=args.threads, modes=modes)
+                            progress=validate_progress(args.json), threads=args.threads, modes=modes,
+                            repeats=args.repeats)
     return print_validation(report, args.json, args.plot)
 
 
@@ -235,8 +241,12 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
           f"{report['wall_s']:.0f} s")
     tables = [("all", report)] + (list(report["per_mode"].items()) if len(report["per_mode"]) > 1 else [])
     for name, summary in tables:
-        rows = [[m, f"{v['median']:.1%}", f"{v['p90']:.1%}", f"{v['max']:.1%}"] for m, v in summary["per_metric"].items()]
-        print_table([f"metric ({name})", "median error", "p90", "max"], rows)
+        noise = summary.get("noise_floor", {})
+        rows = [[m, f"{v['median']:.1%}", f"{v['p90']:.1%}", f"{v['max']:.1%}"]
+                + ([f"{noise[m]['median']:.1%}", f"{noise[m]['p90']:.1%}"] if m in noise else [])
+                for m, v in summary["per_metric"].items()]
+        head = [f"metric ({name})", "median error", "p90", "max"]
+        print_table(head + (["real spread median", "p90"] if noise else []), rows)
     model = report["per_mode"].get("model")
     if model and model.get("quality"):
         q = model["quality"]

@@ -36,6 +36,24 @@ def test_compare_skips_warmup_and_uses_means():
     assert V.rel_error(1.5, 1.0) == pytest.approx(0.5) and V.rel_error(0.0, 0.0) == 0.0
 
 
+def test_compare_with_repeats_averages_runs_and_reports_their_spread():
+    class T:
+        def __init__(self, v):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = 100
+
+    run = lambda v: [T(50.0), T(50.0), T(v), T(v)]   # noqa: E731  (two warm-up steps, then v)
+    c = V.compare(run(2.0), run(3.0), [run(4.0), run(3.0)])
+    lat = c["latency_s"]
+    assert lat["real"] == pytest.approx(3.0) and lat["error"] == 0.0        # mean of 2, 4, 3
+    assert lat["real_runs"] == [2.0, 4.0, 3.0] and lat["spread"] == pytest.approx((4.0 - 2.0) / 2.0)
+    assert "spread" not in V.compare(run(2.0), run(3.0))["latency_s"]
+    rows = [{"metrics": c}, {"metrics": V.compare(run(2.0), run(2.0), [run(2.2)])}]
+    noise = V.summarize(rows)["noise_floor"]["latency_s"]
+    assert noise["median"] == pytest.approx((1.0 + 0.1) / 2) and noise["max"] == pytest.approx(1.0)
+    assert "noise_floor" not in V.summarize([{"metrics": V.compare(run(1.0), run(1.0))}])
+
+
 def test_full_grid_has_at_least_24_configurations():
     assert len(V.grid(quick=False)) >= 24
     assert {p.k for p in V.grid(False)} == {0, 1, 2, 4, 8}
@@ -110,6 +128,12 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert main(["validate", "--quick", "--tokens", "6", "--modes", "model", "--workdir", str(work)]) == 0
     text = capsys.readouterr().out
     assert "2 configurations (model: 2)" in text and "greedy agreement" in text
+    # two passes over the grid: the real runs' spread is reported next to the errors
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["repeats"] == 2 and out["noise_floor"]["latency_s"]["max"] >= 0.0
+    assert all(len(c["metrics"]["latency_s"]["real_runs"]) == 2 for c in out["configs"])
+    assert calls == [6, 6, 6]
 
 
 def test_store_cache_key_follows_the_source_and_settings(tmp_path, monkeypatch):
@@ -153,6 +177,7 @@ def test_validate_bad_input_exits_2(capsys):
     assert main(["validate", "--tokens", "2"]) == 2
     assert main(["validate", "--profile", "no-such-device"]) == 2
     assert main(["validate", "--modes", "shape,magic"]) == 2
+    assert main(["validate", "--repeats", "0"]) == 2
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -211,7 +236,7 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
     from devices import load_profile
 
     seen = []
-    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot:
+    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1:
                         seen.append(threads) or {"model": "x"})
     prof = load_profile("this-host")
     monkeypatch.setattr(V, "host_load", lambda: {"load_avg": [9.0, 1.0, 1.0], "cores": 2})
