@@ -136,6 +136,17 @@ class FlashSpec(_Strict):
                                             "(waking and collecting the reader threads), on top of the per-read loss")
     read_delay_s_per_batch: float = Field(default=0.0, ge=0, description="time a batch takes longer while the "
                                           "compute runs, on top of the per-read delay")
+    # The same four effects while the compute is framework code (Python holding the interpreter lock:
+    # Hugging Face modules) rather than kernels; default: the kernel values above. bench flash measures
+    # them with a tiny transformers llama as the compute probe.
+    framework_compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute_lost_s_per_read "
+                                                            "while the compute is framework code")
+    framework_compute_lost_s_per_batch: float | None = Field(default=None, ge=0, description="compute_lost_s_per_batch "
+                                                             "while the compute is framework code")
+    framework_read_delay_s_per_read: float | None = Field(default=None, ge=0, description="read_delay_s_per_read "
+                                                          "while the compute is framework code")
+    framework_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_batch "
+                                                           "while the compute is framework code")
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
@@ -146,7 +157,9 @@ class FlashSpec(_Strict):
         if self.read_table is None and self.iops_max is None:
             raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
         for name in ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
-                     "read_delay_s_per_batch"):
+                     "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
+                     "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
+                     "framework_read_delay_s_per_batch"):
             if getattr(self, name) and self.host_cpu_s_per_read == 0:
                 raise ValueError(f"{name} needs host_cpu_s_per_read > 0 (a host whose CPU both computes and "
                                  "submits the reads)")

@@ -35,6 +35,9 @@ sizes splits each effect into a per-batch and a per-read part (clipped at 0):
   * cpu_s_per_read: CPU time per read, batches alone;
   * compute_lost_s_per_read / _per_batch: the probe's lost time;
   * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs.
+The probe runs twice: with the GEMV compute (kernels, which release the interpreter lock) and
+with decode steps of a tiny transformers llama (framework code, which holds it: the profile's
+framework_* terms). The second interferes 3-4x more here (compute lost 16-19 vs 5 us per read).
 Without torch the probe is NumPy. The load average is recorded with the numbers.
 """
 
@@ -336,9 +339,40 @@ def _compute_probe(threads: int, seed: int) -> Callable[[float], int]:
     return run_torch
 
 
+def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
+    """Framework-code compute: decode steps of a tiny random llama in transformers (Python module
+    code holding the interpreter lock most of the time, like model mode's attention), restarted
+    every 64 steps; None without transformers."""
+    try:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    from real.bench_compute import FRAMEWORK_DIMS
+    from real.model_mode import _cache_arg, _decode_step
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=4, **FRAMEWORK_DIMS)).eval()
+    arg, ids, state = _cache_arg(model), np.ones((1, 1), np.int64), {"past": None, "steps": 0}
+
+    def run(until: float) -> int:
+        n = 0
+        with torch.no_grad():
+            while time.perf_counter() < until:
+                if state["steps"] % 64 == 0:
+                    state["past"] = None
+                _, state["past"] = _decode_step(model, ids, state["past"], arg)
+                state["steps"] += 1
+                n += 1
+        return n
+
+    return run
+
+
 def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = PROBE_SLICES,
                    slice_s: float = PROBE_SLICE_S, compute_threads: int = 1, seed: int = 0,
-                   batch_reads: tuple[int, int] | None = None) -> dict[str, Any]:
+                   batch_reads: tuple[int, int] | None = None, framework: bool = False) -> dict[str, Any] | None:
     """CPU time per read, and how batches of reads and a concurrent compute slow each other
     (module docstring). Reads are issued as the real backend issues a prefetch: a background
     thread hands batches of B reads to a persistent pool of `in_flight` threads (the reader's own
@@ -351,7 +385,10 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
     sizes = batch_reads or (2 * in_flight, 8 * in_flight)
     torch_threads = _torch_threads()
-    probe = _compute_probe(compute_threads, seed)
+    probe = _framework_probe(compute_threads, seed) if framework else _compute_probe(compute_threads, seed)
+    if probe is None:
+        _restore_torch_threads(torch_threads)
+        return None
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE]))
     bufs = [memoryview(AlignedBuffer(chunk).array)[:chunk] for _ in range(in_flight)]
     pool = _Workers(in_flight) if in_flight > 1 else None
@@ -503,6 +540,10 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
             host = host_cpu_probe(bf, chunk, max(cfg.in_flight), slice_s=min(PROBE_SLICE_S, cfg.duration_s),
                                   compute_threads=cfg.compute_threads, seed=cfg.seed)
+            fw = host_cpu_probe(bf, chunk, max(cfg.in_flight), slice_s=min(PROBE_SLICE_S, cfg.duration_s),
+                                compute_threads=cfg.compute_threads, seed=cfg.seed, framework=True)
+            if host is not None and fw is not None:
+                host["framework"] = fw
             if progress:
                 progress("host CPU")
     finally:
@@ -559,9 +600,12 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         shares_cpu = compute_runs_on_cpu()
     extra: dict[str, float] = {}
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
+        keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra = {"host_cpu_s_per_read": float(f"{host['cpu_s_per_read']:.4g}"),
-                 **{k: float(f"{host[k]:.4g}") for k in ("compute_lost_s_per_read", "read_delay_s_per_read",
-                                                          "compute_lost_s_per_batch", "read_delay_s_per_batch")}}
+                 **{k: float(f"{host[k]:.4g}") for k in keys}}
+        if host.get("framework"):
+            extra.update({f"framework_{k}": float(f"{host['framework'][k]:.4g}") for k in keys})
+            source += "; the framework_ terms with a tiny transformers llama as the compute"
         source += (f"; host CPU per read and compute lost per read measured at {format_bytes(host['chunk_bytes'])} x "
                    f"{host['in_flight']} in flight, batches of {host['batch_reads']} reads, with a "
                    f"{host['compute_threads']}-thread compute probe "

@@ -65,6 +65,8 @@ class PlanArrays:
     n_tokens: np.ndarray | None = None
     planned_steps: int = 0
     host_cpu: HostCpu | None = None  # reads' CPU cost on a host that computes on the same cores
+    attn_fw_s: float = 0.0           # framework code inside each layer's attention phase (compute.framework=hf)
+    head_fw_s: float = 0.0           # ... and inside the step's lm_head phase
 
     def __getattr__(self, name: str) -> np.ndarray:
         d = self.__dict__
@@ -121,6 +123,7 @@ class Planner:
         a.fixed_bytes = memory.fixed_bytes
         a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
         a.host_cpu = HostCpu.of(profile)
+        a.attn_fw_s, a.head_fw_s = compute.layer_fw_s, compute.token_fw_s
         self.arr = a
         self._stream_rows(a)
 

@@ -63,13 +63,27 @@ MIN_CPU_SHARE = 0.05
 
 @dataclass(frozen=True)
 class HostCpu:
-    """CPU cost of reads on a host whose CPU also computes (seconds per read)."""
+    """CPU cost of reads on a host whose CPU also computes (seconds per read).
+
+    Two sets of interference constants: while the compute runs kernels (which release the
+    interpreter lock) and while it runs framework code (Python holding it: Hugging Face modules).
+    A phase whose framework share is f (its framework_*_s over its duration) mixes them linearly;
+    the fw_* fields default to the kernel ones."""
 
     cpu_s_per_read: float      # the reads' own CPU work (submission, completion, thread hand-off)
     lost_s_per_read: float     # compute time lost per read running concurrently
     delay_s_per_read: float    # extra service time per read of a batch that runs while the compute runs
     lost_s_per_batch: float = 0.0    # compute lost per batch (waking and collecting the reader threads)
     delay_s_per_batch: float = 0.0   # extra service time per batch while the compute runs
+    fw_lost_s_per_read: float | None = None
+    fw_lost_s_per_batch: float | None = None
+    fw_delay_s_per_read: float | None = None
+    fw_delay_s_per_batch: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("lost_s_per_read", "lost_s_per_batch", "delay_s_per_read", "delay_s_per_batch"):
+            if getattr(self, "fw_" + name) is None:
+                object.__setattr__(self, "fw_" + name, getattr(self, name))
 
     @classmethod
     def of(cls, profile: DeviceProfile) -> HostCpu | None:
@@ -80,14 +94,29 @@ class HostCpu:
         cpu = f.host_cpu_s_per_read
         lost = f.compute_lost_s_per_read if f.compute_lost_s_per_read is not None else cpu
         delay = f.read_delay_s_per_read if f.read_delay_s_per_read is not None else cpu
-        return cls(cpu, lost, delay, f.compute_lost_s_per_batch, f.read_delay_s_per_batch)
+        return cls(cpu, lost, delay, f.compute_lost_s_per_batch, f.read_delay_s_per_batch,
+                   f.framework_compute_lost_s_per_read, f.framework_compute_lost_s_per_batch,
+                   f.framework_read_delay_s_per_read, f.framework_read_delay_s_per_batch)
 
-    def cpu_share(self, nreads: float, service_s: float) -> float:
-        """The share of full speed the compute keeps while a batch of `nreads` runs for service_s."""
+    def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0) -> float:
+        """The share of full speed the compute keeps while a batch of `nreads` runs for service_s;
+        `framework`: the share of the compute that is framework code (0 = kernels only)."""
         if service_s <= 0:
             return 1.0
-        share = 1.0 - (nreads * self.lost_s_per_read + self.lost_s_per_batch) / service_s
+        k = nreads * self.lost_s_per_read + self.lost_s_per_batch
+        if framework > 0:
+            fw = nreads * self.fw_lost_s_per_read + self.fw_lost_s_per_batch  # type: ignore[operator]
+            k += framework * (fw - k)
+        share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
+
+    def delay_s(self, nreads: float, framework: float = 0.0) -> float:
+        """How much longer a batch of `nreads` takes while the compute runs (framework share as above)."""
+        k = nreads * self.delay_s_per_read + self.delay_s_per_batch
+        if framework > 0:
+            fw = nreads * self.fw_delay_s_per_read + self.fw_delay_s_per_batch  # type: ignore[operator]
+            k += framework * (fw - k)
+        return k
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ class FlashDevice:
         self._min_share = min_share
         self._segments: deque[tuple[float, float, float]] = deque()   # (start, end, share left)
         self.host: HostCpu | None = None
-        self._cpu_segments: deque[tuple[float, float, float]] = deque()  # (start, end, CPU share left)
+        # (start, end, CPU share left to kernels, ... to framework code)
+        self._cpu_segments: deque[tuple[float, float, float, float]] = deque()
         self.host_cpu_extra_s: dict[int, float] = {}    # step -> service added by the reads' CPU work
 
     def enable_host_cpu(self, host: HostCpu | None) -> None:
@@ -122,20 +123,22 @@ class FlashDevice:
         self.host = host
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
-               step: int = -1, layer: int = -1, overlap_s: float = float("inf")) -> float:
+               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), framework: float = 0.0) -> float:
         """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
-        before it needs a prefetch (a batch waits for the compute at most that long)."""
+        before it needs a prefetch (a batch waits for the compute at most that long); `framework`:
+        the framework-code share of that compute (HostCpu)."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
         host = self.host
         if host is not None and nreads > 0:
             if tag == "prefetch":   # the decoder computes while it runs: its CPU work waits for the compute's
-                extra = nreads * host.delay_s_per_read + host.delay_s_per_batch
+                extra = host.delay_s(nreads, framework)
                 if extra > overlap_s:
                     extra = overlap_s
                 service_s += extra
                 self.host_cpu_extra_s[step] = self.host_cpu_extra_s.get(step, 0.0) + extra
             if service_s > 0:
-                self._cpu_segments.append((start, start + service_s, host.cpu_share(nreads, service_s)))
+                self._cpu_segments.append((start, start + service_s, host.cpu_share(nreads, service_s),
+                                           host.cpu_share(nreads, service_s, 1.0)))
         end = start + service_s
         self.free_at_s = end
         self.busy_s += service_s
@@ -146,12 +149,15 @@ class FlashDevice:
             self.log.append(FlashBatch(tag, step, layer, int(nbytes), int(nreads), now_s, start, end))
         return end
 
-    def cpu_segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
-        """Scheduled batches (start, end, CPU share left to compute) ending after t_s."""
+    def cpu_segments_after(self, t_s: float, framework: float = 0.0) -> list[tuple[float, float, float]]:
+        """Scheduled batches (start, end, CPU share left to a compute whose framework-code share is
+        `framework`) ending after t_s."""
         seg = self._cpu_segments
         while seg and seg[0][1] <= t_s:
             seg.popleft()
-        return seg
+        if framework <= 0:
+            return [(a, b, k) for a, b, k, _ in seg]
+        return [(a, b, k + framework * (fw - k)) for a, b, k, fw in seg]
 
     def segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
         """Scheduled transfers (start, end, DRAM share left) ending after t_s (older ones dropped)."""

@@ -16,7 +16,9 @@ one to three events. Compute phases on unified-memory devices are stretched by t
 scheduled during them (`sim.components.compute.stretch`). On a host whose CPU both computes and
 submits the reads (`plan.host_cpu`, from the profile's `flash.host_cpu_s_per_read` > 0), every
 compute phase is also stretched by the CPU the reads in flight take (`FlashDevice.cpu_segments_after`),
-and prefetch batches take longer by their own CPU time (added to the step's io_s).
+and prefetch batches take longer by their own CPU time (added to the step's io_s). Both effects
+use the framework-code constants in proportion to the framework share of the phase (attention and
+lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
@@ -67,6 +69,7 @@ class Decoder:
         host = self.host is not None
         csegs = flash.cpu_segments_after
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
+        fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
         lookahead = self.trigger == "previous-layer"
@@ -110,7 +113,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now))
+                    d_attn = stretch(now, d_attn, csegs(now, fw_a / a_tot if a_tot > 0 else 0.0))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -135,16 +138,19 @@ class Decoder:
                 # wait for the compute they overlap: delta, about one step of compute (L x this layer's);
                 # lookahead, this FFN and the next layer's attention.
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
+                f_ov = fw_a / ov if host and ov > 0 else 0.0     # framework share of the overlapped compute
                 if delta:
                     if nxt is not None:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
-                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, L * ov)
+                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, L * ov,
+                                                   f_ov)
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_ffn, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, L * ov)
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, L * ov, f_ov)
                 elif lookahead and c_next is not None and c_next[6] > 0:
-                    pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov)
+                    pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
+                                               f_ov)
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -189,7 +195,7 @@ class Decoder:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
             if host and flash.free_at_s > now:
-                d = stretch(now, d, csegs(now))
+                d = stretch(now, d, csegs(now, fw_h / d if d > 0 else 0.0))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)

@@ -143,3 +143,43 @@ def test_staged_reads_priced_per_read(gated_trace, base_profile, bundled, align,
     for ta, tb in zip(a.tokens, b.tokens, strict=True):
         assert tb.io_s - ta.io_s == pytest.approx(1e-5 * ta.reads_issued if staged else 0.0, abs=1e-12)
         assert tb.reads_issued == ta.reads_issued
+
+
+def test_framework_constants_mix_by_the_phase_share(m1) -> None:
+    """Framework-code compute (holding the interpreter lock) has its own interference constants,
+    mixed linearly by the framework share; they default to the kernel ones."""
+    h = HostCpu(1e-5, 2e-5, 5e-6, 1e-4, 2e-4, fw_lost_s_per_read=6e-5, fw_lost_s_per_batch=3e-4,
+                fw_delay_s_per_read=1.5e-5, fw_delay_s_per_batch=4e-4)
+    assert h.cpu_share(100, 0.01) == pytest.approx(1 - (100 * 2e-5 + 1e-4) / 0.01)            # kernels: 0.79
+    assert h.cpu_share(100, 0.01, 1.0) == pytest.approx(1 - (100 * 6e-5 + 3e-4) / 0.01)       # framework: 0.37
+    assert h.cpu_share(100, 0.01, 0.5) == pytest.approx(1 - (0.0021 + 0.0063) / 2 / 0.01)     # half and half
+    assert h.delay_s(100) == pytest.approx(100 * 5e-6 + 2e-4)
+    assert h.delay_s(100, 0.25) == pytest.approx(0.75 * (100 * 5e-6 + 2e-4) + 0.25 * (100 * 1.5e-5 + 4e-4))
+    plain = HostCpu(1e-5, 2e-5, 5e-6, 1e-4, 2e-4)
+    assert plain.cpu_share(100, 0.01, 1.0) == plain.cpu_share(100, 0.01)
+    flash = FlashDevice()
+    flash.enable_host_cpu(h)
+    end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, framework=1.0)
+    assert end == pytest.approx(0.01 + 100 * 1.5e-5 + 4e-4)
+    (a, b, share), = flash.cpu_segments_after(0.0, 0.5)
+    assert (a, b) == (0.0, end)
+    assert share == pytest.approx(0.5 * h.cpu_share(100, end) + 0.5 * h.cpu_share(100, end, 1.0))
+    p = HostCpu.of(_with_host(m1, host_cpu_s_per_read=1e-5, framework_compute_lost_s_per_read=7e-5))
+    assert p.fw_lost_s_per_read == 7e-5 and p.fw_delay_s_per_read == p.delay_s_per_read == 1e-5
+
+
+def test_framework_share_slows_prefetch_overlap_more(small_trace, base_profile) -> None:
+    """Under compute.framework=hf with framework overhead in the profile, larger framework
+    interference constants cost more compute and io than the kernel ones alone."""
+    data = base_profile.model_dump(mode="json", exclude_none=True)
+    data["compute"].update(framework_layer_s=2e-4, framework_token_s=1e-4)
+    prof = DeviceProfile.model_validate(data)
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
+    kernels = _with_host(prof, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=1e-5, read_delay_s_per_read=1e-6)
+    fw = _with_host(prof, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=1e-5, read_delay_s_per_read=1e-6,
+                    framework_compute_lost_s_per_read=5e-5, framework_read_delay_s_per_read=1e-5)
+    a, b = _means(simulate(small_trace, None, kernels, cfg, fast=False)), _means(simulate(small_trace, None, fw, cfg, fast=False))
+    assert b["latency_s"] > a["latency_s"] and b["io_s"] > a["io_s"]
+    c = _means(simulate(small_trace, None, fw, cfg.with_overrides(["compute.framework=kernels"]), fast=False))
+    d = _means(simulate(small_trace, None, kernels, cfg.with_overrides(["compute.framework=kernels"]), fast=False))
+    assert c == d        # no framework code: the framework constants never apply
