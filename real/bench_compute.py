@@ -149,7 +149,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                  "transpose": _transpose_rate(torch, rng, sets_t, min_time_s)}
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
-            extra["framework"] = fw_overhead
+            extra["framework_overhead"] = fw_overhead
     else:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
         for name, ndt in {"fp32": np.float32, "fp16": np.float16}.items():
@@ -277,9 +277,9 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     }
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = float(f"{result['transpose']['bytes_per_s']:.4g}")
-    if "framework" in result:
-        compute["framework_layer_s"] = float(f"{result['framework']['layer_s']:.4g}")
-        compute["framework_token_s"] = float(f"{result['framework']['token_s']:.4g}")
+    if "framework_overhead" in result:
+        compute["framework_layer_s"] = float(f"{result['framework_overhead']['layer_s']:.4g}")
+        compute["framework_token_s"] = float(f"{result['framework_overhead']['token_s']:.4g}")
         compute["source"] = compute["source"].replace(
             f"`{command}`", f"framework overhead from tiny transformers llama decode steps (1 and "
                             f"{FRAMEWORK_LAYERS} layers); `{command}`")

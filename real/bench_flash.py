@@ -5,7 +5,11 @@ Method (the same I/O path as the real backend's reader, so its numbers are compa
 Python threads, one per read in flight, each issuing `os.preadv` into its own page-aligned buffer
 at random offsets aligned to the chunk size (as fio's `randread` does), with O_DIRECT so the page
 cache never serves a read. Each grid point runs for `duration_s`; its throughput is the bytes
-completed divided by the time from the common start to the last completion. Offsets come from a
+completed divided by the time from the common start to the last completion; the grid is swept
+`passes` times (default 3, directions alternating, each point duration_s / passes per sweep) and
+each point's value is the median over sweeps, because this host's virtio disk has slow spells of
+a minute or so (4 KiB at 32 in flight: 12 vs 23 us per read) that a single sweep records as the
+disk's throughput at whatever points they hit. Offsets come from a
 seeded generator per grid point. Without O_DIRECT (filesystems that refuse it) the file is opened
 buffered with readahead disabled and dropped from the page cache before every point; results then
 say `direct_io: false`, since later reads of the same pages may come from RAM.
@@ -86,8 +90,11 @@ class FlashBenchConfig:
     direct: bool | None = None     # None: O_DIRECT if the filesystem allows it
     host_cpu: bool = True          # also measure the reads' host CPU cost (host_cpu_probe)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
+    passes: int = 3                # sweeps over the grid, each point duration_s / passes per sweep (median)
 
     def __post_init__(self) -> None:
+        if self.passes < 1:
+            raise FlashsimError(f"--passes must be >= 1, got {self.passes}")
         if not self.chunks or any(c <= 0 or c % ALIGN_BYTES for c in self.chunks):
             raise FlashsimError(f"--chunks: every chunk must be a positive multiple of {ALIGN_BYTES} bytes "
                                 f"(direct I/O alignment), got {list(self.chunks)}")
@@ -514,16 +521,19 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                                 f"{format_bytes(max(cfg.chunks))}; use a bigger --size or file")
         ss = np.random.SeedSequence(cfg.seed)
         point_rngs = [np.random.default_rng(s) for s in ss.spawn(len(cfg.chunks) * len(cfg.in_flight) + 1)]
-        grid = np.zeros((len(cfg.chunks), len(cfg.in_flight)))
-        cpu = np.zeros_like(grid)
-        for i, c in enumerate(cfg.chunks):
-            for j, q in enumerate(cfg.in_flight):
+        shape = (cfg.passes, len(cfg.chunks), len(cfg.in_flight))
+        sweeps, cpus = np.zeros(shape), np.zeros(shape)
+        points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
+        for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
+            for i, j in (points if k % 2 == 0 else points[::-1]):
+                c, q = cfg.chunks[i], cfg.in_flight[j]
                 st: dict[str, float] = {}
-                grid[i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s, point_rngs[i * len(cfg.in_flight) + j],
-                                                     stats=st)
-                cpu[i, j] = st["cpu_s"] / max(st["reads"], 1.0)
+                sweeps[k, i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s / cfg.passes,
+                                                          point_rngs[i * len(cfg.in_flight) + j], stats=st)
+                cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
                 if progress:
-                    progress(f"{format_bytes(c)} x {q}")
+                    progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
+        grid, cpu = np.median(sweeps, axis=0), np.median(cpus, axis=0)
         seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
         seq = {q: sequential_bytes_per_s(bf, seq_chunk, q, cfg.duration_s) for q in (1, 4)}
         if progress:
@@ -554,7 +564,8 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "note": bf.note, "method": "python threads, os.preadv, one thread per read in flight",
         "duration_s_per_point": cfg.duration_s, "seed": cfg.seed,
         "grid": {"chunk_bytes": list(cfg.chunks), "in_flight": list(cfg.in_flight),
-                 "bytes_per_s": grid.tolist(), "cpu_s_per_read": cpu.tolist()},
+                 "bytes_per_s": grid.tolist(), "cpu_s_per_read": cpu.tolist(), "passes": cfg.passes,
+                 "bytes_per_s_per_pass": sweeps.tolist()},
         "sequential": {"chunk_bytes": seq_chunk, "in_flight_1_bytes_per_s": seq[1],
                        "in_flight_4_bytes_per_s": seq[4], "bytes_per_s": max(seq.values())},
         "latency_4k_qd1": lat,

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--chunks", help="comma-separated read sizes, multiples of 4KiB (default 4KiB,8KiB,...,1MiB)")
     f.add_argument("--in-flight", help="comma-separated reads in flight (default 1,2,4,8,16,32,64)")
     f.add_argument("--duration-s", type=float, help="seconds per grid point (default 1; --quick 0.2)")
+    f.add_argument("--passes", type=int, help="sweeps over the grid, each point's seconds split between them and "
+                                              "the median kept (default 3; --quick 1): a slow spell of the disk then "
+                                              "moves single sweeps, not the table")
     f.add_argument("--quick", action="store_true", help="small grid (4KiB,64KiB,1MiB x 1,4), short points")
     f.add_argument("--buffered", action="store_true", help="buffered reads with page-cache eviction, not O_DIRECT")
     f.add_argument("--keep-file", action="store_true", help="keep a file this command created")
@@ -91,7 +94,7 @@ def _flash(args: argparse.Namespace) -> int:
     if args.import_fio:
         from real.fio_import import import_fio
 
-        measuring = [f"--{k.replace('_', '-')}" for k in ("path", "size", "chunks", "in_flight", "duration_s")
+        measuring = [f"--{k.replace('_', '-')}" for k in ("path", "size", "chunks", "in_flight", "duration_s", "passes")
                      if getattr(args, k) is not None] + [f"--{k.replace('_', '-')}" for k in
                                                           ("quick", "buffered", "keep_file", "no_host_cpu")
                                                           if getattr(args, k)]
@@ -111,18 +114,20 @@ def _flash(args: argparse.Namespace) -> int:
         duration = args.duration_s if args.duration_s is not None else 0.2 if args.quick else 1.0
         if args.compute_threads < 1:
             raise FlashsimError(f"--compute-threads {args.compute_threads}: must be >= 1")
+        passes = args.passes if args.passes is not None else 1 if args.quick else 3
         cfg = FlashBenchConfig(chunks=tuple(chunks), in_flight=tuple(depths), duration_s=duration, seed=args.seed,
                                direct=False if args.buffered else None, host_cpu=not args.no_host_cpu,
-                               compute_threads=args.compute_threads)
+                               compute_threads=args.compute_threads, passes=passes)
         size = parse_bytes(args.size, "--size") if args.size else (64 << 20 if args.quick else 2 << 30)
         path = Path(args.path) if args.path else Path.cwd() / f"flashsim-bench-{os.getpid()}.dat"
         command = ("flashsim bench flash --chunks " + ",".join(str(c) for c in cfg.chunks) + " --in-flight "
-                   + ",".join(map(str, cfg.in_flight)) + f" --duration-s {cfg.duration_s:g} --seed {cfg.seed}"
+                   + ",".join(map(str, cfg.in_flight)) + f" --duration-s {cfg.duration_s:g} --passes {cfg.passes}"
+                   + f" --seed {cfg.seed}"
                    + (f" --path {args.path}" if args.path else "") + (f" --size {size}" if not path.exists() else "")
                    + (" --buffered" if args.buffered else "")
                    + (" --no-host-cpu" if args.no_host_cpu else f" --compute-threads {cfg.compute_threads}"))
         result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
-            len(cfg.chunks) * len(cfg.in_flight) + 2, args.json))
+            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 3 + (0 if args.no_host_cpu else 1), args.json))
         how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
                f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
     result["command"] = command

@@ -77,7 +77,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     cfg_kw: dict[str, Any] = dict(
         chunks=tuple(bench_flash.QUICK_CHUNKS if args.quick else bench_flash.DEFAULT_CHUNKS),
         in_flight=tuple(bench_flash.QUICK_IN_FLIGHT if args.quick else bench_flash.DEFAULT_IN_FLIGHT),
-        duration_s=0.2 if args.quick else 1.0, seed=args.seed, direct=None)
+        duration_s=0.2 if args.quick else 1.0, seed=args.seed, direct=None, passes=1 if args.quick else 3)
     if "compute_threads" in {f.name for f in dataclasses.fields(bench_flash.FlashBenchConfig)}:
         cfg_kw["compute_threads"] = args.threads
     cfg = bench_flash.FlashBenchConfig(**cfg_kw)
@@ -86,7 +86,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise FlashsimError(f"{bench_file}: already exists; remove it or choose another --path")
     flash_cmd = (f"flashsim bench flash --path {bench_file} --size {size} --chunks "
                  + ",".join(str(c) for c in cfg.chunks) + " --in-flight " + ",".join(map(str, cfg.in_flight))
-                 + f" --duration-s {cfg.duration_s:g} --seed {cfg.seed} (via flashsim calibrate)")
+                 + f" --duration-s {cfg.duration_s:g} --passes {cfg.passes} --seed {cfg.seed} (via flashsim calibrate)")
     _say(args, f"[1/4] bench flash: {len(cfg.chunks)} chunk sizes x {len(cfg.in_flight)} reads in flight on "
                f"{format_bytes(size)} in {folder}")
     flash = bench_flash.run_flash_bench(path=bench_file, size_bytes=size, cfg=cfg, keep_file=False, progress=None)
