@@ -334,14 +334,13 @@ class RealExecutor:
         F = torch.nn.functional
         if len(comp_ids) == 0:
             return torch.zeros_like(x)
-        # gather: one np.take of whole cache rows into the preallocated scratch (PyTorch's
-        # index_select on these NumPy-backed byte rows measured 300x slower here), then the
+        # gather: whole cache rows into the preallocated scratch (real.cache.gather_rows), then the
         # segments are views of it. The scratch's rows are GATHER_ROW_PAD_BYTES wider than the
         # cache's: see real.cache.GATHER_ROW_PAD_BYTES
         k = len(comp_ids)
         if self._gather is None or len(self._gather) < k:
             self._gather = gather_scratch(max(k, cache.capacity), cache.row_stride_bytes)
-        rows_t = torch.from_numpy(gather_rows(cache.rows, cache.slot_of[comp_ids], self._gather)).view(self.tdtype)
+        rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], self._gather, self.tdtype)
         w = self.seg_bytes // rows_t.element_size()
         segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
         xs = x.to(self.tdtype)

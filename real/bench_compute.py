@@ -6,8 +6,9 @@
   FLOPs = 2 M K per call. The thread count is written to the profile (`compute.threads`): on a
   host whose cores are shared, 1 and 2 threads differ by far more than 2x (per-op barriers wait for
   descheduled workers), so real runs use the profile's count and warn when they run another.
-* Gathered GEMV: copy a seeded random 10% of W's rows into a preallocated buffer
-  (`index_select(..., out=)` / `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
+* Gathered GEMV: copy a seeded random 10% of W's rows into a preallocated buffer (torch: the real
+  backend's own `real.cache.gather_rows` from rows held in an AlignedBuffer, its neuron cache's
+  memory; NumPy: `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
   gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
   rotate through GATHER_SETS different index sets, as successive tokens do, so the rows are not
   still in the CPU cache from the previous repetition.
@@ -96,6 +97,7 @@ def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 
                       threads: int | None = None) -> dict[str, Any]:
     """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default."""
     use_torch = framework == "torch" or (framework == "auto" and _have_torch())
+    # (the gather reads rows of an AlignedBuffer, the memory the real backend's neuron cache uses)
     if threads is not None and threads < 1:
         raise FlashsimError(f"--threads {threads}: must be >= 1")
     if threads is not None and not use_torch:
@@ -118,7 +120,12 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
     M, K = QUICK_SHAPE if quick else DENSE_SHAPE
     min_time_s = 0.1 if quick else 0.5
     rng = np.random.default_rng(seed)
+    from real.buffers import AlignedBuffer
+    from real.cache import gather_rows, gather_scratch
+
     w32 = (rng.random((M, K), dtype=np.float32) - 0.5) * 0.04
+    # the gathers read rows of the kind of memory the neuron cache is (AlignedBuffer: huge pages advised)
+    cache_mem = AlignedBuffer(M * K * 4)
     x32 = rng.standard_normal(K, dtype=np.float32)
     sets = [np.sort(rng.choice(M, int(M * GATHER_FRACTION), replace=False)) for _ in range(GATHER_SETS)]
     turn = itertools.cycle(range(GATHER_SETS))
@@ -136,10 +143,15 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
             buf = torch.empty((len(idx), K), dtype=tdt)
             out = torch.empty(M, dtype=tdt)
             out_g = torch.empty(len(idx), dtype=tdt)
+            es = w.element_size()
+            rows = cache_mem.array[: M * K * es].reshape(M, K * es)
+            rows[:] = w.view(torch.uint8).numpy().reshape(M, K * es)
+            scratch = gather_scratch(len(idx), K * es)
             with torch.no_grad():
                 t_dense = _times_s(lambda w=w, x=x, out=out: torch.mv(w, x, out=out), min_time_s)
-                t_gather = _times_s(lambda w=w, buf=buf: torch.index_select(w, 0, sets_t[next(turn)], out=buf),
-                                    min_time_s)
+                # the real backend's gather (real.cache.gather_rows) from the cache's kind of memory
+                t_gather = _times_s(lambda rows=rows, scratch=scratch, tdt=tdt:
+                                    gather_rows(rows, sets[next(turn)], scratch, tdt), min_time_s)
                 t_mv = _times_s(lambda buf=buf, x=x, out_g=out_g: torch.mv(buf, x, out=out_g), min_time_s)
             per_dtype[name] = _entry(M, K, len(idx), w.element_size(), t_dense, t_gather, t_mv)
         a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
@@ -222,8 +234,7 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, sets_t: list[Any], min
     slots = [np.sort(rng.choice(n, k, replace=False)) for _ in range(GATHER_SETS)]
     scratch = gather_scratch(k, rows.shape[1])
     turn = itertools.cycle(range(GATHER_SETS))
-    gathered = [torch.from_numpy(gather_rows(rows, slots[i], scratch).copy()).view(torch.float32)[:, 2 * d:3 * d]
-                for i in range(2)]
+    gathered = [gather_rows(rows, slots[i], scratch, torch.float32).clone()[:, 2 * d:3 * d] for i in range(2)]
     t = _median_s(lambda: gathered[next(turn) % 2].T.contiguous(), min_time_s)
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 

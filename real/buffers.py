@@ -7,15 +7,21 @@ also the page size of x86-64 and arm64 Linux (Jetson) and the read unit of NAND 
 
 Buffers come from anonymous `mmap` mappings, which the kernel always places on page boundaries;
 they are touched (pre-faulted) once at allocation so that no page fault lands inside a timed read.
+Buffers of HUGE_PAGE_MIN_BYTES or more are advised MADV_HUGEPAGE first (as NumPy does for its own
+large arrays): the neuron cache is gathered and moved row by row at random, and with 4 KiB pages
+every row costs TLB misses (a cold gather of 205 12 KiB rows measured 8.5 GB/s on 4 KiB pages and
+10.6 GB/s with huge pages here). Direct I/O into huge pages is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 import numpy as np
 
 ALIGN_BYTES = 4096
+HUGE_PAGE_MIN_BYTES = 2 << 20
 
 
 def round_up(n: int, align: int = ALIGN_BYTES) -> int:
@@ -37,8 +43,13 @@ class AlignedBuffer:
         if nbytes <= 0:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
         self.nbytes = round_up(nbytes, mmap.PAGESIZE)
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-        self._mm = mmap.mmap(-1, self.nbytes, flags=flags)
+        huge = self.nbytes >= HUGE_PAGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
+        # pre-fault with MAP_POPULATE, unless huge pages are advised first (then the touch below faults)
+        populate = 0 if huge else getattr(mmap, "MAP_POPULATE", 0)
+        self._mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        if huge:
+            with contextlib.suppress(OSError):   # THP disabled or not supported: 4 KiB pages
+                self._mm.madvise(mmap.MADV_HUGEPAGE)
         self.array = np.frombuffer(self._mm, dtype=np.uint8)
         self.array[:: mmap.PAGESIZE] = 0  # touch every page: no page faults later
         self.address = self.array.ctypes.data

@@ -20,6 +20,7 @@ work allocates only O(k) index arrays, never weight memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -203,9 +204,19 @@ def gather_scratch(n_rows: int, row_bytes: int) -> np.ndarray:
     return np.empty((n_rows, row_bytes + GATHER_ROW_PAD_BYTES), np.uint8)
 
 
-def gather_rows(rows: np.ndarray, slots: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """Copy rows[slots] into the first len(slots) rows of `scratch` (from gather_scratch); returns the
-    [k, row_bytes + pad] view whose leading row_bytes columns hold them."""
+def gather_rows(rows: np.ndarray, slots: np.ndarray, scratch: np.ndarray, dtype: Any) -> Any:
+    """Copy rows[slots] into the first len(slots) rows of `scratch` (from gather_scratch) and return
+    them as a torch tensor of `dtype` (a torch dtype whose size divides the row bytes): the
+    [k, (row_bytes + pad) / itemsize] view whose leading row_bytes hold the rows.
+
+    torch.index_select on the rows viewed as `dtype`, not np.take on the bytes: one thread gathered
+    205 12 KiB rows at 46 GB/s against np.take's 14 GB/s here (and 18 vs 8 GB/s for 1100 16 KiB
+    rows out of 180 MB)."""
+    import torch
+
     k, w = len(slots), rows.shape[1]
-    np.take(rows, slots, axis=0, out=scratch[:k, :w])
-    return scratch[:k]
+    src = torch.from_numpy(rows).view(dtype)
+    out = torch.from_numpy(scratch).view(dtype)
+    es = out.element_size()
+    torch.index_select(src, 0, torch.from_numpy(np.asarray(slots, np.int64)), out=out[:k, : w // es])
+    return out[:k]
