@@ -123,7 +123,9 @@ class Planner:
         a.fixed_bytes = memory.fixed_bytes
         a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
         a.host_cpu = HostCpu.of(profile)
-        a.attn_fw_s, a.head_fw_s = compute.layer_fw_s, compute.token_fw_s
+        # the attention phase is the per-layer mean (over kept mha blocks when pruned): so is its framework part
+        kept_mha = float(np.mean(self.mha_kept)) if self.dropped.any() else 1.0
+        a.attn_fw_s, a.head_fw_s = compute.layer_fw_s * kept_mha, compute.token_fw_s
         self.arr = a
         self._stream_rows(a)
 

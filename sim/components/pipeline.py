@@ -113,7 +113,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now, fw_a / a_tot if a_tot > 0 else 0.0))
+                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -138,7 +138,7 @@ class Decoder:
                 # wait for the compute they overlap: delta, about one step of compute (L x this layer's);
                 # lookahead, this FFN and the next layer's attention.
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
-                f_ov = fw_a / ov if host and ov > 0 else 0.0     # framework share of the overlapped compute
+                f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if delta:
                     if nxt is not None:
                         n_pf = nxt[layer]
@@ -195,7 +195,7 @@ class Decoder:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
             if host and flash.free_at_s > now:
-                d = stretch(now, d, csegs(now, fw_h / d if d > 0 else 0.0))
+                d = stretch(now, d, csegs(now, min(fw_h / d, 1.0) if d > 0 else 0.0))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)

@@ -84,7 +84,8 @@ def base_profile() -> DeviceProfile:
     """this-host without the host CPU fields (the model off)."""
     data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
     for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
-              "read_delay_s_per_batch"):
+              "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
+              "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)
 
