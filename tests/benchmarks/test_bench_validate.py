@@ -115,7 +115,9 @@ def test_bench_validate_quick_wall_time(capsys):
 
 
 HOST_CPU_FIELDS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read",
-                   "compute_lost_s_per_batch", "read_delay_s_per_batch")
+                   "compute_lost_s_per_batch", "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
+                   "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
+                   "framework_read_delay_s_per_batch")
 
 
 def test_bench_host_cpu_terms(tmp_path):
@@ -123,9 +125,10 @@ def test_bench_host_cpu_terms(tmp_path):
     replayed with profile variants (no host CPU terms; compute lost per read only; the full model), so
     real-run noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
     from devices.schema import DeviceProfile
+    from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
-    from real.shape_mode import run_shape, shape_trace_like
+    from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
     from real.validate import budget_for, compare, grid, summarize, validation_spec
     from sim.engine import simulate
@@ -155,7 +158,8 @@ def test_bench_host_cpu_terms(tmp_path):
     rows: dict[str, list] = {k: [] for k in variants}
     load0 = os.getloadavg()[0]
     for i, gp in enumerate(grid(quick)):
-        cfg = RunConfig().with_overrides(gp.overrides(budget_for(spec, n_tokens, gp.budget_fraction)) + ["seed=0"])
+        budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
+        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + ["seed=0"])), store)
         run = run_shape(store, trace, base, cfg, seed=0, threads=base.compute.threads or THREADS)
         executed = open_trace(write_executed_trace(tmp_path / f"ex-{i}", run, run.view, spec))
         for name, prof in variants.items():
