@@ -208,7 +208,8 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
     bf.drop_cache()
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
-        buf = AlignedBuffer(chunk)
+        # the reader's destinations: cache rows on huge pages, or its small staging buffer
+        buf = AlignedBuffer(chunk, huge=not stage_copy)
         mv = memoryview(buf.array)[:chunk]
         dst = np.empty((STAGE_ROWS, chunk + ALIGN_BYTES), np.uint8) if stage_copy else None
         offs = (seeds[k].integers(0, n_slots, 4096) * chunk).tolist()
@@ -248,7 +249,7 @@ def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s
     bf.drop_cache()
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
-        buf = AlignedBuffer(chunk)
+        buf = AlignedBuffer(chunk, huge=True)
         mv = memoryview(buf.array)[:chunk]
         if start is not None:
             start.wait()
@@ -397,7 +398,7 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
         _restore_torch_threads(torch_threads)
         return None
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE]))
-    bufs = [memoryview(AlignedBuffer(chunk).array)[:chunk] for _ in range(in_flight)]
+    bufs = [memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk] for _ in range(in_flight)]
     pool = _Workers(in_flight) if in_flight > 1 else None
 
     def one_batch(n: int) -> None:
