@@ -20,7 +20,7 @@
   ROW_SHAPES' many short rows, one with few long rows. Both stream their weights from DRAM (far
   beyond any L3), so the difference is the per-row work (the kernel's inner-loop setup and the
   hardware prefetcher restarting at each row): gemv_row_s = (t_many - t_few) / (rows_many -
-  rows_few). Measured here: 39 ns per row, which makes a 1024-wide fp32 GEMV stream at 20 GB/s
+  rows_few). Measured here: 70 ns per row, which makes a 1024-wide fp32 GEMV stream at 20 GB/s
   against 25 GB/s for 4096-wide rows. The GEMV rates written to the profile are the dense GEMV's
   with its rows' share removed, so rate + row cost reproduce the dense measurement.
 * Framework overhead (torch + transformers): decode steps of two tiny random llama models in
@@ -28,7 +28,7 @@
   take microseconds, so a step's time is the framework's own work: Python module calls, dispatch,
   mask / rotary / cache bookkeeping. framework_layer_s = the slope per layer, framework_token_s =
   the rest of a step. Charged by the simulator when the run config's compute.framework is hf (what
-  flashsim's model mode runs); measured here: ~150 us per layer and ~0.8 ms per step.
+  flashsim's model mode runs); measured here: ~130 us per layer and ~150 us per step.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from real.buffers import AlignedBuffer
+from real.cache import gather_rows, gather_scratch
 
 DENSE_SHAPE = (11008, 4096)
 QUICK_SHAPE = (4096, 2048)
@@ -97,7 +99,6 @@ def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 
                       threads: int | None = None) -> dict[str, Any]:
     """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default."""
     use_torch = framework == "torch" or (framework == "auto" and _have_torch())
-    # (the gather reads rows of an AlignedBuffer, the memory the real backend's neuron cache uses)
     if threads is not None and threads < 1:
         raise FlashsimError(f"--threads {threads}: must be >= 1")
     if threads is not None and not use_torch:
@@ -120,12 +121,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
     M, K = QUICK_SHAPE if quick else DENSE_SHAPE
     min_time_s = 0.1 if quick else 0.5
     rng = np.random.default_rng(seed)
-    from real.buffers import AlignedBuffer
-    from real.cache import gather_rows, gather_scratch
-
     w32 = (rng.random((M, K), dtype=np.float32) - 0.5) * 0.04
-    # the gathers read rows of the kind of memory the neuron cache is (AlignedBuffer: huge pages advised)
-    cache_mem = AlignedBuffer(M * K * 4)
     x32 = rng.standard_normal(K, dtype=np.float32)
     sets = [np.sort(rng.choice(M, int(M * GATHER_FRACTION), replace=False)) for _ in range(GATHER_SETS)]
     turn = itertools.cycle(range(GATHER_SETS))
@@ -136,7 +132,8 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
 
         threads = torch.get_num_threads()
         dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        sets_t = [torch.from_numpy(i) for i in sets]
+        # the gathers read rows of the kind of memory the neuron cache is (AlignedBuffer: huge pages advised)
+        cache_mem = AlignedBuffer(M * K * 4)
         for name, tdt in dtypes.items():
             w = torch.from_numpy(w32).to(tdt)
             x = torch.from_numpy(x32).to(tdt)
@@ -158,7 +155,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         t_op = _median_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"torch {torch.__version__}"
         extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
-                 "transpose": _transpose_rate(torch, rng, sets_t, min_time_s)}
+                 "transpose": _transpose_rate(torch, rng, min_time_s)}
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
             extra["framework_overhead"] = fw_overhead
@@ -187,7 +184,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
 
 def _row_cost(torch: Any, shapes: tuple[tuple[int, int], ...], min_time_s: float) -> dict[str, Any]:
     """Per-row GEMV cost from two cold GEMVs of equal bytes (module docstring)."""
-    (m1, k1), (m2, k2) = shapes
+    (m1, _), (m2, _) = shapes
     F = torch.nn.functional
     times = []
     for m, k in shapes:
@@ -224,10 +221,8 @@ def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
             "layer_s": layer_s, "token_s": max(0.0, step_s[1] - layer_s)}
 
 
-def _transpose_rate(torch: Any, rng: np.random.Generator, sets_t: list[Any], min_time_s: float) -> dict[str, Any]:
+def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> dict[str, Any]:
     """bytes/s of the down segment's transposed copy after the backend's own gather."""
-    from real.cache import gather_rows, gather_scratch
-
     n, d = TRANSPOSE_SHAPE
     rows = rng.integers(0, 64, (n, 3 * d * 4), dtype=np.uint8)   # small bytes: finite fp32 values
     k = int(n * GATHER_FRACTION)
@@ -272,28 +267,25 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     for k, v in per.items():   # the dense GEMV's time less its rows' share (kept >= half the time)
         t = v["dense_gemv_s"]
         rates[k] = float(f"{2.0 * M * K / max(t - M * row_s, 0.5 * t):.4g}")
+    how = [f"dense GEMV {M}x{K} per dtype less {M} rows x gemv_row_s",
+           f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype})", "1-element add per op"]
     compute = {
         "gemv_flops_per_s": rates,
         "gather_bytes_per_s": float(f"{per[gather_dtype]['gather_bytes_per_s']:.4g}"),
         "op_overhead_s": float(f"{result['op_overhead_s']:.4g}"),
         "gemv_row_s": float(f"{row_s:.4g}"),
         "threads": int(result["threads"]),
-        "source": f"{prefix}: dense GEMV {M}x{K} per dtype less {M} rows x gemv_row_s; "
-                  f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype}); 1-element add per op; "
-                  + ("gemv_row_s from cold GEMVs {} vs {}; ".format(*result["gemv_rows"]["shapes"])
-                     if "gemv_rows" in result else "")
-                  + ("transposed copy of {}x{} gathered fp32 rows; ".format(*result["transpose"]["rows"])
-                     if "transpose" in result else "")
-                  + f"`{command}`",
     }
+    if "gemv_rows" in result:
+        how.append("gemv_row_s from cold GEMVs {} vs {}".format(*result["gemv_rows"]["shapes"]))
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = float(f"{result['transpose']['bytes_per_s']:.4g}")
+        how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))
     if "framework_overhead" in result:
         compute["framework_layer_s"] = float(f"{result['framework_overhead']['layer_s']:.4g}")
         compute["framework_token_s"] = float(f"{result['framework_overhead']['token_s']:.4g}")
-        compute["source"] = compute["source"].replace(
-            f"`{command}`", f"framework overhead from tiny transformers llama decode steps (1 and "
-                            f"{FRAMEWORK_LAYERS} layers); `{command}`")
+        how.append(f"framework overhead from tiny transformers llama decode steps (1 and {FRAMEWORK_LAYERS} layers)")
+    compute["source"] = f"{prefix}: {'; '.join(how)}; `{command}`"
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
     memory = {

@@ -611,10 +611,15 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     if shares_cpu is None:
         shares_cpu = compute_runs_on_cpu()
     extra: dict[str, float] = {}
+    staged = result.get("staged")
+    if staged:   # the reader stages unaligned units on any host
+        extra["staged_s_per_read"] = float(f"{staged['staged_s_per_read']:.4g}")
+        source += (f"; staged reads: {format_bytes(staged['chunk_bytes'])} x {staged['in_flight']} in flight with "
+                   "and without the staging copy")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
-        extra = {"host_cpu_s_per_read": float(f"{host['cpu_s_per_read']:.4g}"),
-                 **{k: float(f"{host[k]:.4g}") for k in keys}}
+        extra["host_cpu_s_per_read"] = float(f"{host['cpu_s_per_read']:.4g}")
+        extra.update({k: float(f"{host[k]:.4g}") for k in keys})
         if host.get("framework"):
             extra.update({f"framework_{k}": float(f"{host['framework'][k]:.4g}") for k in keys})
             source += "; the framework_ terms with a tiny transformers llama as the compute"
@@ -629,10 +634,7 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         "read_table": {"chunk_bytes": [int(c) for c in g["chunk_bytes"]], "in_flight": [int(q) for q in g["in_flight"]],
                        "bytes_per_s": [[float(f"{v:.4g}") for v in row] for row in g["bytes_per_s"]]},
         **extra,
-        **({"staged_s_per_read": float(f"{result['staged']['staged_s_per_read']:.4g}")} if result.get("staged") else {}),
-        "source": source + (f"; staged reads: {format_bytes(result['staged']['chunk_bytes'])} x "
-                            f"{result['staged']['in_flight']} in flight with and without the staging copy"
-                            if result.get("staged") else ""),
+        "source": source,
     }
 
 

@@ -197,16 +197,18 @@ class Planner:
         rows = slice(a0, b0)
         counts = layout.read_counts(layer, lp.demand)
         staged = self.staged_s_per_read
-        a.dem_s[rows, layer] = rc.time_s(counts) + staged * counts.sum(axis=1)
+        n_dem = counts.sum(axis=1)
+        a.dem_s[rows, layer] = rc.time_s(counts) + staged * n_dem
         a.dem_bytes[rows, layer] = rc.bytes(counts)
-        a.dem_reads[rows, layer] = counts.sum(axis=1)
+        a.dem_reads[rows, layer] = n_dem
         if lp.prefetch_next.any():
             pc = layout.read_counts(layer, lp.prefetch_next)
+            n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            a.pf_s[tgt[ok], layer] = (rc.time_s(pc) + staged * pc.sum(axis=1))[ok]
+            a.pf_s[tgt[ok], layer] = (rc.time_s(pc) + staged * n_pf)[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
-            a.pf_reads[tgt[ok], layer] = pc.sum(axis=1)[ok]
+            a.pf_reads[tgt[ok], layer] = n_pf[ok]
         n_comp = bitsets.count(lp.computed)
         n_need = bitsets.count(lp.needed)
         n_corr = bitsets.count(lp.computed & lp.needed)
