@@ -154,7 +154,7 @@ class RealExecutor:
 
     # ---- setup ------------------------------------------------------------------------------------
     def _make_caches(self) -> list[Any]:
-        from real.cache import LayerCache
+        from real.cache import layer_caches
 
         sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
         cap = sim.memory.cap_neurons(sim.budget_bytes, 0, self.n_steps)
@@ -164,7 +164,7 @@ class RealExecutor:
         # the policy keeps at most `cap` dynamic neurons across steps and computes at most `peak` more
         # (a recorded trace's predictor cannot compute more than the union it is given)
         rows = int(min(N, int(cap.max()) + peak + static))
-        return [LayerCache(rows, N, self.store.bundle_bytes, self.reader.dest_row_bytes) for _ in range(L)]
+        return layer_caches([rows] * L, N, self.store.bundle_bytes, self.reader.dest_row_bytes)
 
     def _preload_static(self) -> None:
         # The static neurons live in the cache rows but the simulator counts them in its fixed term;

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devices.errors import FlashsimError
-from real.cache import LayerCache, NeuronCache
+from real.buffers import HUGE_PAGE_MIN_BYTES, AlignedBuffer
+from real.cache import LayerCache, NeuronCache, layer_caches
 
 ROW = 24          # bytes of one neuron's bundle in these tests
 N = 40
@@ -105,3 +106,30 @@ def test_neuron_cache_totals():
     nc[1].insert(np.array([3]), np.zeros((1, ROW), np.uint8))
     nc[0].delete(np.array([1]))
     assert (len(nc), nc.resident_bytes, nc.allocated_bytes, nc.bytes_moved) == (2, 64, 160, ROW)
+
+
+def test_layer_caches_share_one_huge_page_arena_without_overlap():
+    stride = 8192
+    caches = layer_caches([3, 0, 5], n_neurons=N, row_bytes=ROW, row_stride_bytes=stride)
+    arena = caches[0]._buf
+    assert all(c._buf is arena for c in caches)
+    assert arena.huge and arena.address % HUGE_PAGE_MIN_BYTES == 0   # huge pages can back every row
+    starts = [c.rows.ctypes.data - arena.address for c in caches if c.capacity]
+    assert starts == [0, 3 * stride]                                  # back to back, stride-aligned
+    caches[0].insert(np.array([1, 2, 3]), np.stack([row_of(n, 0) for n in (1, 2, 3)]))
+    caches[2].insert(np.array([4]), row_of(4, 0)[None])
+    assert np.array_equal(caches[0].rows[2, :ROW], row_of(3, 0))     # layer 2's rows did not overwrite layer 0's
+    assert np.array_equal(caches[2].rows[0, :ROW], row_of(4, 0))
+
+
+def test_aligned_buffer_huge_starts_on_a_huge_page_boundary():
+    for nbytes in (4096, 3 << 20, (2 << 20) + 12288):
+        buf = AlignedBuffer(nbytes, huge=True)
+        assert buf.address % HUGE_PAGE_MIN_BYTES == 0 and buf.nbytes >= nbytes and len(buf.array) == buf.nbytes
+    small = AlignedBuffer(12288)                    # under 2 MiB: 4 KiB pages, page aligned
+    assert not small.huge and small.address % 4096 == 0 and small.nbytes == 12288
+
+
+def test_layer_cache_rejects_memory_of_the_wrong_kind():
+    with pytest.raises(ValueError, match="memory must be uint8"):
+        LayerCache(4, N, ROW, 32, memory=np.zeros(64, np.uint8))
