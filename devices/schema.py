@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
@@ -150,12 +151,25 @@ class FlashSpec(_Strict):
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
+    # A read batch is issued to a pool of reader threads and done when its last read completes: on top
+    # of its reads at the table's steady throughput it costs starting the threads that take part,
+    # collecting them, and the wait for the slowest read (the depth drains at the end). bench flash
+    # measures it as the intercept of batch time over batch size at each depth.
+    batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
+                                                 "the time one read batch at that depth (min(reads, in flight)) "
+                                                 "takes beyond its reads at the table's throughput; None = 0")
     source: str
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:
         if self.read_table is None and self.iops_max is None:
             raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
+        if self.batch_overhead_s is not None:
+            depths = self.read_table.in_flight if self.read_table is not None else None
+            if depths is None or len(self.batch_overhead_s) != len(depths):
+                raise ValueError("batch_overhead_s needs a read_table and one value per read_table.in_flight entry")
+            if any(not (x >= 0) for x in self.batch_overhead_s):
+                raise ValueError("batch_overhead_s values must be >= 0 seconds")
         for name in ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
                      "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
                      "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
@@ -182,6 +196,14 @@ class FlashSpec(_Strict):
 
     def bytes_per_s(self, chunk_bytes: float, in_flight: int | None = None) -> float:
         return self.curve.bytes_per_s(chunk_bytes, in_flight or self.max_in_flight)
+
+    def batch_overhead_at(self, depth: np.ndarray) -> np.ndarray:
+        """Seconds per read batch at each depth (reads in flight; linear between the table's depths,
+        the end values beyond them); zeros without `batch_overhead_s`."""
+        q = np.asarray(depth, np.float64)
+        if self.batch_overhead_s is None or self.read_table is None:
+            return np.zeros_like(q)
+        return np.interp(q, np.asarray(self.read_table.in_flight, np.float64), np.asarray(self.batch_overhead_s))
 
 
 class DeviceProfile(_Strict):

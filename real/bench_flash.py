@@ -24,6 +24,13 @@ into a per-thread staging buffer and copies them out under the interpreter lock.
 the largest reads in flight is measured with and without that copy; the difference per read is
 what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us).
 
+Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_s`, one value per reads-in-
+flight entry of the table): the reader issues each layer's reads as one batch to its pool of threads
+and returns when the last read completes. Beyond its reads at the grid's steady throughput a batch
+costs waking and collecting the threads and the drain to its slowest read. At each depth q, batches
+of q and 4q reads alternate on real.reader's own pool; the intercept of batch time over batch size
+is the overhead (measured here at 16 KiB: 1 us at q=1, 80 us at 8, 290 us at 32).
+
 Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
 `compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
 sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
@@ -546,6 +553,10 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                                   max(cfg.in_flight), cfg.duration_s, point_rngs[-1])
         if progress:
             progress("staged reads")
+        batches = batch_overhead(bf, PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
+                                 cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
+        if progress:
+            progress("batch overhead")
         host = None
         if cfg.host_cpu:
             chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
@@ -571,6 +582,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                        "in_flight_4_bytes_per_s": seq[4], "bytes_per_s": max(seq.values())},
         "latency_4k_qd1": lat,
         "staged": staged,
+        "batches": batches,
         "host_cpu": host,
         "load_average_1min": os.getloadavg()[0],
     }
@@ -589,6 +601,55 @@ def staged_read_cost(bf: BenchFile, chunk: int, in_flight: int, duration_s: floa
     t_plain, t_staged = float(np.median(plain)), float(np.median(staged))
     return {"chunk_bytes": chunk, "in_flight": in_flight, "plain_s_per_read": t_plain,
             "staged_s_per_read_total": t_staged, "staged_s_per_read": max(0.0, t_staged - t_plain)}
+
+
+def batch_overhead(bf: BenchFile, chunk: int, depths: Sequence[int], duration_s: float,
+                   rng: np.random.Generator) -> dict[str, Any]:
+    """Per depth q: what one read batch costs beyond its reads' steady throughput (the profile's
+    `flash.batch_overhead_s`). Batches are issued as real.reader issues them (its own `_Workers`
+    pool of q threads taking reads from a shared counter; a single read runs inline), one at a time,
+    alternating n1 = q and n2 = 4q reads for `duration_s` per depth; the overhead is the intercept of
+    the straight line through the two median batch times (starting and collecting the threads, and
+    the drain to the slowest read, which every batch pays once), clipped at 0."""
+    from real.reader import _Workers
+
+    n_slots = (bf.size_bytes - chunk) // chunk + 1
+    if n_slots < 1:
+        raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
+    bufs = [memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk] for _ in range(max(depths))]
+    overhead, per_read, batch_s = [], [], []
+    for q in depths:
+        pool = _Workers(q) if q > 1 else None
+        sizes = (q, 4 * q)
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        try:
+            t_end = time.perf_counter() + duration_s
+            while time.perf_counter() < t_end:
+                for n in sizes:
+                    offs = (rng.integers(0, n_slots, n) * chunk).tolist()
+                    nxt = itertools.count()
+
+                    def work(w: int, offs: list[int] = offs, nxt: Any = nxt, n: int = n) -> None:
+                        mv = bufs[w]
+                        while (j := next(nxt)) < n:
+                            _read_or_fail(bf.fd, mv, offs[j], bf.path)
+
+                    t0 = time.perf_counter()
+                    if pool is None or n == 1:
+                        work(0)
+                    else:
+                        pool.run(work, min(q, n))
+                    times[n].append(time.perf_counter() - t0)
+        finally:
+            if pool is not None:
+                pool.close()
+        t1, t2 = (float(np.median(times[n])) for n in sizes)
+        r = (t2 - t1) / (sizes[1] - sizes[0])
+        per_read.append(r)
+        overhead.append(max(0.0, t1 - r * sizes[0]))
+        batch_s.append([t1, t2])
+    return {"chunk_bytes": chunk, "in_flight": list(depths), "batch_reads": [[q, 4 * q] for q in depths],
+            "batch_s": batch_s, "per_read_s": per_read, "overhead_s": overhead, "duration_s_per_depth": duration_s}
 
 
 def compute_runs_on_cpu() -> bool:
@@ -610,12 +671,17 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     host = result.get("host_cpu")
     if shares_cpu is None:
         shares_cpu = compute_runs_on_cpu()
-    extra: dict[str, float] = {}
+    extra: dict[str, Any] = {}
     staged = result.get("staged")
     if staged:   # the reader stages unaligned units on any host
         extra["staged_s_per_read"] = float(f"{staged['staged_s_per_read']:.4g}")
         source += (f"; staged reads: {format_bytes(staged['chunk_bytes'])} x {staged['in_flight']} in flight with "
                    "and without the staging copy")
+    batches = result.get("batches")
+    if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
+        extra["batch_overhead_s"] = [float(f"{x:.4g}") for x in batches["overhead_s"]]
+        source += (f"; batch overhead: batches of q and 4q {format_bytes(batches['chunk_bytes'])} reads at each depth q "
+                   "on the reader's thread pool, intercept of time over reads")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = float(f"{host['cpu_s_per_read']:.4g}")

@@ -100,7 +100,7 @@ class Planner:
         S, L = self.steps.n, spec.n_layers
         self.S, self.L = S, L
         layout = stack.layout
-        self.read_cost = ReadCost(profile.flash.curve, layout.chunk_sizes(), in_flight)
+        self.read_cost = ReadCost(profile.flash.curve, layout.chunk_sizes(), in_flight, profile.flash.batch_overhead_at)
         # each staged read's copy out of the reader's staging buffer (0 unless the profile prices it)
         self.staged_s_per_read = profile.flash.staged_s_per_read if layout.staged_reads() else 0.0
         self.in_flight = in_flight

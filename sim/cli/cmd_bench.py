@@ -127,7 +127,7 @@ def _flash(args: argparse.Namespace) -> int:
                    + (" --buffered" if args.buffered else "")
                    + (" --no-host-cpu" if args.no_host_cpu else f" --compute-threads {cfg.compute_threads}"))
         result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
-            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 3 + (0 if args.no_host_cpu else 1), args.json))
+            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 4 + (0 if args.no_host_cpu else 1), args.json))
         how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
                f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
     result["command"] = command
@@ -149,6 +149,10 @@ def _flash(args: argparse.Namespace) -> int:
     print_table(["chunk"] + [f"q={q}" for q in g["in_flight"]], table_rows(g), align="r" * (len(g["in_flight"]) + 1))
     print(f"sequential: {format_rate(result['sequential']['bytes_per_s'])}; 4 KiB latency at q=1: "
           f"{result['latency_4k_qd1']['mean_s'] * 1e6:.0f} us (mean)")
+    b = result.get("batches")
+    if b:
+        print(f"batch overhead ({format_bytes(b['chunk_bytes'])} reads, batches of q and 4q): "
+              + ", ".join(f"q={q} {x * 1e6:.0f} us" for q, x in zip(b["in_flight"], b["overhead_s"])))
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")

@@ -7,8 +7,10 @@ works at depth q = min(in_flight, reads in the batch) and the batch takes
     t = sum_g n_g * c_g / bw(c_g, q)
 
 (`devices.curves.read_time_s` summed over chunk-size groups at the batch's common depth; for one
-group it is exactly `read_time_s`). Computed vectorised over steps and layers with a table of
-1 / bw(c, q) for every q in 1..in_flight.
+group it is exactly `read_time_s`), plus the profile's per-batch overhead at depth q
+(`flash.batch_overhead_s`: handing the batch to the reader threads, collecting them, and the
+drain to the slowest read; measured by bench flash, 0 when absent). Computed vectorised over
+steps and layers with a table of 1 / bw(c, q) for every q in 1..in_flight.
 
 `FlashDevice` serves batches first come, first served, one at a time at the throughput of that
 batch: an NVMe/UFS queue serves commands in submission order, and a batch already keeps the queue
@@ -28,6 +30,7 @@ leaves to the compute (`cpu_segments_after`).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +40,15 @@ from sim.components.compute import HostCpu
 
 
 class ReadCost:
-    """Vectorised batch service times for one curve, chunk-size set and queue depth."""
+    """Vectorised batch service times for one curve, chunk-size set and queue depth.
 
-    def __init__(self, curve: ReadCurve, chunk_sizes: np.ndarray, in_flight: int):
+    `batch_overhead_s(depths)` (optional; the profile's `FlashSpec.batch_overhead_at`) gives the
+    time a batch at each depth takes beyond its reads at the curve's throughput (starting and
+    collecting the reader threads, the drain to the slowest read); it is added once per non-empty
+    batch at its depth q = min(reads, in_flight)."""
+
+    def __init__(self, curve: ReadCurve, chunk_sizes: np.ndarray, in_flight: int,
+                 batch_overhead_s: Callable[[np.ndarray], np.ndarray] | None = None):
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self.curve, self.in_flight = curve, int(in_flight)
@@ -48,13 +57,17 @@ class ReadCost:
         self.inv = np.zeros((self.in_flight + 1, len(self.sizes)))
         for q in range(1, self.in_flight + 1):
             self.inv[q] = 1.0 / curve.bytes_per_s_many(self.sizes, q)
+        # batch[q] = overhead of a batch at depth q; batch[0] = 0 (no reads, no batch)
+        self.batch = np.zeros(self.in_flight + 1)
+        if batch_overhead_s is not None:
+            self.batch[1:] = batch_overhead_s(np.arange(1, self.in_flight + 1))
 
     def time_s(self, counts: np.ndarray) -> np.ndarray:
         """counts [..., G] -> seconds [...] for each batch."""
         counts = np.asarray(counts)
         n = counts.sum(axis=-1)
-        q = np.clip(n, 1, self.in_flight).astype(np.int64)
-        return np.einsum("...g,...g->...", counts * self.sizes, self.inv[q])
+        q = np.clip(n, 0, self.in_flight).astype(np.int64)
+        return np.einsum("...g,...g->...", counts * self.sizes, self.inv[np.maximum(q, 1)]) + self.batch[q]
 
     def bytes(self, counts: np.ndarray) -> np.ndarray:
         return (np.asarray(counts) * self.sizes).sum(axis=-1).astype(np.int64)

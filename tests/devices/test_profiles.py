@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from devices import FlashsimError, list_profiles, load_profile
-from devices.schema import BUNDLED_DIR
+from devices.schema import BUNDLED_DIR, DeviceProfile
 
 ISSUE_DEVICES = {"jetson-orin-nano-8gb", "jetson-agx-orin-32gb", "jetson-agx-orin-64gb", "apple-m1-max",
                  "rtx4090-nvme", "phone-ufs4", "this-host"}
@@ -72,6 +73,9 @@ def _write(tmp_path: Path, mutate) -> Path:
          r"chunk_bytes must be positive and strictly increasing"),
         (lambda d: d["memory"].update(reserved_bytes=d["memory"]["capacity_bytes"]), r"reserved_bytes"),
         (lambda d: d["compute"].update(gemv_flops_per_s={"fp64": 1.0}), r"compute.gemv_flops_per_s"),
+        (lambda d: d["flash"].update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
+        (lambda d: d["flash"].update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
+         r"batch_overhead_s values must be >= 0"),
     ],
 )
 def test_malformed_profile_names_file_and_field(tmp_path: Path, mutate, expect: str) -> None:
@@ -100,3 +104,14 @@ def test_profile_path_env_adds_devices(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("FLASHSIM_PROFILE_PATH", str(tmp_path))
     assert "my-board" in list_profiles()
     assert load_profile("my-board").name == "my-board"
+
+
+def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    data["flash"]["read_table"]["in_flight"] = [1, 2, 4, 8, 16, 32]
+    data["flash"]["batch_overhead_s"] = [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4]
+    f = DeviceProfile.model_validate(data).flash
+    got = f.batch_overhead_at(np.array([1, 3, 8, 24, 64]))
+    assert got.tolist() == pytest.approx([0.0, 1.5e-5, 4e-5, 1.2e-4, 1.6e-4])
+    data["flash"].pop("batch_overhead_s")
+    assert DeviceProfile.model_validate(data).flash.batch_overhead_at(np.array([4])).tolist() == [0.0]

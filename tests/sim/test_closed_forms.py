@@ -38,9 +38,13 @@ def test_naive_io_is_streamed_bytes_over_the_curve_at_the_chunk_size(wide_rows, 
     # the default layout is packed (align_bytes 0): a direct-I/O reader stages each read, which a
     # profile that measured it (this-host) prices per read
     staged = prof.flash.staged_s_per_read
+    # one batch per layer (both matrices' reads issued together), each paying the profile's
+    # measured batch overhead at its depth (0 for a profile without one)
+    per_batch = float(prof.flash.batch_overhead_at(np.array([min(per_layer_reads, prof.flash.max_in_flight)]))[0])
+    assert (per_batch > 0) == (device == "this-host")
     for t in r.tokens:
         assert t.bytes_read == streamed and t.reads_issued == spec.n_layers * per_layer_reads
-        assert t.io_s == pytest.approx(streamed / bw + t.reads_issued * staged, rel=1e-12)
+        assert t.io_s == pytest.approx(streamed / bw + t.reads_issued * staged + spec.n_layers * per_batch, rel=1e-12)
         assert t.stall_s == pytest.approx(t.io_s, rel=1e-12)
     if device == "apple-m1-max":
         assert r.summary()["io_ms_per_token"] == pytest.approx(1e3 * streamed / 6.1e9, rel=1e-12)

@@ -32,6 +32,15 @@ def test_read_cost_single_group_equals_read_time_s(tiny_curve) -> None:
     assert rc.time_s(np.zeros(2)) == 0
 
 
+def test_read_cost_adds_the_batch_overhead_at_the_batch_depth(tiny_curve) -> None:
+    over = {1: 1e-6, 2: 2e-6, 3: 3e-6, 4: 5e-6}
+    rc = ReadCost(tiny_curve, np.array([4096, 65536]), in_flight=4,
+                  batch_overhead_s=lambda q: np.array([over[int(x)] for x in q]))
+    plain = ReadCost(tiny_curve, np.array([4096, 65536]), in_flight=4)
+    counts = np.array([[10, 0], [2, 1], [0, 1], [0, 0]])      # depths 4 (capped), 3, 1 and no batch
+    assert (rc.time_s(counts) - plain.time_s(counts)).tolist() == pytest.approx([5e-6, 3e-6, 1e-6, 0.0])
+
+
 def test_region_time(tiny_curve) -> None:
     # 150 KiB in 64 KiB chunks: two full chunks and one 22 KiB chunk, 3 in flight
     t, n = region_time_s(tiny_curve, 150 * 1024, 65536, 4)
