@@ -79,6 +79,13 @@ class ComputeParams:
         "hf", "hf: decoder layers run through Hugging Face transformers' modules, paying the profile's "
               "compute.framework_layer_s per layer and framework_token_s per step (Python and dispatch "
               "outside the kernels); kernels: the kernels alone (a fused runtime, or shape mode's stand-in)")
+    decoder: Literal["python", "native"] = param(
+        "python", "python: a Python layer loop drives the kernels (the real backend, both modes: policy "
+                  "bookkeeping, cache indexing and the FFN's small ops between kernels hold the interpreter "
+                  "lock), so on a host whose reads share the CPU they contend as with framework code (the "
+                  "profile's flash.framework_* constants) in every phase; native: a compiled loop, whose "
+                  "kernel phases use the kernel constants (flash.compute_lost_s_per_read ...) and only the "
+                  "framework share of a phase the framework ones")
 
 
 @dataclass(frozen=True)

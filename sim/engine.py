@@ -291,7 +291,8 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     memory.check_fits(budget if config.budget_timeline is None else config.budget_timeline.at(0.0, budget))
     in_flight = config.flash.in_flight or profile.flash.max_in_flight
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
-    compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework)
+    compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
+                           config.compute.decoder)
     planner = Planner(stack, view, eff_spec, profile, memory, compute, in_flight,
                       config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped)
     if dropped.any():

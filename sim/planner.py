@@ -122,7 +122,7 @@ class Planner:
         a.kv_bytes = memory.kv_bytes
         a.fixed_bytes = memory.fixed_bytes
         a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
-        a.host_cpu = HostCpu.of(profile)
+        a.host_cpu = HostCpu.of(profile, compute.python_loop)
         # the attention phase is the per-layer mean (over kept mha blocks when pruned): so is its framework part
         kept_mha = float(np.mean(self.mha_kept)) if self.dropped.any() else 1.0
         a.attn_fw_s, a.head_fw_s = compute.layer_fw_s * kept_mha, compute.token_fw_s

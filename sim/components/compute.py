@@ -86,17 +86,24 @@ class HostCpu:
                 object.__setattr__(self, "fw_" + name, getattr(self, name))
 
     @classmethod
-    def of(cls, profile: DeviceProfile) -> HostCpu | None:
-        """The profile's host CPU model, or None when its reads cost the compute nothing."""
+    def of(cls, profile: DeviceProfile, python_loop: bool = False) -> HostCpu | None:
+        """The profile's host CPU model, or None when its reads cost the compute nothing.
+
+        `python_loop` (run config `compute.decoder=python`): a Python layer loop drives the kernels,
+        so every phase contends with the reads as framework code does: the framework constants
+        stand in for the kernel ones (where the profile has them)."""
         f = profile.flash
         if not f.shares_host_cpu:
             return None
         cpu = f.host_cpu_s_per_read
         lost = f.compute_lost_s_per_read if f.compute_lost_s_per_read is not None else cpu
         delay = f.read_delay_s_per_read if f.read_delay_s_per_read is not None else cpu
-        return cls(cpu, lost, delay, f.compute_lost_s_per_batch, f.read_delay_s_per_batch,
-                   f.framework_compute_lost_s_per_read, f.framework_compute_lost_s_per_batch,
-                   f.framework_read_delay_s_per_read, f.framework_read_delay_s_per_batch)
+        k = [lost, f.compute_lost_s_per_batch, delay, f.read_delay_s_per_batch]
+        fw = [f.framework_compute_lost_s_per_read, f.framework_compute_lost_s_per_batch,
+              f.framework_read_delay_s_per_read, f.framework_read_delay_s_per_batch]
+        if python_loop:
+            k = [b if b is not None else a for a, b in zip(k, fw)]
+        return cls(cpu, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3])
 
     def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0) -> float:
         """The share of full speed the compute keeps while a batch of `nreads` runs for service_s;
@@ -137,8 +144,9 @@ class ComputeModel:
     """Phase costs for one model (as stored) on one device."""
 
     def __init__(self, spec: ModelSpec, profile: DeviceProfile, row_bytes: int | None = None,
-                 framework: str = "hf"):
+                 framework: str = "hf", decoder: str = "python"):
         self.spec, self.profile = spec, profile
+        self.python_loop = decoder == "python"   # compute.decoder: how reads contend with it (HostCpu.of)
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s

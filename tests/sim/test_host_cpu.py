@@ -181,6 +181,22 @@ def test_framework_share_slows_prefetch_overlap_more(small_trace, base_profile) 
                     framework_compute_lost_s_per_read=5e-5, framework_read_delay_s_per_read=1e-5)
     a, b = _means(simulate(small_trace, None, kernels, cfg, fast=False)), _means(simulate(small_trace, None, fw, cfg, fast=False))
     assert b["latency_s"] > a["latency_s"] and b["io_s"] > a["io_s"]
-    c = _means(simulate(small_trace, None, fw, cfg.with_overrides(["compute.framework=kernels"]), fast=False))
-    d = _means(simulate(small_trace, None, kernels, cfg.with_overrides(["compute.framework=kernels"]), fast=False))
-    assert c == d        # no framework code: the framework constants never apply
+    native = ["compute.framework=kernels", "compute.decoder=native"]
+    c = _means(simulate(small_trace, None, fw, cfg.with_overrides(native), fast=False))
+    d = _means(simulate(small_trace, None, kernels, cfg.with_overrides(native), fast=False))
+    assert c == d        # no framework code and a compiled loop: the framework constants never apply
+    # a Python layer loop (the default, compute.decoder=python) contends as framework code in every
+    # phase, with or without HF modules: the framework constants apply even under framework=kernels
+    e = _means(simulate(small_trace, None, fw, cfg.with_overrides(["compute.framework=kernels"]), fast=False))
+    assert e["latency_s"] > c["latency_s"] and e["io_s"] > c["io_s"]
+
+
+def test_python_loop_uses_the_framework_constants_in_every_phase(m1) -> None:
+    prof = _with_host(m1, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=2e-5, read_delay_s_per_read=3e-6,
+                      compute_lost_s_per_batch=1e-4, framework_compute_lost_s_per_read=7e-5,
+                      framework_read_delay_s_per_batch=4e-4)
+    native, py = HostCpu.of(prof), HostCpu.of(prof, python_loop=True)
+    assert (native.lost_s_per_read, native.delay_s_per_batch) == (2e-5, 0.0)
+    # the framework values where the profile has them, the kernel ones where it does not
+    assert (py.lost_s_per_read, py.lost_s_per_batch, py.delay_s_per_read, py.delay_s_per_batch) == (7e-5, 1e-4, 3e-6, 4e-4)
+    assert py.cpu_share(100, 0.02) == py.cpu_share(100, 0.02, 1.0) == native.cpu_share(100, 0.02, 1.0)
