@@ -158,6 +158,13 @@ class FlashSpec(_Strict):
     batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
                                                  "the time one read batch at that depth (min(reads, in flight)) "
                                                  "takes beyond its reads at the table's throughput; None = 0")
+    # The reader's own CPU work for a batch before its reads start: which neurons are missing, their
+    # cache rows, the coalesced read plan (vectorised NumPy). A demand batch waits for it; a prefetch
+    # batch completes that much later. bench flash times real.reader's code for two batch sizes.
+    plan_s_per_batch: float = Field(default=0.0, ge=0, description="reader's planning time per read batch "
+                                    "(fixed part); 0 = not modelled")
+    plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "
+                                     "reads; 0 = not modelled")
     source: str
 
     @model_validator(mode="after")

@@ -31,6 +31,11 @@ costs waking and collecting the threads and the drain to its slowest read. At ea
 of q and 4q reads alternate on real.reader's own pool; the intercept of batch time over batch size
 is the overhead (measured here at 16 KiB: 1 us at q=1, 80 us at 8, 290 us at 32).
 
+Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
+batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
+reads (NumPy, a few dozen calls): timed as `BundleReader.read` less its reads on a one-layer store
+written next to the bench file.
+
 Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
 `compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
 sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
@@ -555,6 +560,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             progress("staged reads")
         batches = batch_overhead(bf, PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
                                  cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
+        plan = read_plan_cost(path.resolve().parent, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
         if progress:
             progress("batch overhead")
         host = None
@@ -583,6 +589,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "latency_4k_qd1": lat,
         "staged": staged,
         "batches": batches,
+        "read_plan": plan,
         "host_cpu": host,
         "load_average_1min": os.getloadavg()[0],
     }
@@ -652,6 +659,51 @@ def batch_overhead(bf: BenchFile, chunk: int, depths: Sequence[int], duration_s:
             "batch_s": batch_s, "per_read_s": per_read, "overhead_s": overhead, "duration_s_per_depth": duration_s}
 
 
+PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
+
+
+def read_plan_cost(folder: Path, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
+    """The reader's own work for one batch besides its reads (the profile's `flash.plan_s_per_batch`
+    / `plan_s_per_neuron`): which of the asked neurons are missing from the layer's cache, their
+    cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
+    (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
+    reads with `in_flight` threads from a one-layer random-weight store (4096 neurons, 4 KiB
+    bundles) written to a temporary folder in `folder` (the disk under test) and removed after.
+    Batches of PLAN_BATCH_NEURONS random neurons alternate for `min_time_s`; a straight line through
+    the two medians. (Timed alone, without reads in between, the same code took half as long here:
+    it runs right after the thread waits on I/O, with cold caches.)"""
+    import tempfile
+
+    from devices.model_spec import ModelSpec
+    from real.cache import LayerCache
+    from real.convert import write_shape_store
+    from real.reader import BundleReader
+    from real.store import open_store
+
+    spec = ModelSpec(name="bench-plan", family="llama", n_layers=1, d_model=256, d_ff=4096, n_heads=2, n_kv_heads=1,
+                     head_dim=128, vocab_size=256, ffn_kind="swiglu", dtype="fp32")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
+    times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
+    with tempfile.TemporaryDirectory(prefix="flashsim-plan-", dir=folder) as tmp:
+        store = open_store(write_shape_store(spec, Path(tmp) / "store", seed=seed, dtype="fp32", layout="bundled"))
+        with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+            cache = LayerCache(max(PLAN_BATCH_NEURONS), spec.d_ff, store.bundle_bytes, reader.dest_row_bytes)
+            t_end = time.perf_counter() + min_time_s
+            while time.perf_counter() < t_end:
+                for n in PLAN_BATCH_NEURONS:
+                    ids = np.sort(rng.choice(spec.d_ff, n, replace=False))
+                    cache.clear()
+                    t0 = time.perf_counter()
+                    miss = cache.missing(ids)
+                    a, b = cache.append(miss)
+                    st = reader.read(0, miss, cache.rows[a:b])
+                    times[n].append(time.perf_counter() - t0 - st.seconds)
+    (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(np.median(times[n])) for n in PLAN_BATCH_NEURONS)
+    per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
+    return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
+            "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
+
+
 def compute_runs_on_cpu() -> bool:
     """True when the compute shares the CPU with the reader threads: no CUDA device (a CPU-only host)."""
     try:
@@ -682,6 +734,12 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         extra["batch_overhead_s"] = [float(f"{x:.4g}") for x in batches["overhead_s"]]
         source += (f"; batch overhead: batches of q and 4q {format_bytes(batches['chunk_bytes'])} reads at each depth q "
                    "on the reader's thread pool, intercept of time over reads")
+    plan = result.get("read_plan")
+    if plan:
+        extra["plan_s_per_batch"] = float(f"{plan['per_batch_s']:.4g}")
+        extra["plan_s_per_neuron"] = float(f"{plan['per_neuron_s']:.4g}")
+        source += (f"; reader planning: real.reader's work besides the reads for {plan['batch_neurons']} neurons "
+                   "on a one-layer store")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = float(f"{host['cpu_s_per_read']:.4g}")

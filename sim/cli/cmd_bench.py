@@ -153,6 +153,9 @@ def _flash(args: argparse.Namespace) -> int:
     if b:
         print(f"batch overhead ({format_bytes(b['chunk_bytes'])} reads, batches of q and 4q): "
               + ", ".join(f"q={q} {x * 1e6:.0f} us" for q, x in zip(b["in_flight"], b["overhead_s"])))
+    pl = result.get("read_plan")
+    if pl:
+        print(f"reader planning per batch: {pl['per_batch_s'] * 1e6:.0f} us + {pl['per_neuron_s'] * 1e6:.2f} us per neuron")
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")

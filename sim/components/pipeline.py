@@ -4,7 +4,7 @@ Per layer l of step s (times from `PlanArrays`; reads through the FIFO `FlashDev
 
     1. streamed attention weights (memory.stream_non_ffn, or mmap misses): read, wait
     2. attention + predictor compute
-    3. demand reads of the FFN's missing neurons: issued, wait (stall)
+    3. demand reads of the FFN's missing neurons: planned by the reader, issued, wait (stall)
     4. wait for this layer's prefetch if it has not landed yet (a late prefetch: stall)
     5. issue the next prefetch: delta -> (s+1, l); lookahead -> (s, l+1) (and (s, 0) at step start)
     6. memory management (move rows in the cache matrix), then the FFN compute
@@ -45,7 +45,8 @@ class Decoder:
 
     # Per-(step, layer) plan columns the loop reads, in tuple order.
     CELL = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
-            "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s")
+            "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s",
+            "dem_plan_s")
 
     def __init__(self, env: simpy.Environment, plan: PlanArrays, flash: FlashDevice, trigger: str,
                  unified: bool, recorder: Recorder, plan_cell: Callable[[int, int], None] | None = None,
@@ -96,7 +97,7 @@ class Decoder:
                 else:
                     c = cells[layer]
                     c_next = cells[layer + 1] if layer + 1 < L else None
-                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o = c
+                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl = c
                 now = env.now
                 # 1. streamed attention weights
                 if st > 0:
@@ -120,8 +121,8 @@ class Decoder:
                     iv("compute", f"attention L{layer}", s, layer, now, t_ffn)
                 # 3. demand reads and 4. a late prefetch make the layer wait
                 wait_until = t_ffn
-                if dm > 0:
-                    wait_until = submit(t_ffn, dm, dm_b, dm_r, "demand", s, layer)
+                if dm > 0:   # the reader plans the batch (dpl), then issues it
+                    wait_until = submit(t_ffn + dpl, dm, dm_b, dm_r, "demand", s, layer)
                 pe = pf_end[layer]
                 if pe > wait_until:
                     wait_until = pe

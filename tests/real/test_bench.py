@@ -223,3 +223,15 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
     prof = load_profile(out)
     assert prof.flash.batch_overhead_s == pytest.approx(b["overhead_s"], rel=1e-3, abs=1e-12)
     assert "batch overhead" in prof.flash.source
+
+
+def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
+    p = json.loads(capsys.readouterr().out)["read_plan"]
+    assert p["batch_neurons"] == [16, 512] and p["in_flight"] == 4 and p["samples"] >= 1
+    assert all(t > 0 for t in p["batch_s"]) and p["per_batch_s"] >= 0 and p["per_neuron_s"] >= 0
+    f = load_profile(out).flash
+    assert f.plan_s_per_batch == pytest.approx(p["per_batch_s"], rel=1e-3, abs=1e-12)
+    assert f.plan_s_per_neuron == pytest.approx(p["per_neuron_s"], rel=1e-3, abs=1e-15)
+    assert not any(x.name.startswith("flashsim-plan-") for x in tmp_path.iterdir())   # its store is removed

@@ -85,7 +85,8 @@ def base_profile() -> DeviceProfile:
     data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
     for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
-              "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read"):
+              "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
+              "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)
 
@@ -200,3 +201,28 @@ def test_python_loop_uses_the_framework_constants_in_every_phase(m1) -> None:
     # the framework values where the profile has them, the kernel ones where it does not
     assert (py.lost_s_per_read, py.lost_s_per_batch, py.delay_s_per_read, py.delay_s_per_batch) == (7e-5, 1e-4, 3e-6, 4e-4)
     assert py.cpu_share(100, 0.02) == py.cpu_share(100, 0.02, 1.0) == native.cpu_share(100, 0.02, 1.0)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_reader_planning_is_a_stall_before_the_demand_reads(small_trace, base_profile, fast) -> None:
+    """flash.plan_s_per_neuron x the neurons a demand batch reads (computed - hits without prefetch) and
+    plan_s_per_batch per layer that reads delay the layer (stall, latency) but are not I/O time."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none"])
+    a = simulate(small_trace, None, base_profile, cfg, fast=fast)
+    b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_neuron=1e-6), cfg, fast=fast)
+    c = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
+    L = small_trace.spec.n_layers
+    assert sum(t.reads_issued for t in a.tokens) > 0
+    for ta, tb, tc in zip(a.tokens, b.tokens, c.tokens, strict=True):
+        assert tb.io_s == ta.io_s and tc.io_s == ta.io_s
+        assert tb.stall_s - ta.stall_s == pytest.approx(1e-6 * (ta.computed - ta.hits), abs=1e-12)
+        assert tb.latency_s - ta.latency_s == pytest.approx(tb.stall_s - ta.stall_s, abs=1e-12)
+        batches = (tc.stall_s - ta.stall_s) / 1e-4            # layers that read this step
+        assert batches == pytest.approx(round(batches), abs=1e-6) and (0 < round(batches) <= L) == (ta.reads_issued > 0)
+
+
+def test_reader_planning_delays_a_prefetch(small_trace, base_profile) -> None:
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
+    a = _means(simulate(small_trace, None, base_profile, cfg, fast=False))
+    b = _means(simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=False))
+    assert b["io_s"] > a["io_s"]          # prefetch batches land later by their planning
