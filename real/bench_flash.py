@@ -27,9 +27,11 @@ what the simulator adds to each staged read (measured here: 12-20 us on top of 1
 Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_s`, one value per reads-in-
 flight entry of the table): the reader issues each layer's reads as one batch to its pool of threads
 and returns when the last read completes. Beyond its reads at the grid's steady throughput a batch
-costs waking and collecting the threads and the drain to its slowest read. At each depth q, batches
-of q and 4q reads alternate on real.reader's own pool; the intercept of batch time over batch size
-is the overhead (measured here at 16 KiB: 1 us at q=1, 80 us at 8, 290 us at 32).
+costs the call's setup, waking and collecting the threads and the drain to its slowest read. At each
+depth q, real.reader reads batches of q and 4q random neurons of a one-layer store of 4 KiB bundles
+(`bench_store`, written next to the bench file and removed after) into cache rows; the overhead is
+the median of each batch's time less the table's time for its reads (here ~20 us at q=1, ~370 us at
+32; the same reads through the bare thread pool: 160-290 us at 32).
 
 Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
@@ -66,7 +68,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -558,9 +560,12 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                                   max(cfg.in_flight), cfg.duration_s, point_rngs[-1])
         if progress:
             progress("staged reads")
-        batches = batch_overhead(bf, PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
-                                 cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
-        plan = read_plan_cost(path.resolve().parent, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
+        from devices.curves import TableReadCurve
+
+        curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
+        with bench_store(path.resolve().parent, cfg.seed) as store:
+            batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
+            plan = read_plan_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
         if progress:
             progress("batch overhead")
         host = None
@@ -610,94 +615,94 @@ def staged_read_cost(bf: BenchFile, chunk: int, in_flight: int, duration_s: floa
             "staged_s_per_read_total": t_staged, "staged_s_per_read": max(0.0, t_staged - t_plain)}
 
 
-def batch_overhead(bf: BenchFile, chunk: int, depths: Sequence[int], duration_s: float,
-                   rng: np.random.Generator) -> dict[str, Any]:
-    """Per depth q: what one read batch costs beyond its reads' steady throughput (the profile's
-    `flash.batch_overhead_s`). Batches are issued as real.reader issues them (its own `_Workers`
-    pool of q threads taking reads from a shared counter; a single read runs inline), one at a time,
-    alternating n1 = q and n2 = 4q reads for `duration_s` per depth; the overhead is the intercept of
-    the straight line through the two median batch times (starting and collecting the threads, and
-    the drain to the slowest read, which every batch pays once), clipped at 0."""
-    from real.reader import _Workers
+PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
+BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
 
-    n_slots = (bf.size_bytes - chunk) // chunk + 1
-    if n_slots < 1:
-        raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
-    bufs = [memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk] for _ in range(max(depths))]
-    overhead, per_read, batch_s = [], [], []
+
+@contextlib.contextmanager
+def bench_store(folder: Path, seed: int) -> Iterator[Any]:
+    """A one-layer random-weight store of BENCH_STORE_NEURONS 4 KiB bundles (fp32, d_model 256, padded)
+    in a temporary folder inside `folder` (the disk under test), removed afterwards."""
+    import tempfile
+
+    from devices.model_spec import ModelSpec
+    from real.convert import write_shape_store
+    from real.store import open_store
+
+    spec = ModelSpec(name="bench-reader", family="llama", n_layers=1, d_model=256, d_ff=BENCH_STORE_NEURONS,
+                     n_heads=2, n_kv_heads=1, head_dim=128, vocab_size=256, ffn_kind="swiglu", dtype="fp32")
+    with tempfile.TemporaryDirectory(prefix="flashsim-reader-", dir=folder) as tmp:
+        yield open_store(write_shape_store(spec, Path(tmp) / "store", seed=seed, dtype="fp32", layout="bundled"))
+
+
+def batch_overhead(store: Any, curve: Any, depths: Sequence[int], duration_s: float,
+                   rng: np.random.Generator) -> dict[str, Any]:
+    """Per depth q: what one read batch of real.reader costs beyond its reads at the read table's
+    throughput (the profile's `flash.batch_overhead_s`): starting and collecting its q threads, the
+    call's setup and the drain to the slowest read. At each depth a BundleReader with q threads
+    reads batches of q and 4q random neurons (4 KiB bundles, coalesced where adjacent) of `store`
+    into cache rows, alternating, for `duration_s`; the overhead is the median over batches of the
+    reads' `seconds` less the table's time for the same reads (`curve`, the grid just measured),
+    clipped at 0."""
+    from real.cache import LayerCache
+    from real.reader import BundleReader
+
+    overhead, batch_s, table_s = [], [], []
+    N = store.n_neurons
     for q in depths:
-        pool = _Workers(q) if q > 1 else None
         sizes = (q, 4 * q)
-        times: dict[int, list[float]] = {n: [] for n in sizes}
-        try:
+        extra: list[float] = []
+        secs: dict[int, list[float]] = {n: [] for n in sizes}
+        pred: dict[int, list[float]] = {n: [] for n in sizes}
+        with BundleReader(store, layout="bundled", in_flight=q) as reader:
+            cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
             t_end = time.perf_counter() + duration_s
             while time.perf_counter() < t_end:
                 for n in sizes:
-                    offs = (rng.integers(0, n_slots, n) * chunk).tolist()
-                    nxt = itertools.count()
-
-                    def work(w: int, offs: list[int] = offs, nxt: Any = nxt, n: int = n) -> None:
-                        mv = bufs[w]
-                        while (j := next(nxt)) < n:
-                            _read_or_fail(bf.fd, mv, offs[j], bf.path)
-
-                    t0 = time.perf_counter()
-                    if pool is None or n == 1:
-                        work(0)
-                    else:
-                        pool.run(work, min(q, n))
-                    times[n].append(time.perf_counter() - t0)
-        finally:
-            if pool is not None:
-                pool.close()
-        t1, t2 = (float(np.median(times[n])) for n in sizes)
-        r = (t2 - t1) / (sizes[1] - sizes[0])
-        per_read.append(r)
-        overhead.append(max(0.0, t1 - r * sizes[0]))
-        batch_s.append([t1, t2])
-    return {"chunk_bytes": chunk, "in_flight": list(depths), "batch_reads": [[q, 4 * q] for q in depths],
-            "batch_s": batch_s, "per_read_s": per_read, "overhead_s": overhead, "duration_s_per_depth": duration_s}
+                    ids = np.sort(rng.choice(N, min(n, N), replace=False))
+                    cache.clear()
+                    a, b = cache.append(ids)
+                    st = reader.read(0, ids, cache.rows[a:b])
+                    lens = st.chunk_bytes.astype(np.float64)
+                    t_tab = float(np.sum(lens / curve.bytes_per_s_many(lens, min(q, len(lens)))))
+                    secs[n].append(st.seconds)
+                    pred[n].append(t_tab)
+                    extra.append(st.seconds - t_tab)
+        overhead.append(max(0.0, float(np.median(extra))))
+        batch_s.append([float(np.median(secs[n])) for n in sizes])
+        table_s.append([float(np.median(pred[n])) for n in sizes])
+    return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
+            "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
+            "overhead_s": overhead, "duration_s_per_depth": duration_s}
 
 
-PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
-
-
-def read_plan_cost(folder: Path, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
+def read_plan_cost(store: Any, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
     """The reader's own work for one batch besides its reads (the profile's `flash.plan_s_per_batch`
     / `plan_s_per_neuron`): which of the asked neurons are missing from the layer's cache, their
     cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
     (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
-    reads with `in_flight` threads from a one-layer random-weight store (4096 neurons, 4 KiB
-    bundles) written to a temporary folder in `folder` (the disk under test) and removed after.
-    Batches of PLAN_BATCH_NEURONS random neurons alternate for `min_time_s`; a straight line through
-    the two medians. (Timed alone, without reads in between, the same code took half as long here:
-    it runs right after the thread waits on I/O, with cold caches.)"""
-    import tempfile
-
-    from devices.model_spec import ModelSpec
+    reads with `in_flight` threads from `store` (bench_store). Batches of PLAN_BATCH_NEURONS random
+    neurons alternate for `min_time_s`; a straight line through the two medians. (Timed alone,
+    without reads in between, the same code took half as long here: it runs right after the
+    thread waits on I/O, with cold caches.)"""
     from real.cache import LayerCache
-    from real.convert import write_shape_store
     from real.reader import BundleReader
-    from real.store import open_store
 
-    spec = ModelSpec(name="bench-plan", family="llama", n_layers=1, d_model=256, d_ff=4096, n_heads=2, n_kv_heads=1,
-                     head_dim=128, vocab_size=256, ffn_kind="swiglu", dtype="fp32")
+    N = store.n_neurons
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
     times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
-    with tempfile.TemporaryDirectory(prefix="flashsim-plan-", dir=folder) as tmp:
-        store = open_store(write_shape_store(spec, Path(tmp) / "store", seed=seed, dtype="fp32", layout="bundled"))
-        with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
-            cache = LayerCache(max(PLAN_BATCH_NEURONS), spec.d_ff, store.bundle_bytes, reader.dest_row_bytes)
-            t_end = time.perf_counter() + min_time_s
-            while time.perf_counter() < t_end:
-                for n in PLAN_BATCH_NEURONS:
-                    ids = np.sort(rng.choice(spec.d_ff, n, replace=False))
-                    cache.clear()
-                    t0 = time.perf_counter()
-                    miss = cache.missing(ids)
-                    a, b = cache.append(miss)
-                    st = reader.read(0, miss, cache.rows[a:b])
-                    times[n].append(time.perf_counter() - t0 - st.seconds)
+    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+        cache = LayerCache(max(PLAN_BATCH_NEURONS), N, store.bundle_bytes, reader.dest_row_bytes)
+        t_end = time.perf_counter() + min_time_s
+        while time.perf_counter() < t_end:
+            for n in PLAN_BATCH_NEURONS:
+                ids = np.sort(rng.choice(N, n, replace=False))
+                cache.clear()
+                t0 = time.perf_counter()
+                miss = cache.missing(ids)
+                a, b = cache.append(miss)
+                st = reader.read(0, miss, cache.rows[a:b])
+                times[n].append(time.perf_counter() - t0 - st.seconds)
     (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(np.median(times[n])) for n in PLAN_BATCH_NEURONS)
     per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
     return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
@@ -732,8 +737,8 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     batches = result.get("batches")
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
         extra["batch_overhead_s"] = [float(f"{x:.4g}") for x in batches["overhead_s"]]
-        source += (f"; batch overhead: batches of q and 4q {format_bytes(batches['chunk_bytes'])} reads at each depth q "
-                   "on the reader's thread pool, intercept of time over reads")
+        source += (f"; batch overhead: real.reader's batches of q and 4q {format_bytes(batches['bundle_bytes'])} bundles "
+                   "at each depth q less the read table's time for their reads")
     plan = result.get("read_plan")
     if plan:
         extra["plan_s_per_batch"] = float(f"{plan['per_batch_s']:.4g}")

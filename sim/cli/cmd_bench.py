@@ -151,7 +151,7 @@ def _flash(args: argparse.Namespace) -> int:
           f"{result['latency_4k_qd1']['mean_s'] * 1e6:.0f} us (mean)")
     b = result.get("batches")
     if b:
-        print(f"batch overhead ({format_bytes(b['chunk_bytes'])} reads, batches of q and 4q): "
+        print(f"batch overhead (real.reader, {format_bytes(b['bundle_bytes'])} bundles, batches of q and 4q): "
               + ", ".join(f"q={q} {x * 1e6:.0f} us" for q, x in zip(b["in_flight"], b["overhead_s"])))
     pl = result.get("read_plan")
     if pl:
