@@ -231,7 +231,7 @@ class Planner:
         a.ffn_gather_s[rows, layer] = ffn.gather_s
         a.ffn_ovh_s[rows, layer] = ffn.ovh_s
         if self.manages_cache:
-            moved = c.evicted + (c.inserted if self.insert_copy else 0)
+            moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
             mg = self.compute.memory_management(moved)
             a.mgmt_mem_s[rows, layer] = mg.mem_s
             a.mgmt_ovh_s[rows, layer] = mg.ovh_s
@@ -325,6 +325,17 @@ class Planner:
                 f"the layer being streamed need {format_bytes(a.s['dram_bytes'][s])}, {int(over[i]):,} bytes more; "
                 "raise --dram-budget or use a policy that keeps less resident")
         a.planned_steps = max(a.planned_steps, b0)
+
+
+def rows_moved(evicted: np.ndarray, occupied: np.ndarray) -> np.ndarray:
+    """Expected rows a deletion copies in the cache matrix (LLM in a flash's delete: the last rows
+    move into the holes). Deleting d of n occupied rows moves only the rows that fill holes below
+    the new end n - d: with the deleted rows spread uniformly over the occupied ones, d (n - d) / n
+    of them. d = n (a window of 0 dropping everything) moves nothing; d << n moves ~d. `occupied`:
+    the step's peak occupancy (the rows the deletions see at most)."""
+    d = np.asarray(evicted, np.float64)
+    n = np.maximum(np.asarray(occupied, np.float64), d)
+    return np.where(n > 0, d * (n - d) / np.where(n > 0, n, 1.0), 0.0)
 
 
 def _pruned_attention(full: Phase, bare: Phase, mha_kept: np.ndarray, ffn_kept: np.ndarray) -> Phase:

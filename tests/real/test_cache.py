@@ -133,3 +133,19 @@ def test_aligned_buffer_huge_starts_on_a_huge_page_boundary():
 def test_layer_cache_rejects_memory_of_the_wrong_kind():
     with pytest.raises(ValueError, match="memory must be uint8"):
         LayerCache(4, N, ROW, 32, memory=np.zeros(64, np.uint8))
+
+
+def test_rows_moved_matches_the_real_cache_on_average() -> None:
+    """real.cache.LayerCache moves exactly the deleted rows below the new end; with uniformly placed
+    deletions their mean count is the simulator's d (n - d) / n."""
+    from sim.planner import rows_moved
+
+    rng = np.random.default_rng(0)
+    n, d, trials = 60, 25, 400
+    moved = []
+    for _ in range(trials):
+        c = LayerCache(n, 200, 8)
+        ids = rng.choice(200, n, replace=False)
+        c.insert(ids, np.zeros((n, 8), np.uint8))
+        moved.append(c.delete(rng.choice(ids, d, replace=False)).rows_moved)
+    assert np.mean(moved) == pytest.approx(float(rows_moved(np.array([d]), np.array([n]))[0]), rel=0.05)

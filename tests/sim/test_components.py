@@ -168,3 +168,11 @@ def test_closed_form_curve_is_what_the_flash_model_uses() -> None:
     c = ClosedFormReadCurve(6.1e9, 2.08e-4, 1.445e5)
     rc = ReadCost(c, np.array([16384]), 32)
     assert rc.time_s(np.array([320])) == pytest.approx(320 * 16384 / c.bytes_per_s(16384, 32))
+
+
+def test_rows_moved_is_the_expected_holes_below_the_new_end() -> None:
+    from sim.planner import rows_moved
+
+    # d (n - d) / n: nothing deleted, 4 of 10, all 10, 5 of 20, and an empty cache
+    got = rows_moved(np.array([0, 4, 10, 5, 0]), np.array([10, 10, 10, 20, 0]))
+    assert got.tolist() == pytest.approx([0.0, 2.4, 0.0, 3.75, 0.0])
