@@ -563,9 +563,19 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         from devices.curves import TableReadCurve
 
         curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
-        with bench_store(path.resolve().parent, cfg.seed) as store:
-            batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
-            plan = read_plan_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
+        batches = plan = None
+        skipped = None
+        with contextlib.ExitStack() as stack:
+            try:
+                store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
+            except (OSError, FlashsimError) as e:   # a read-only folder, or no room for its 16 MiB
+                store = None
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                skipped = (f"batch overhead and reader planning not measured: cannot write a store in "
+                           f"{path.resolve().parent} ({why}); the profile gets no batch terms")
+            if store is not None:
+                batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
+                plan = read_plan_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
         if progress:
             progress("batch overhead")
         host = None
@@ -584,7 +594,8 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
     return {
         "path": str(path), "filesystem": bf.filesystem, "file_bytes": bf.size_bytes, "file_created": bf.created,
         "direct_io": bf.direct_io,
-        "note": bf.note, "method": "python threads, os.preadv, one thread per read in flight",
+        "note": "; ".join(n for n in (bf.note, skipped) if n),
+        "method": "python threads, os.preadv, one thread per read in flight",
         "duration_s_per_point": cfg.duration_s, "seed": cfg.seed,
         "grid": {"chunk_bytes": list(cfg.chunks), "in_flight": list(cfg.in_flight),
                  "bytes_per_s": grid.tolist(), "cpu_s_per_read": cpu.tolist(), "passes": cfg.passes,

@@ -234,3 +234,21 @@ def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
     assert f.plan_s_per_batch == pytest.approx(p["per_batch_s"], rel=1e-3, abs=1e-12)
     assert f.plan_s_per_neuron == pytest.approx(p["per_neuron_s"], rel=1e-3, abs=1e-15)
     assert not any(x.name.startswith("flashsim-reader-") for x in tmp_path.iterdir())   # its store is removed
+
+
+def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys, monkeypatch):
+    """A folder the reader's store cannot be written to: the grid is measured, the batch terms are
+    not, and the results say why."""
+    import real.bench_flash as bench
+
+    def refuse(folder, seed):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(bench, "bench_store", refuse)
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["batches"] is None and res["read_plan"] is None
+    assert "batch overhead and reader planning not measured" in res["note"] and "Permission denied" in res["note"]
+    f = load_profile(out).flash
+    assert f.batch_overhead_s is None and f.plan_s_per_batch == 0 and f.read_table is not None
