@@ -1,0 +1,117 @@
+"""The reader's own costs around its reads, timed through real.reader on a small store (seconds).
+
+`flashsim bench flash` runs these after its read grid, on a one-layer random-weight store of 4 KiB
+bundles that it writes next to the bench file (the disk under test) and removes afterwards:
+
+Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_s`, one value per reads-in-
+flight entry of the table): the reader issues each layer's reads as one batch to its pool of threads
+and returns when the last read completes. Beyond its reads at the grid's steady throughput a batch
+costs the call's setup, waking and collecting the threads and the drain to its slowest read. At each
+depth q, real.reader reads batches of q and 4q random neurons of a one-layer store of 4 KiB bundles
+(`bench_store`) into cache rows; the overhead is
+the median of each batch's time less the table's time for its reads (here ~20 us at q=1, ~370 us at
+32; the same reads through the bare thread pool: 160-290 us at 32).
+
+Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
+batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
+reads (NumPy, a few dozen calls): timed as `BundleReader.read` less its reads (here ~170-320 us +
+0.09 us per neuron; timed alone, without reads in between, half as much).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from devices.model_spec import ModelSpec
+from real.cache import LayerCache
+from real.convert import write_shape_store
+from real.reader import BundleReader
+from real.store import WeightStore, open_store
+
+PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
+BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
+
+
+@contextlib.contextmanager
+def bench_store(folder: Path, seed: int) -> Iterator[WeightStore]:
+    """A one-layer random-weight store of BENCH_STORE_NEURONS 4 KiB bundles (fp32, d_model 256, padded)
+    in a temporary folder inside `folder` (the disk under test), removed afterwards."""
+    spec = ModelSpec(name="bench-reader", family="llama", n_layers=1, d_model=256, d_ff=BENCH_STORE_NEURONS,
+                     n_heads=2, n_kv_heads=1, head_dim=128, vocab_size=256, ffn_kind="swiglu", dtype="fp32")
+    with tempfile.TemporaryDirectory(prefix="flashsim-reader-", dir=folder) as tmp:
+        yield open_store(write_shape_store(spec, Path(tmp) / "store", seed=seed, dtype="fp32", layout="bundled"))
+
+
+def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], duration_s: float,
+                   rng: np.random.Generator) -> dict[str, Any]:
+    """Per depth q: what one read batch of real.reader costs beyond its reads at the read table's
+    throughput (the profile's `flash.batch_overhead_s`): starting and collecting its q threads, the
+    call's setup and the drain to the slowest read. At each depth a BundleReader with q threads
+    reads batches of q and 4q random neurons (4 KiB bundles, coalesced where adjacent) of `store`
+    into cache rows, alternating, for `duration_s`; the overhead is the median over batches of the
+    reads' `seconds` less the table's time for the same reads (`curve`, the grid just measured),
+    clipped at 0."""
+    overhead, batch_s, table_s = [], [], []
+    N = store.n_neurons
+    for q in depths:
+        sizes = (q, 4 * q)
+        extra: list[float] = []
+        secs: dict[int, list[float]] = {n: [] for n in sizes}
+        pred: dict[int, list[float]] = {n: [] for n in sizes}
+        with BundleReader(store, layout="bundled", in_flight=q) as reader:
+            cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
+            t_end = time.perf_counter() + duration_s
+            while time.perf_counter() < t_end:
+                for n in sizes:
+                    ids = np.sort(rng.choice(N, min(n, N), replace=False))
+                    cache.clear()
+                    a, b = cache.append(ids)
+                    st = reader.read(0, ids, cache.rows[a:b])
+                    lens = st.chunk_bytes.astype(np.float64)
+                    t_tab = float(np.sum(lens / curve.bytes_per_s_many(lens, min(q, len(lens)))))
+                    secs[n].append(st.seconds)
+                    pred[n].append(t_tab)
+                    extra.append(st.seconds - t_tab)
+        overhead.append(max(0.0, float(np.median(extra))))
+        batch_s.append([float(np.median(secs[n])) for n in sizes])
+        table_s.append([float(np.median(pred[n])) for n in sizes])
+    return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
+            "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
+            "overhead_s": overhead, "duration_s_per_depth": duration_s}
+
+
+def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
+    """The reader's own work for one batch besides its reads (the profile's `flash.plan_s_per_batch`
+    / `plan_s_per_neuron`): which of the asked neurons are missing from the layer's cache, their
+    cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
+    (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
+    reads with `in_flight` threads from `store` (bench_store). Batches of PLAN_BATCH_NEURONS random
+    neurons alternate for `min_time_s`; a straight line through the two medians. (Timed alone,
+    without reads in between, the same code took half as long here: it runs right after the
+    thread waits on I/O, with cold caches.)"""
+    N = store.n_neurons
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
+    times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
+    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+        cache = LayerCache(max(PLAN_BATCH_NEURONS), N, store.bundle_bytes, reader.dest_row_bytes)
+        t_end = time.perf_counter() + min_time_s
+        while time.perf_counter() < t_end:
+            for n in PLAN_BATCH_NEURONS:
+                ids = np.sort(rng.choice(N, n, replace=False))
+                cache.clear()
+                t0 = time.perf_counter()
+                miss = cache.missing(ids)
+                a, b = cache.append(miss)
+                st = reader.read(0, miss, cache.rows[a:b])
+                times[n].append(time.perf_counter() - t0 - st.seconds)
+    (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(np.median(times[n])) for n in PLAN_BATCH_NEURONS)
+    per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
+    return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
+            "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
