@@ -154,7 +154,7 @@ class FlashSpec(_Strict):
     # A read batch is issued to a pool of reader threads and done when its last read completes: on top
     # of its reads at the table's steady throughput it costs starting the threads that take part,
     # collecting them, and the wait for the slowest read (the depth drains at the end). bench flash
-    # measures it as the intercept of batch time over batch size at each depth.
+    # measures it at each depth as real.reader's batch time less the table's time for the same reads.
     batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
                                                  "the time one read batch at that depth (min(reads, in flight)) "
                                                  "takes beyond its reads at the table's throughput; None = 0")
