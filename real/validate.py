@@ -213,8 +213,10 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
-    over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread."""
+    over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread. `drift`:
+    the host against the profile at the start and the end (real/drift.py)."""
     from devices.errors import FlashsimError
+    from real.drift import drift_warning, host_drift
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
@@ -228,15 +230,23 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
+    drift: dict[str, dict[str, Any]] = {}
     try:
+        drift["start"] = host_drift(profile, root, seed)
         if "shape" in modes:
             info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total,
                                         repeats)
         if "model" in modes:
             info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total,
                                         repeats)
+        drift["end"] = host_drift(profile, root, seed)
     finally:
         tmp.cleanup()
+    for c in drift.values():
+        c["t_s"] = round(c["t_s"] - t0, 1)     # seconds into the validation
+    drift_msg = drift_warning(drift)
+    if drift_msg:
+        print(drift_msg, file=sys.stderr)
     load_end = host_load()
     warning = load_warning(load_start, load_end)
     if warning:
@@ -247,7 +257,8 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
-                   "cores": load_start["cores"], "load_warning": warning, "direct_io": all(r["direct_io"] for r in rows),
+                   "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_warning": drift_msg,
+                   "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
 

@@ -247,6 +247,13 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                 for m, v in summary["per_metric"].items()]
         head = [f"metric ({name})", "median error", "p90", "max"]
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
+    drift = report.get("drift") or {}
+    if drift:
+        def ratio(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2f}x"
+
+        print("host vs profile (measured / profiled time): " + "; ".join(
+            f"{when} disk {ratio(c.get('disk'))}, cpu {ratio(c.get('cpu'))}" for when, c in drift.items()))
     model = report["per_mode"].get("model")
     if model and model.get("quality"):
         q = model["quality"]

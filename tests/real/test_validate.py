@@ -115,6 +115,11 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     for key in ("load_avg_start", "load_avg_end"):
         assert len(out[key]) == 3 and all(x >= 0 for x in out[key])
     assert 0.0 <= out["latency_error_median"] <= out["latency_error_max"]
+    # the host against the profile, before and after the grid (real/drift.py)
+    assert set(out["drift"]) == {"start", "end"} and "drift_warning" in out
+    for check in out["drift"].values():
+        assert check["disk"] > 0 and (check["cpu"] is None or check["cpu"] > 0) and check["t_s"] >= 0
+    assert out["drift"]["end"]["t_s"] >= out["drift"]["start"]["t_s"]
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
         assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
@@ -128,6 +133,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert main(["validate", "--quick", "--tokens", "6", "--modes", "model", "--workdir", str(work)]) == 0
     text = capsys.readouterr().out
     assert "2 configurations (model: 2)" in text and "greedy agreement" in text
+    assert "host vs profile (measured / profiled time): start disk " in text
     # two passes over the grid: the real runs' spread is reported next to the errors
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work)]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -316,3 +322,11 @@ def test_cli_threads_below_one_is_one_line(capsys):
     assert main(["validate", "--quick", "--threads", "0"]) == 2
     err = capsys.readouterr().err
     assert "--threads 0" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_drift_warning_by_hand():
+    from real.drift import drift_warning
+
+    assert drift_warning({"start": {"disk": 1.1, "cpu": 0.9}, "end": {"disk": 0.86, "cpu": None}}) is None
+    w = drift_warning({"start": {"disk": 1.0, "cpu": 1.2}, "end": {"disk": 1.5, "cpu": float("nan")}})
+    assert w.startswith("WARNING") and "start cpu 1.20x" in w and "end disk 1.50x" in w and "\n" not in w

@@ -1,0 +1,92 @@
+"""How far the host is from its profile right now: a short disk and CPU check (ratios, no units).
+
+A profile is a measurement of minutes ago. On a shared host the disk has slow spells and the CPU's
+speed drifts (on this VM: reads 1.5x slower for a minute, GEMVs 10-30% over tens of minutes), and
+`flashsim validate` compares runs against a simulation of the profile, so it reports this check at
+its start and end next to the errors:
+
+* **disk**: real.reader reads batches of 4 x in-flight random neurons of a small store
+  (`real.bench_reader.bench_store`) for `duration_s`; the ratio is the reads' measured seconds over
+  the profile's time for the same reads (read table + batch overhead), summed. 1.0 = as profiled,
+  1.3 = the disk is 30% slower than the profile says.
+* **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights, like bench compute's) timed
+  against the profile's prediction (FLOPs at compute.gemv_flops_per_s.fp32 + rows x gemv_row_s).
+
+`drift_warning` flags a ratio more than DRIFT_WARN off 1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from real.bench_reader import bench_store
+from real.cache import LayerCache
+from real.reader import BundleReader
+
+DRIFT_GEMV_SHAPE = (4096, 4096)
+DRIFT_WARN = 0.15
+
+
+def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -> float:
+    """Measured / profiled seconds of real.reader's batches on a small store written in `folder`."""
+    flash = profile.flash
+    q = int(flash.max_in_flight)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD41F7]))
+    measured = predicted = 0.0
+    with bench_store(folder, seed) as store, BundleReader(store, layout="bundled", in_flight=q) as reader:
+        N = store.n_neurons
+        n = min(N, 4 * q)
+        cache = LayerCache(n, N, store.bundle_bytes, reader.dest_row_bytes)
+        t_end = time.perf_counter() + duration_s
+        while time.perf_counter() < t_end:
+            ids = np.sort(rng.choice(N, n, replace=False))
+            cache.clear()
+            a, b = cache.append(ids)
+            st = reader.read(0, ids, cache.rows[a:b])
+            lens = st.chunk_bytes.astype(np.float64)
+            depth = min(q, len(lens))
+            measured += st.seconds
+            predicted += float(np.sum(lens / flash.curve.bytes_per_s_many(lens, depth)))
+            predicted += float(flash.batch_overhead_at(np.array([depth]))[0])
+    return measured / predicted if predicted > 0 else float("nan")
+
+
+def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
+    """Measured / profiled time of a cold fp32 GEMV (None without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    rows, cols = DRIFT_GEMV_SHAPE
+    c = profile.compute
+    predicted = 2.0 * rows * cols / c.flops_per_s("fp32") + rows * (c.gemv_row_s or 0.0)
+    g = torch.Generator().manual_seed(seed)
+    # two matrices, alternated, so each GEMV streams its 64 MiB from DRAM as in bench compute
+    ws = [torch.randn(rows, cols, generator=g) for _ in range(2)]
+    x = torch.randn(cols, generator=g)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats):
+            t = time.perf_counter()
+            torch.mv(ws[i % 2], x)
+            times.append(time.perf_counter() - t)
+    return float(np.median(times)) / predicted
+
+
+def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
+    """{"disk": ratio, "cpu": ratio or None, "t_s": perf_counter} (module docstring)."""
+    return {"disk": disk_ratio(profile, folder, seed), "cpu": cpu_ratio(profile, seed), "t_s": time.perf_counter()}
+
+
+def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
+    """One line naming every check whose disk or CPU ratio is more than DRIFT_WARN off 1; None if none."""
+    bad = [f"{when} {what} {r:.2f}x" for when, c in checks.items() for what in ("disk", "cpu")
+           if (r := c.get(what)) is not None and np.isfinite(r) and abs(r - 1.0) > DRIFT_WARN]
+    if not bad:
+        return None
+    return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
+            "the errors include that drift: re-run `flashsim bench flash` and `bench compute` right before validating")
