@@ -39,7 +39,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
-from real.cache import gather_rows, gather_scratch
+from real.cache import GATHER_ROW_PAD_BYTES, gather_rows
 from sim import bitsets
 from sim.config import RunConfig
 from sim.policies.base import CapacityError
@@ -144,7 +144,9 @@ class RealExecutor:
         self.seg_bytes = store.segment_bytes
         self.n_seg = len(store.segments)
         self.records: list[TokenRecord] = []
-        self._gather: np.ndarray | None = None
+        from real.device import HostScratch
+
+        self._gather = HostScratch(self.dev)   # the gathered rows (pinned on CUDA)
         self.times = StepTimes()
         self.step = -1
         self.t_clock = 0.0
@@ -302,6 +304,7 @@ class RealExecutor:
     def close(self) -> None:
         self.torch.set_num_threads(self._threads_before)
         self.pf_pool.shutdown(wait=True)
+        self._gather.close()
         self.reader.close()
         self.pf_reader.close()
 
@@ -338,9 +341,8 @@ class RealExecutor:
         # segments are views of it. The scratch's rows are GATHER_ROW_PAD_BYTES wider than the
         # cache's: see real.cache.GATHER_ROW_PAD_BYTES
         k = len(comp_ids)
-        if self._gather is None or len(self._gather) < k:
-            self._gather = gather_scratch(max(k, cache.capacity), cache.row_stride_bytes)
-        rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], self._gather, self.tdtype)
+        scratch = self._gather.get(max(k, cache.capacity), cache.row_stride_bytes + GATHER_ROW_PAD_BYTES)
+        rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], scratch, self.tdtype)
         w = self.seg_bytes // rows_t.element_size()
         segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
         xs = x.to(self.tdtype)

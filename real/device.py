@@ -4,7 +4,9 @@ host buffers are made visible to it.
 * CPU (this host, and what the tests run): compute on host memory; buffers are the page-aligned
   mappings of `real.buffers.AlignedBuffer`, which direct I/O reads land in.
 * CUDA (a desktop GPU or a Jetson): the same host buffers are page-locked in place with
-  `cudaHostRegister`, so the GPU can DMA from them without a bounce copy. On a Jetson (unified
+  `cudaHostRegister`, so the GPU can DMA from them without a bounce copy. The real backend gathers
+  the computed rows into a scratch that `HostScratch` allocates page-aligned and pins on CUDA, so
+  its `.to(device, non_blocking=True)` copies are asynchronous (from pageable memory they are not). On a Jetson (unified
   memory: `torch.cuda.get_device_properties(0).is_integrated`) CPU and GPU share the DRAM; a
   registered buffer is then directly addressable by kernels (zero copy), which is what the
   LLM-in-a-flash style neuron cache wants. This path needs a CUDA build of torch and is tested
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from devices.errors import FlashsimError
 
@@ -77,3 +81,37 @@ def unpin_host_buffer(handle: Any) -> None:
     import torch
 
     torch.cuda.cudart().cudaHostUnregister(handle)
+
+
+class HostScratch:
+    """A growable [rows, width] uint8 host buffer for the rows the compute reads. On CUDA it is
+    page-aligned (AlignedBuffer) and page-locked with `pin` (pin_host_buffer) until it grows or
+    closes; on the CPU it is a plain NumPy array (what bench compute's gathers write into)."""
+
+    def __init__(self, device: ComputeDevice, pin: Any = None, unpin: Any = None):
+        self.device = device
+        self._pin, self._unpin = pin or pin_host_buffer, unpin or unpin_host_buffer
+        self._buf: Any = None
+        self._handle: Any = None
+        self.array: Any = None
+
+    def get(self, rows: int, width: int) -> Any:
+        """The buffer with at least `rows` rows of exactly `width` bytes (reallocated, and pinned
+        again, when it must grow)."""
+        from real.buffers import AlignedBuffer
+
+        if self.array is not None and self.array.shape[0] >= rows and self.array.shape[1] == width:
+            return self.array
+        self.close()
+        if self.device.kind != "cuda":
+            self.array = np.empty((rows, width), np.uint8)
+            return self.array
+        self._buf = AlignedBuffer(max(1, rows) * width)
+        self.array = self._buf.view2d(rows, width)
+        self._handle = self._pin(self.array, self.device)
+        return self.array
+
+    def close(self) -> None:
+        self._unpin(self._handle)
+        self._handle = None
+        self.array = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
@@ -34,3 +35,21 @@ def test_cuda_pins_an_aligned_buffer_in_place():
         assert torch.equal(t.to(dev.torch_device()).cpu(), t)
     finally:
         unpin_host_buffer(handle)
+
+
+def test_host_scratch_pins_on_cuda_only_and_repins_when_it_grows():
+    from real.device import ComputeDevice, HostScratch
+
+    cpu = HostScratch(ComputeDevice("cpu", "cpu", True), pin=lambda a, d: pytest.fail("pinned on the CPU"))
+    a = cpu.get(4, 8256)
+    assert a.shape == (4, 8256) and a.dtype == np.uint8 and cpu.get(3, 8256) is a
+    calls = []
+    gpu = HostScratch(ComputeDevice("cuda", "fake", True), pin=lambda a, d: calls.append(("pin", a.ctypes.data)) or a.ctypes.data,
+                      unpin=lambda h: calls.append(("unpin", h)))
+    b = gpu.get(4, 8256)
+    assert b.ctypes.data % 4096 == 0 and calls == [("unpin", None), ("pin", b.ctypes.data)]
+    assert gpu.get(4, 8256) is b and len(calls) == 2            # big enough: no new pin
+    c = gpu.get(9, 8256)                                          # grows: the old one is unpinned first
+    assert c.shape == (9, 8256) and calls[2:] == [("unpin", b.ctypes.data), ("pin", c.ctypes.data)]
+    gpu.close()
+    assert calls[-1] == ("unpin", c.ctypes.data)
