@@ -195,21 +195,33 @@ def _row_cost(torch: Any, shapes: tuple[tuple[int, int], ...], min_time_s: float
     return {"shapes": [list(s) for s in shapes], "gemv_s": times, "row_s": row_s}
 
 
-def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
-    """Per-layer and per-step time of transformers' llama decode at negligible width (module
-    docstring); None without transformers."""
+def tiny_llama(torch: Any, n_layers: int, seed: int) -> tuple[Any, Any, np.ndarray] | None:
+    """A random transformers llama of FRAMEWORK_DIMS and `n_layers` layers (seeded), its decode
+    step's cache argument and a one-token input, for real.model_mode's `_decode_step`; None without
+    transformers. The framework probes of bench compute and bench flash run it."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
-    from real.model_mode import _cache_arg, _decode_step
+    from real.model_mode import _cache_arg
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=n_layers, **FRAMEWORK_DIMS)).eval()
+    return model, _cache_arg(model), np.ones((1, 1), np.int64)
+
+
+def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
+    """Per-layer and per-step time of transformers' llama decode at negligible width (module
+    docstring); None without transformers."""
+    from real.model_mode import _decode_step
 
     step_s = {}
     for n_layers in (1, FRAMEWORK_LAYERS):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=n_layers, **FRAMEWORK_DIMS)).eval()
-        arg, past, times = _cache_arg(model), None, []
-        ids = np.ones((1, 1), np.int64)
+        tiny = tiny_llama(torch, n_layers, seed)
+        if tiny is None:
+            return None
+        model, arg, ids = tiny
+        past, times = None, []
         with torch.no_grad():
             for _ in range(FRAMEWORK_STEPS):
                 t = time.perf_counter()

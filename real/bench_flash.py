@@ -358,16 +358,17 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
     every 64 steps; None without transformers."""
     try:
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
-    from real.bench_compute import FRAMEWORK_DIMS
-    from real.model_mode import _cache_arg, _decode_step
+    from real.bench_compute import tiny_llama
+    from real.model_mode import _decode_step
 
     torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=4, **FRAMEWORK_DIMS)).eval()
-    arg, ids, state = _cache_arg(model), np.ones((1, 1), np.int64), {"past": None, "steps": 0}
+    tiny = tiny_llama(torch, 4, seed)
+    if tiny is None:
+        return None
+    model, arg, ids = tiny
+    state: dict[str, Any] = {"past": None, "steps": 0}
 
     def run(until: float) -> int:
         n = 0

@@ -32,7 +32,7 @@ import numpy as np
 from devices.model_spec import ModelSpec
 from real.cache import LayerCache
 from real.convert import write_shape_store
-from real.reader import BundleReader
+from real.reader import BundleReader, ReadStats
 from real.store import WeightStore, open_store
 
 PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
@@ -49,6 +49,30 @@ def bench_store(folder: Path, seed: int) -> Iterator[WeightStore]:
         yield open_store(write_shape_store(spec, Path(tmp) / "store", seed=seed, dtype="fp32", layout="bundled"))
 
 
+def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], duration_s: float,
+                   rng: np.random.Generator) -> Iterator[tuple[int, ReadStats]]:
+    """real.reader with `in_flight` threads reading batches of `sizes` random neurons (cycled; sorted,
+    as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`: yields (neurons,
+    ReadStats) per batch."""
+    N = store.n_neurons
+    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+        cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
+        t_end = time.perf_counter() + duration_s
+        while time.perf_counter() < t_end:
+            for n in sizes:
+                ids = np.sort(rng.choice(N, min(n, N), replace=False))
+                cache.clear()
+                a, b = cache.append(ids)
+                yield n, reader.read(0, ids, cache.rows[a:b])
+
+
+def table_time_s(curve: Any, chunk_bytes: np.ndarray, in_flight: int) -> float:
+    """The read table's time for one batch of reads of these sizes, all issued together (depth
+    min(in_flight, reads)); the batch overhead not included."""
+    lens = np.asarray(chunk_bytes, np.float64)
+    return float(np.sum(lens / curve.bytes_per_s_many(lens, min(in_flight, len(lens)))))
+
+
 def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], duration_s: float,
                    rng: np.random.Generator) -> dict[str, Any]:
     """Per depth q: what one read batch of real.reader costs beyond its reads at the read table's
@@ -59,26 +83,16 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     reads' `seconds` less the table's time for the same reads (`curve`, the grid just measured),
     clipped at 0."""
     overhead, batch_s, table_s = [], [], []
-    N = store.n_neurons
     for q in depths:
         sizes = (q, 4 * q)
         extra: list[float] = []
         secs: dict[int, list[float]] = {n: [] for n in sizes}
         pred: dict[int, list[float]] = {n: [] for n in sizes}
-        with BundleReader(store, layout="bundled", in_flight=q) as reader:
-            cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
-            t_end = time.perf_counter() + duration_s
-            while time.perf_counter() < t_end:
-                for n in sizes:
-                    ids = np.sort(rng.choice(N, min(n, N), replace=False))
-                    cache.clear()
-                    a, b = cache.append(ids)
-                    st = reader.read(0, ids, cache.rows[a:b])
-                    lens = st.chunk_bytes.astype(np.float64)
-                    t_tab = float(np.sum(lens / curve.bytes_per_s_many(lens, min(q, len(lens)))))
-                    secs[n].append(st.seconds)
-                    pred[n].append(t_tab)
-                    extra.append(st.seconds - t_tab)
+        for n, st in reader_batches(store, q, sizes, duration_s, rng):
+            t_tab = table_time_s(curve, st.chunk_bytes, q)
+            secs[n].append(st.seconds)
+            pred[n].append(t_tab)
+            extra.append(st.seconds - t_tab)
         overhead.append(max(0.0, float(np.median(extra))))
         batch_s.append([float(np.median(secs[n])) for n in sizes])
         table_s.append([float(np.median(pred[n])) for n in sizes])

@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from real.bench_reader import bench_store
-from real.cache import LayerCache
-from real.reader import BundleReader
+from real.bench_reader import bench_store, reader_batches, table_time_s
 
 DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
@@ -37,21 +35,11 @@ def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -
     q = int(flash.max_in_flight)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD41F7]))
     measured = predicted = 0.0
-    with bench_store(folder, seed) as store, BundleReader(store, layout="bundled", in_flight=q) as reader:
-        N = store.n_neurons
-        n = min(N, 4 * q)
-        cache = LayerCache(n, N, store.bundle_bytes, reader.dest_row_bytes)
-        t_end = time.perf_counter() + duration_s
-        while time.perf_counter() < t_end:
-            ids = np.sort(rng.choice(N, n, replace=False))
-            cache.clear()
-            a, b = cache.append(ids)
-            st = reader.read(0, ids, cache.rows[a:b])
-            lens = st.chunk_bytes.astype(np.float64)
-            depth = min(q, len(lens))
+    with bench_store(folder, seed) as store:
+        for _, st in reader_batches(store, q, (4 * q,), duration_s, rng):
             measured += st.seconds
-            predicted += float(np.sum(lens / flash.curve.bytes_per_s_many(lens, depth)))
-            predicted += float(flash.batch_overhead_at(np.array([depth]))[0])
+            predicted += table_time_s(flash.curve, st.chunk_bytes, q)
+            predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]))[0])
     return measured / predicted if predicted > 0 else float("nan")
 
 
