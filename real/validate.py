@@ -220,6 +220,8 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
+    if workdir is not None and not Path(workdir).is_dir():
+        raise FlashsimError(f"--workdir {workdir}: no such folder; create it, or omit --workdir for the system temp folder")
     if threads is None:
         threads = profile.compute.threads or 1
     load_start = host_load()

@@ -330,3 +330,13 @@ def test_drift_warning_by_hand():
     assert drift_warning({"start": {"disk": 1.1, "cpu": 0.9}, "end": {"disk": 0.86, "cpu": None}}) is None
     w = drift_warning({"start": {"disk": 1.0, "cpu": 1.2}, "end": {"disk": 1.5, "cpu": float("nan")}})
     assert w.startswith("WARNING") and "start cpu 1.20x" in w and "end disk 1.50x" in w and "\n" not in w
+
+
+def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
+    """--workdir that does not exist: exit 2 with one line naming it, before anything is measured."""
+    from sim.cli.main import main
+
+    missing = tmp_path / "nope"
+    assert main(["validate", "--quick", "--workdir", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(missing) in err and "no such folder" in err
