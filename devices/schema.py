@@ -165,7 +165,51 @@ class FlashSpec(_Strict):
                                     "(fixed part); 0 = not modelled")
     plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "
                                      "reads; 0 = not modelled")
+    # The runtime's per-layer update of its neuron cache's index (which neurons are resident where),
+    # besides the row copies: real.backend's LayerCache bookkeeping, timed by bench flash.
+    cache_index_s_per_layer: float = Field(default=0.0, ge=0, description="per layer and step, the cache "
+                                           "index work of a runtime that manages a neuron cache; 0 = not modelled")
+    cache_index_s_per_evicted: float = Field(default=0.0, ge=0, description="the same, per neuron evicted "
+                                             "(besides its row's copy); 0 = not modelled")
+    # Compute after a read wait (real/bench_cold.py): while the decoder thread waits for a demand batch
+    # the reader's threads (and, on a shared host, other tenants) evict its code and data from the CPU
+    # caches; the layer after the wait refills them. Extra seconds per layer as a function of the
+    # batch's reads (linear between the points, 0 at 0 reads, the last value beyond the last point):
+    # cold_compute_s for kernels called directly, framework_cold_compute_s for framework code
+    # (compute.framework=hf). bench flash measures both on its store.
+    cold_batch_reads: list[float] | None = Field(default=None, description="reads per demand batch at which "
+                                                 "the cold-compute penalties are measured (increasing)")
+    cold_compute_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
+                                               "(kernels) right after waiting for a batch of that many reads")
+    framework_cold_compute_s: list[float] | None = Field(default=None, description="the same for a layer of "
+                                                         "framework code (compute.framework=hf)")
     source: str
+
+    @model_validator(mode="after")
+    def _cold_curve(self) -> FlashSpec:
+        x = self.cold_batch_reads
+        ys = {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s}
+        if x is None:
+            if any(v is not None for v in ys.values()):
+                raise ValueError("cold_compute_s / framework_cold_compute_s need cold_batch_reads (the reads "
+                                 "each value was measured at)")
+            return self
+        if not x or any(not (b > a) for a, b in zip(x, x[1:])) or x[0] <= 0:
+            raise ValueError("cold_batch_reads must be positive and increasing")
+        for name, v in ys.items():
+            if v is not None and (len(v) != len(x) or any(not (t >= 0) for t in v)):
+                raise ValueError(f"{name} needs one value >= 0 seconds per cold_batch_reads entry")
+        return self
+
+    def cold_compute_at(self, reads: np.ndarray, framework: bool = False) -> np.ndarray:
+        """Extra compute seconds of a layer that waited for a demand batch of `reads` reads (0 where
+        reads is 0, or without the measured curve); `framework`: the framework code's curve (the
+        kernels' when the profile has none)."""
+        r = np.asarray(reads, np.float64)
+        y = (self.framework_cold_compute_s if framework else None) or self.cold_compute_s
+        if self.cold_batch_reads is None or y is None:
+            return np.zeros_like(r)
+        return np.interp(r, [0.0, *self.cold_batch_reads], [0.0, *y])
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:

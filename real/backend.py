@@ -222,10 +222,7 @@ class RealExecutor:
         #    demand reads although the next step keeps it (a cache at its share deletes before it
         #    inserts; the plan then prefetches those neurons back, so they are read again)
         m0 = time.perf_counter()
-        res = cache.resident_ids()
-        drop = res[~(keep_mask[res] | comp_mask[res]) | pf_mask[res]]
-        if len(drop):
-            cache.delete(drop)
+        cache.keep_only((keep_mask | comp_mask) & ~pf_mask)
         m1 = time.perf_counter()
         T.mem_mgmt_s += m1 - m0
         # 3. demand reads
@@ -247,12 +244,8 @@ class RealExecutor:
         c1 = time.perf_counter()
         T.compute_s += c1 - c0
         # 5. drop computed-not-kept, prefetch what the next step keeps and is not resident
-        res = cache.resident_ids()
-        gone = res[~keep_mask[res]]
-        if len(gone):
-            cache.delete(gone)
-        want = np.flatnonzero(keep_mask)
-        fetch = cache.missing(want)
+        cache.keep_only(keep_mask)
+        fetch = cache.missing(np.flatnonzero(keep_mask))
         m2 = time.perf_counter()
         T.mem_mgmt_s += m2 - c1
         if len(fetch) and s + 1 < self.n_steps:

@@ -25,8 +25,11 @@ the largest reads in flight is measured with and without that copy; the differen
 what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us).
 
 Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `plan_s_per_batch`,
-`plan_s_per_neuron`): timed through real.reader itself on a small store next to the bench file,
-after the grid (real/bench_reader.py).
+`plan_s_per_neuron`) and the backend's cache index work (`flash.cache_index_s_per_layer`): timed
+through real.reader itself on a small store next to the bench file,
+after the grid (real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same
+store also times compute after a read wait (`flash.cold_batch_reads`, `cold_compute_s`,
+`framework_cold_compute_s`; real/bench_cold.py).
 
 Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
 `compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
@@ -67,7 +70,8 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes
-from real.bench_reader import batch_overhead, bench_store, read_plan_cost
+from real.bench_cold import COLD_SAMPLES, cold_compute
+from real.bench_reader import batch_overhead, bench_store, cache_index_cost, read_plan_cost
 from real.buffers import ALIGN_BYTES, AlignedBuffer, round_down
 from real.fsinfo import RAM_FILESYSTEMS, filesystem_type
 
@@ -555,7 +559,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         from devices.curves import TableReadCurve
 
         curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
-        batches = plan = None
+        batches = plan = cold = index = None
         skipped = None
         with contextlib.ExitStack() as stack:
             try:
@@ -563,11 +567,16 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             except (OSError, FlashsimError) as e:   # a read-only folder, or no room for its 16 MiB
                 store = None
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                skipped = (f"batch overhead and reader planning not measured: cannot write a store in "
+                skipped = (f"batch overhead, reader planning and compute after a read wait not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
             if store is not None:
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
                 plan = read_plan_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
+                index = cache_index_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
+                if cfg.host_cpu:
+                    # a short bench (--quick, or short points) times fewer layers per point
+                    cold = cold_compute(store, max(cfg.in_flight), cfg.seed,
+                                        samples=COLD_SAMPLES if cfg.duration_s >= 0.5 else 8)
         if progress:
             progress("batch overhead")
         host = None
@@ -598,6 +607,8 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "staged": staged,
         "batches": batches,
         "read_plan": plan,
+        "cold_compute": cold,
+        "cache_index": index,
         "host_cpu": host,
         "load_average_1min": os.getloadavg()[0],
     }
@@ -654,6 +665,20 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         extra["plan_s_per_neuron"] = float(f"{plan['per_neuron_s']:.4g}")
         source += (f"; reader planning: real.reader's work besides the reads for {plan['batch_neurons']} neurons "
                    "on a one-layer store")
+    index = result.get("cache_index")
+    if index:
+        extra["cache_index_s_per_layer"] = float(f"{index['per_layer_s']:.4g}")
+        extra["cache_index_s_per_evicted"] = float(f"{index['per_evicted_s']:.4g}")
+        source += (f"; cache index work: real.backend's per-layer LayerCache.keep_only x 2 + missing on "
+                   f"{index['layer_neurons']} resident neurons after a read batch, keeping or evicting them all")
+    cold = result.get("cold_compute")
+    if cold:
+        extra["cold_batch_reads"] = [float(f"{x:.4g}") for x in cold["batch_reads"]]
+        extra["cold_compute_s"] = [float(f"{x:.4g}") for x in cold["kernel_cold_s"]]
+        if cold.get("framework_cold_s"):
+            extra["framework_cold_compute_s"] = [float(f"{x:.4g}") for x in cold["framework_cold_s"]]
+        source += ("; compute after a read wait: a layer's kernels (and a tiny transformers llama layer) timed right "
+                   f"after real.reader batches of {cold['batch_neurons']} neurons less back to back")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = float(f"{host['cpu_s_per_read']:.4g}")

@@ -16,6 +16,12 @@ Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
 reads (NumPy, a few dozen calls): timed as `BundleReader.read` less its reads (here ~170-320 us +
 0.09 us per neuron; timed alone, without reads in between, half as much).
+
+Cache index work (`cache_index_cost`; `flash.cache_index_s_per_layer`): besides reads and row copies,
+real.backend updates each layer's cache index twice per step (`LayerCache.keep_only` before the
+demand reads and after the FFN, then `missing` for what the next step keeps): a few dozen NumPy
+calls over the layer's neuron index, timed right after a read batch, as in a run (here ~50 us per
+layer + 0.3 us per evicted neuron).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from real.reader import BundleReader, ReadStats
 from real.store import WeightStore, open_store
 
 PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
+INDEX_LAYER_NEURONS = 512         # resident neurons of the layer cache_index_cost times
 BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
 
 
@@ -129,3 +136,38 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
     per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
     return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
             "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
+
+
+def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
+    """The real backend's per-layer cache index work (the profile's `flash.cache_index_s_per_layer`
+    and `cache_index_s_per_evicted`): RealExecutor.ffn's two `LayerCache.keep_only` calls and its
+    `missing` for the next step's set, on a layer cache holding INDEX_LAYER_NEURONS neurons just read
+    from `store` with `in_flight` threads (so the work runs right after an I/O wait, with cold
+    caches, as in a run). Alternately the second call keeps them all or drops them all, neither of
+    which moves a row (the simulator times row moves as copies at compute.gather_bytes_per_s): the
+    first gives the fixed part, the difference per dropped neuron the rest. Medians over
+    `min_time_s`."""
+    N = store.n_neurons
+    n = min(INDEX_LAYER_NEURONS, N)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1DE]))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    none = np.zeros(N, bool)
+    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+        cache = LayerCache(n, N, store.bundle_bytes, reader.dest_row_bytes)
+        t_end = time.perf_counter() + min_time_s
+        while time.perf_counter() < t_end or len(times[True]) < 5:
+            for drop in (False, True):
+                ids = np.sort(rng.choice(N, n, replace=False))
+                keep = np.zeros(N, bool)
+                keep[ids] = True
+                cache.clear()
+                a, b = cache.append(ids)
+                reader.read(0, ids, cache.rows[a:b])
+                t0 = time.perf_counter()
+                cache.keep_only(keep)                       # before the demand reads
+                cache.keep_only(none if drop else keep)     # after the FFN
+                cache.missing(np.flatnonzero(keep))         # what the next step keeps and is not resident
+                times[drop].append(time.perf_counter() - t0)
+    t_keep, t_drop = (float(np.median(times[d])) for d in (False, True))
+    return {"layer_neurons": n, "n_neurons": N, "in_flight": in_flight, "keep_all_s": t_keep, "drop_all_s": t_drop,
+            "per_layer_s": t_keep, "per_evicted_s": max(0.0, (t_drop - t_keep) / n), "samples": len(times[True])}

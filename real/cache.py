@@ -166,6 +166,11 @@ class LayerCache:
         self.bytes_moved += stats.bytes_moved
         return stats
 
+    def keep_only(self, keep: np.ndarray) -> MoveStats:
+        """Evict every resident neuron whose entry in `keep` (bool [n_neurons]) is False."""
+        res = self.neuron_at[: self.n]
+        return self.delete(res[~keep[res]])
+
     def clear(self) -> None:
         self.slot_of[self.neuron_at[: self.n]] = -1
         self.neuron_at[: self.n] = -1

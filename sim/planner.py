@@ -229,12 +229,15 @@ class Planner:
         a.ffn_flop_s[rows, layer] = ffn.flop_s
         a.ffn_mem_s[rows, layer] = ffn.mem_s
         a.ffn_gather_s[rows, layer] = ffn.gather_s
-        a.ffn_ovh_s[rows, layer] = ffn.ovh_s
+        # a layer that waited for demand reads computes with cold CPU caches (ComputeModel.cold_s)
+        a.ffn_ovh_s[rows, layer] = ffn.ovh_s + self.compute.cold_s(n_dem)
         if self.manages_cache:
             moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
             mg = self.compute.memory_management(moved)
             a.mgmt_mem_s[rows, layer] = mg.mem_s
-            a.mgmt_ovh_s[rows, layer] = mg.ovh_s
+            # + the runtime's update of the cache index: every layer and step, and per evicted neuron
+            f = self.profile.flash
+            a.mgmt_ovh_s[rows, layer] = mg.ovh_s + f.cache_index_s_per_layer + f.cache_index_s_per_evicted * c.evicted
         key = (layer, a0, b0)
         q = self.quality_memo.get(key) if self.quality_memo is not None else None
         if q is None:

@@ -156,6 +156,16 @@ def _flash(args: argparse.Namespace) -> int:
     pl = result.get("read_plan")
     if pl:
         print(f"reader planning per batch: {pl['per_batch_s'] * 1e6:.0f} us + {pl['per_neuron_s'] * 1e6:.2f} us per neuron")
+    ix = result.get("cache_index")
+    if ix:
+        print(f"cache index work per layer: {ix['per_layer_s'] * 1e6:.0f} us + {ix['per_evicted_s'] * 1e6:.2f} us "
+              "per evicted neuron")
+    cold = result.get("cold_compute")
+    if cold:
+        pts = ", ".join(f"{r:.0f} reads +{k * 1e6:.0f}" + (f"/{f * 1e6:.0f}" if f is not None else "")
+                        for r, k, f in zip(cold["batch_reads"], cold["kernel_cold_s"],
+                                           cold.get("framework_cold_s") or [None] * len(cold["batch_reads"])))
+        print(f"compute after a read wait, per layer (kernels/framework, us): {pts}")
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")

@@ -16,6 +16,11 @@ Kernel counts (each pays one `op_overhead_s`, a launch/dispatch cost):
   sparse, predictor 3 (two low-rank GEMVs and the top selection), lm_head 3 (final norm, GEMV,
   embedding lookup), memory management 1 (one batched row copy per layer when rows move).
 
+**Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
+decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
+other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
+function of the batch's reads (real/bench_cold.py), are added to that layer's FFN phase.
+
 **Unified-memory contention.** Flash DMA writes the bytes it reads into the same DRAM the compute
 units stream weights from, so while a transfer runs at r bytes/s it takes r of the DRAM bandwidth
 B and a memory-bound phase progresses at (B - r) / B of its full speed. `stretch` integrates that
@@ -154,6 +159,7 @@ class ComputeModel:
         self.row_s = profile.compute.gemv_row_s
         self.transpose_bytes_per_s = profile.compute.transpose_bytes_per_s
         hf = framework == "hf"
+        self.framework_code = hf
         self.layer_fw_s = profile.compute.framework_layer_s if hf else 0.0
         self.token_fw_s = profile.compute.framework_token_s if hf else 0.0
         self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
@@ -198,6 +204,12 @@ class ComputeModel:
         rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
                      kernels * self.op_s + rows * self.row_s)
+
+    def cold_s(self, demand_reads: np.ndarray) -> np.ndarray:
+        """Extra compute of a layer whose decoder waited for a demand batch of that many reads: its
+        code and data were evicted from the CPU caches during the wait (the profile's measured
+        `flash.cold_compute_s` curve; framework code's under compute.framework=hf). 0 without reads."""
+        return self.profile.flash.cold_compute_at(demand_reads, self.framework_code)
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,

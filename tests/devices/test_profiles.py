@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from devices import FlashsimError, list_profiles, load_profile
 from devices.schema import BUNDLED_DIR, DeviceProfile
@@ -115,3 +116,36 @@ def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     assert got.tolist() == pytest.approx([0.0, 1.5e-5, 4e-5, 1.2e-4, 1.6e-4])
     data["flash"].pop("batch_overhead_s")
     assert DeviceProfile.model_validate(data).flash.batch_overhead_at(np.array([4])).tolist() == [0.0]
+
+
+def test_cold_compute_interpolates_from_zero_reads_and_clamps() -> None:
+    """flash.cold_compute_s: linear between the measured batch sizes, from 0 s at 0 reads, the last
+    value beyond the last point; the framework curve under framework=True, the kernels' without one."""
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    data["flash"].update(cold_batch_reads=[4.0, 16.0, 64.0], cold_compute_s=[4e-5, 1e-4, 2e-4],
+                         framework_cold_compute_s=[1e-4, 2e-4, 5e-4])
+    f = DeviceProfile.model_validate(data).flash
+    reads = np.array([0, 2, 4, 10, 40, 64, 1000])
+    assert f.cold_compute_at(reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
+    assert f.cold_compute_at(reads, framework=True).tolist() == pytest.approx([0.0, 5e-5, 1e-4, 1.5e-4, 3.5e-4, 5e-4, 5e-4])
+    data["flash"].pop("framework_cold_compute_s")
+    g = DeviceProfile.model_validate(data).flash
+    assert g.cold_compute_at(reads, framework=True).tolist() == g.cold_compute_at(reads).tolist()
+    for k in ("cold_batch_reads", "cold_compute_s"):
+        data["flash"].pop(k)
+    assert DeviceProfile.model_validate(data).flash.cold_compute_at(reads).tolist() == [0.0] * len(reads)
+
+
+@pytest.mark.parametrize("cold, expect", [
+    ({"cold_compute_s": [1e-4]}, "need cold_batch_reads"),
+    ({"cold_batch_reads": [4.0, 4.0], "cold_compute_s": [1e-4, 2e-4]}, "positive and increasing"),
+    ({"cold_batch_reads": [4.0, 16.0], "cold_compute_s": [1e-4]}, "one value >= 0 seconds per cold_batch_reads"),
+    ({"cold_batch_reads": [4.0, 16.0], "framework_cold_compute_s": [1e-4, -1.0]}, "framework_cold_compute_s needs"),
+])
+def test_malformed_cold_compute_curve_is_refused(cold, expect) -> None:
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    for k in ("cold_batch_reads", "cold_compute_s", "framework_cold_compute_s"):
+        data["flash"].pop(k, None)
+    data["flash"].update(cold)
+    with pytest.raises(ValidationError, match=expect):
+        DeviceProfile.model_validate(data)

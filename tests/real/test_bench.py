@@ -249,6 +249,31 @@ def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys,
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["batches"] is None and res["read_plan"] is None
-    assert "batch overhead and reader planning not measured" in res["note"] and "Permission denied" in res["note"]
+    assert "batch overhead, reader planning and compute after a read wait not measured" in res["note"] and "Permission denied" in res["note"]
     f = load_profile(out).flash
     assert f.batch_overhead_s is None and f.plan_s_per_batch == 0 and f.read_table is not None
+
+
+def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_path, capsys):
+    """With the host CPU probe on: per batch size, a layer's kernels (and a tiny transformers llama
+    layer) right after a reader batch less back to back; and the backend's per-layer index work.
+    Both land in the profile with their source."""
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
+    res = json.loads(capsys.readouterr().out)
+    cold, ix = res["cold_compute"], res["cache_index"]
+    assert cold["batch_neurons"] == [4, 16, 64, 256, 1024] and cold["samples"] == 8
+    assert all(b > a > 0 for a, b in zip(cold["batch_reads"], cold["batch_reads"][1:]))
+    assert len(cold["kernel_cold_s"]) == 5 and all(x >= 0 for x in cold["kernel_cold_s"]) and cold["kernel_warm_s"] > 0
+    assert len(cold["framework_cold_s"]) == 5 and cold["framework_warm_s"] > 0
+    assert ix["layer_neurons"] == 512 and ix["drop_all_s"] > 0 and ix["per_layer_s"] == ix["keep_all_s"] > 0
+    f = load_profile(out).flash
+    assert f.cold_batch_reads == pytest.approx(cold["batch_reads"], rel=1e-3)
+    assert f.cold_compute_s == pytest.approx(cold["kernel_cold_s"], rel=1e-3, abs=1e-12)
+    assert f.framework_cold_compute_s == pytest.approx(cold["framework_cold_s"], rel=1e-3, abs=1e-12)
+    assert f.cache_index_s_per_layer == pytest.approx(ix["per_layer_s"], rel=1e-3)
+    assert f.cache_index_s_per_evicted == pytest.approx(ix["per_evicted_s"], rel=1e-3, abs=1e-15)
+    assert "compute after a read wait" in f.source and "cache index work" in f.source
+    assert main(_quick_flash(tmp_path, "--no-write")) == 0
+    text = capsys.readouterr().out
+    assert "compute after a read wait, per layer" in text and "cache index work per layer" in text

@@ -149,3 +149,17 @@ def test_rows_moved_matches_the_real_cache_on_average() -> None:
         c.insert(ids, np.zeros((n, 8), np.uint8))
         moved.append(c.delete(rng.choice(ids, d, replace=False)).rows_moved)
     assert np.mean(moved) == pytest.approx(float(rows_moved(np.array([d]), np.array([n]))[0]), rel=0.05)
+
+
+def test_keep_only_evicts_the_resident_neurons_outside_the_mask():
+    c = LayerCache(capacity=6, n_neurons=N, row_bytes=ROW)
+    c.insert(np.array([10, 11, 12, 13, 14]), np.stack([row_of(n, 0) for n in (10, 11, 12, 13, 14)]))
+    keep = np.zeros(N, bool)
+    keep[[10, 13, 14, 20]] = True                    # 20 is not resident: keeping it changes nothing
+    s = c.keep_only(keep)                            # drop 11 (slot 1) and 12 (slot 2): 14 and 13 move in
+    assert (s.rows_moved, s.bytes_moved) == (2, 2 * ROW)
+    assert sorted(c.resident_ids().tolist()) == [10, 13, 14]
+    for n in (10, 13, 14):
+        np.testing.assert_array_equal(c.occupied()[c.slot_of[n], :ROW], row_of(n, 0))
+    assert c.keep_only(keep).rows_moved == 0 and c.n == 3
+    assert c.keep_only(np.zeros(N, bool)).rows_moved == 0 and c.n == 0      # dropping all moves nothing

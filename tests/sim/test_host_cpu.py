@@ -86,7 +86,8 @@ def base_profile() -> DeviceProfile:
     for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
               "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
-              "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron"):
+              "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer",
+              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)
 
@@ -226,3 +227,40 @@ def test_reader_planning_delays_a_prefetch(small_trace, base_profile) -> None:
     a = _means(simulate(small_trace, None, base_profile, cfg, fast=False))
     b = _means(simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=False))
     assert b["io_s"] > a["io_s"]          # prefetch batches land later by their planning
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("framework", ["kernels", "hf"])
+def test_a_layer_that_waited_for_demand_reads_computes_cold(small_trace, base_profile, fast, framework) -> None:
+    """flash.cold_compute_s (framework_cold_compute_s under compute.framework=hf): a flat curve adds
+    its value to the compute of every layer with a demand batch, nothing else. The layers that read
+    are counted independently through plan_s_per_batch (a stall per batch)."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none", f"compute.framework={framework}"])
+    kern, fw = 3e-4, 7e-4
+    cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[kern, kern], framework_cold_compute_s=[fw, fw])
+    a = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
+    b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4, **cold), cfg, fast=fast)
+    base = simulate(small_trace, None, base_profile, cfg, fast=fast)
+    per_layer = fw if framework == "hf" else kern
+    for t0, ta, tb in zip(base.tokens, a.tokens, b.tokens, strict=True):
+        batches = round((ta.stall_s - t0.stall_s) / 1e-4)
+        assert (tb.io_s, tb.stall_s, tb.mem_mgmt_s) == pytest.approx((ta.io_s, ta.stall_s, ta.mem_mgmt_s), abs=1e-12)
+        assert tb.compute_s - ta.compute_s == pytest.approx(batches * per_layer, abs=1e-12)
+    assert sum(t.reads_issued for t in a.tokens) > 0
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_cache_index_work_is_memory_management_per_layer_and_per_evicted_neuron(small_trace, base_profile, fast) -> None:
+    """flash.cache_index_s_per_layer on every layer of a managed cache, plus cache_index_s_per_evicted
+    per neuron the window evicts: memory-management time, not I/O or compute."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none", "window.k=1"])
+    a = simulate(small_trace, None, base_profile, cfg, fast=fast)
+    b = simulate(small_trace, None, _with_host(base_profile, cache_index_s_per_layer=1e-4), cfg, fast=fast)
+    c = simulate(small_trace, None, _with_host(base_profile, cache_index_s_per_evicted=1e-6), cfg, fast=fast)
+    L = small_trace.spec.n_layers
+    for ta, tb, tc in zip(a.tokens, b.tokens, c.tokens, strict=True):
+        assert (tb.io_s, tb.compute_s, tb.stall_s) == pytest.approx((ta.io_s, ta.compute_s, ta.stall_s), abs=1e-12)
+        assert tb.mem_mgmt_s - ta.mem_mgmt_s == pytest.approx(L * 1e-4, abs=1e-12)
+        evicted = (tc.mem_mgmt_s - ta.mem_mgmt_s) / 1e-6
+        assert evicted == pytest.approx(round(evicted), abs=1e-4) and evicted >= 0
+    assert sum((tc.mem_mgmt_s - ta.mem_mgmt_s) for ta, tc in zip(a.tokens, c.tokens)) > 0   # the window evicts

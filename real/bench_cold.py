@@ -1,0 +1,163 @@
+"""Compute after a read wait: how much longer a decoder layer takes when the decoder thread has just
+waited for a batch of reads (seconds, as a function of the batch's reads).
+
+Without prefetch, the real backend waits for every layer's demand reads. While it waits, the
+reader's threads run on the same cores (Python, syscalls, page-table walks), and on a shared VM
+other tenants run there too: they evict the decoder's code and data (the Python interpreter's and
+PyTorch's dispatch paths, module objects, activation and scratch buffers) from the L1/L2 caches
+that a layer run back to back finds warm. The layer after the wait refills them. Measured here:
+
+* a transformers llama layer of negligible width (`bench_compute.tiny_llama`; what model mode runs
+  under compute.framework=hf) took 133 us back to back and 283 / 326 / 367 / 545 us after batches of
+  4 / 16 / 64 / 256 reads;
+* real.backend's sparse FFN of 400 SmolLM2 rows took 384 us cycling through 30 layers' caches and
+  490 us after a 128-read batch.
+
+`cold_compute` times one layer of each kind (hf: a tiny llama decoder layer through forward hooks;
+kernels: the shape-mode layer's kernels at small width: four projections, an RMS norm, the gather
+of cache rows and the three FFN GEMVs) back to back and right after a real.reader batch of n random
+neurons of the bench store, for each n in COLD_BATCH_NEURONS; the penalty is the difference of the
+medians (the batch's own time not included). `flashsim bench flash` writes it as the profile's
+`flash.cold_batch_reads` / `cold_compute_s` / `framework_cold_compute_s`; the simulator adds it
+to the compute of every layer that waited for demand reads (sim/components/compute.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from real.cache import LayerCache, gather_rows, gather_scratch
+from real.reader import BundleReader
+from real.store import WeightStore
+
+COLD_BATCH_NEURONS = (4, 16, 64, 256, 1024)
+COLD_SAMPLES = 40              # timed layers per batch size and kind (after 5 untimed)
+KERNEL_DIMS = (64, 256, 32)    # the kernel probe's d_model, cached rows, computed rows
+
+
+def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
+    """One shape-mode layer's kernels at small width (module docstring)."""
+    F = torch.nn.functional
+    d, n, k = KERNEL_DIMS
+    g = torch.Generator().manual_seed(seed)
+    wq, wk, wv, wo = (torch.randn(d, d, generator=g) for _ in range(4))
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 64, (n, 3 * d * 4), dtype=np.uint8)    # small bytes: finite fp32 values
+    slots = np.sort(rng.choice(n, k, replace=False))
+    scratch = gather_scratch(k, rows.shape[1])
+    x = torch.randn(1, d, generator=g)
+
+    def layer() -> Any:
+        h = x + F.linear(F.linear(x, wq), wo)
+        F.linear(x, wk), F.linear(x, wv)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        r = gather_rows(rows, slots, scratch, torch.float32)
+        act = F.silu(F.linear(h, r[:, :d])) * F.linear(h, r[:, d:2 * d])
+        return h + F.linear(act, r[:, 2 * d:3 * d].T.contiguous())
+
+    return layer
+
+
+def _framework_layer(torch: Any, seed: int) -> tuple[Callable[[Callable[[], None]], list[float]], Any] | None:
+    """A tiny transformers llama whose decoder layers run `before()` (untimed) and are timed one by
+    one through forward hooks; returns (run one decode step -> layer times, model) or None without
+    transformers."""
+    from real.bench_compute import tiny_llama
+    from real.model_mode import _decode_step
+
+    tiny = tiny_llama(torch, 4, seed)
+    if tiny is None:
+        return None
+    model, arg, ids = tiny
+    state: dict[str, Any] = {"before": None, "t0": 0.0, "times": [], "past": None, "steps": 0}
+
+    def pre(_mod: Any, _args: Any) -> None:
+        if state["before"] is not None:
+            state["before"]()
+        state["t0"] = time.perf_counter()
+
+    def post(_mod: Any, _args: Any, _out: Any) -> None:
+        state["times"].append(time.perf_counter() - state["t0"])
+
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(pre)
+        layer.register_forward_hook(post)
+
+    def step(before: Callable[[], None] | None) -> list[float]:
+        state["before"], state["times"] = before, []
+        if state["steps"] % 32 == 0:    # keep the KV cache short: a fixed context
+            state["past"] = None
+        state["steps"] += 1
+        with torch.no_grad():
+            _, state["past"] = _decode_step(model, ids, state["past"], arg)
+        return list(state["times"])
+
+    return step, model
+
+
+def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool = True,
+                 samples: int = COLD_SAMPLES) -> dict[str, Any]:
+    """Per batch size n: a layer's time right after a read batch of n neurons less its time back to
+    back (module docstring), for the kernel probe and (framework=True, transformers installed) the
+    tiny llama's decoder layer; `samples` timed layers per point. Runs on one torch thread, as the
+    decoder does."""
+    import torch
+
+    N = store.n_neurons
+    sizes = [n for n in COLD_BATCH_NEURONS if n <= N]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC01D]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reads: dict[int, list[int]] = {n: [] for n in sizes}
+    try:
+        with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+            cache = LayerCache(max(sizes), N, store.bundle_bytes, reader.dest_row_bytes)
+
+            def batch(n: int) -> Callable[[], None]:
+                def run() -> None:
+                    ids = np.sort(rng.choice(N, n, replace=False))
+                    cache.clear()
+                    a, b = cache.append(ids)
+                    reads[n].append(reader.read(0, ids, cache.rows[a:b]).reads_issued)
+                return run
+
+            kernel = _kernel_layer(torch, seed)
+
+            def kernel_times(before: Callable[[], None] | None) -> list[float]:
+                out = []
+                with torch.no_grad():
+                    for _ in range(samples + 5):
+                        if before is not None:
+                            before()
+                        t = time.perf_counter()
+                        kernel()
+                        out.append(time.perf_counter() - t)
+                return out[5:]
+
+            result: dict[str, Any] = {"batch_neurons": sizes, "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS),
+                                      "samples": samples}
+            warm = float(np.median(kernel_times(None)))
+            result["kernel_warm_s"] = warm
+            result["kernel_cold_s"] = [max(0.0, float(np.median(kernel_times(batch(n)))) - warm) for n in sizes]
+            fw = _framework_layer(torch, seed) if framework else None
+            if fw is not None:
+                step = fw[0]
+
+                def fw_times(before: Callable[[], None] | None) -> list[float]:
+                    out: list[float] = []
+                    while len(out) < samples + 8:
+                        out.extend(step(before))
+                    return out[8:]
+
+                warm_fw = float(np.median(fw_times(None)))
+                result["framework_warm_s"] = warm_fw
+                result["framework_cold_s"] = [max(0.0, float(np.median(fw_times(batch(n)))) - warm_fw) for n in sizes]
+            # the x axis the simulator looks the penalty up by: reads the batch issued (coalesced)
+            result["batch_reads"] = [float(np.median(reads[n])) for n in sizes]
+    finally:
+        torch.set_num_threads(threads)
+    return result
