@@ -136,19 +136,21 @@ class Decoder:
                     t_ffn = wait_until
                     pending = 0.0
                 # 5. issue the next prefetch at the FFN start. With a shared host CPU a prefetch's reads
-                # wait for the compute they overlap: delta, about one step of compute (L x this layer's);
-                # lookahead, this FFN and the next layer's attention.
+                # wait for the compute they overlap, at most one layer's (this FFN and the next
+                # attention): the decoder issues one batch per layer, and the batches in the device's
+                # queue share its compute, so a step's batches together can wait at most for the
+                # step's compute (delta), and a lookahead batch is needed after one layer anyway.
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
                 f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if delta:
                     if nxt is not None:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
-                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, L * ov,
+                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
                                                    f_ov)
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_ffn, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, L * ov, f_ov)
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov)
                 elif lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
                                                f_ov)

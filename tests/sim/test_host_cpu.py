@@ -264,3 +264,21 @@ def test_cache_index_work_is_memory_management_per_layer_and_per_evicted_neuron(
         evicted = (tc.mem_mgmt_s - ta.mem_mgmt_s) / 1e-6
         assert evicted == pytest.approx(round(evicted), abs=1e-4) and evicted >= 0
     assert sum((tc.mem_mgmt_s - ta.mem_mgmt_s) for ta, tc in zip(a.tokens, c.tokens)) > 0   # the window evicts
+
+
+def test_a_steps_prefetches_wait_in_all_at_most_for_its_compute(small_trace, base_profile) -> None:
+    """Delta prefetch with a huge per-read delay: the reads' CPU work can only wait for compute that
+    runs, and the decoder issues one batch per layer, so each batch waits at most for one layer's
+    compute: what a step's prefetches add to io_s is at most that step's compute and memory
+    management (the values without the host CPU model: nothing stretched)."""
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
+    off = simulate(small_trace, None, base_profile, cfg, fast=False)
+    zero = simulate(small_trace, None, _with_host(base_profile, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=0.0,
+                                                  read_delay_s_per_read=0.0), cfg, fast=False)
+    huge = simulate(small_trace, None, _with_host(base_profile, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=0.0,
+                                                  read_delay_s_per_read=1.0), cfg, fast=False)
+    extra = [h.io_s - z.io_s for z, h in zip(zero.tokens, huge.tokens, strict=True)]
+    assert max(extra) > 0
+    # the prefetch consumed at step s was issued at step s - 1, next to that step's compute
+    for e, prev in zip(extra[1:], off.tokens[:-1]):
+        assert e <= prev.compute_s + prev.mem_mgmt_s + 1e-12
