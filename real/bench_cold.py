@@ -62,10 +62,10 @@ def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
     return layer
 
 
-def _framework_layer(torch: Any, seed: int) -> tuple[Callable[[Callable[[], None]], list[float]], Any] | None:
+def _framework_layer(torch: Any, seed: int) -> Callable[[Callable[[], None] | None], list[float]] | None:
     """A tiny transformers llama whose decoder layers run `before()` (untimed) and are timed one by
-    one through forward hooks; returns (run one decode step -> layer times, model) or None without
-    transformers."""
+    one through forward hooks: returns step(before) -> the layers' times of one decode step, or None
+    without transformers."""
     from real.bench_compute import tiny_llama
     from real.model_mode import _decode_step
 
@@ -96,7 +96,7 @@ def _framework_layer(torch: Any, seed: int) -> tuple[Callable[[Callable[[], None
             _, state["past"] = _decode_step(model, ids, state["past"], arg)
         return list(state["times"])
 
-    return step, model
+    return step
 
 
 def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool = True,
@@ -143,10 +143,8 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
             warm = float(np.median(kernel_times(None)))
             result["kernel_warm_s"] = warm
             result["kernel_cold_s"] = [max(0.0, float(np.median(kernel_times(batch(n)))) - warm) for n in sizes]
-            fw = _framework_layer(torch, seed) if framework else None
-            if fw is not None:
-                step = fw[0]
-
+            step = _framework_layer(torch, seed) if framework else None
+            if step is not None:
                 def fw_times(before: Callable[[], None] | None) -> list[float]:
                     out: list[float] = []
                     while len(out) < samples + 8:

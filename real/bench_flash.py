@@ -673,10 +673,17 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
                    f"{index['layer_neurons']} resident neurons after a read batch, keeping or evicting them all")
     cold = result.get("cold_compute")
     if cold:
-        extra["cold_batch_reads"] = [float(f"{x:.4g}") for x in cold["batch_reads"]]
-        extra["cold_compute_s"] = [float(f"{x:.4g}") for x in cold["kernel_cold_s"]]
+        # the profile's curve needs increasing reads: keep the points whose batch issued more reads
+        # than the one before (coalescing could in principle merge two batch sizes' counts)
+        keep, top = [], 0.0
+        for i, r in enumerate(cold["batch_reads"]):
+            if r > top:
+                keep.append(i)
+                top = r
+        extra["cold_batch_reads"] = [float(f"{cold['batch_reads'][i]:.4g}") for i in keep]
+        extra["cold_compute_s"] = [float(f"{cold['kernel_cold_s'][i]:.4g}") for i in keep]
         if cold.get("framework_cold_s"):
-            extra["framework_cold_compute_s"] = [float(f"{x:.4g}") for x in cold["framework_cold_s"]]
+            extra["framework_cold_compute_s"] = [float(f"{cold['framework_cold_s'][i]:.4g}") for i in keep]
         source += ("; compute after a read wait: a layer's kernels (and a tiny transformers llama layer) timed right "
                    f"after real.reader batches of {cold['batch_neurons']} neurons less back to back")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:

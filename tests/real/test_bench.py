@@ -274,6 +274,13 @@ def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_pat
     assert f.cache_index_s_per_layer == pytest.approx(ix["per_layer_s"], rel=1e-3)
     assert f.cache_index_s_per_evicted == pytest.approx(ix["per_evicted_s"], rel=1e-3, abs=1e-15)
     assert "compute after a read wait" in f.source and "cache index work" in f.source
+    # a batch size whose coalesced reads do not exceed the previous one's is dropped (the curve increases)
+    from real.bench_flash import flash_section
+
+    res["cold_compute"] = dict(cold, batch_reads=[4.0, 16.0, 16.0, 240.0, 200.0])
+    sec = flash_section(res, "measured")
+    assert sec["cold_batch_reads"] == [4.0, 16.0, 240.0]
+    assert sec["cold_compute_s"] == pytest.approx([cold["kernel_cold_s"][i] for i in (0, 1, 3)], rel=1e-3, abs=1e-12)
     assert main(_quick_flash(tmp_path, "--no-write")) == 0
     text = capsys.readouterr().out
     assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
