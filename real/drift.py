@@ -12,7 +12,10 @@ its start and end next to the errors:
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights, like bench compute's) timed
   against the profile's prediction (FLOPs at compute.gemv_flops_per_s.fp32 + rows x gemv_row_s).
 
-`drift_warning` flags a ratio more than DRIFT_WARN off 1.
+`drift_warning` flags a ratio more than DRIFT_WARN off 1. `profile_at_drift` is the profile as the
+check found the host (read table and batch overhead scaled by the disk ratio, GEMV rates by the CPU
+ratio): validate replays every configuration with it too and reports those errors apart
+(`drift_corrected`), so a reader can tell the model's error from the host's drift.
 """
 
 from __future__ import annotations
@@ -78,3 +81,34 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
             "the errors include that drift: re-run `flashsim bench flash` and `bench compute` right before validating")
+
+
+def mean_ratios(checks: dict[str, dict[str, Any]]) -> tuple[float, float] | None:
+    """(disk, cpu): the mean of the checks' finite ratios (cpu 1.0 without torch); None without a disk ratio."""
+    disk = [c["disk"] for c in checks.values() if c.get("disk") is not None and np.isfinite(c["disk"])]
+    cpu = [c["cpu"] for c in checks.values() if c.get("cpu") is not None and np.isfinite(c["cpu"])]
+    if not disk:
+        return None
+    return float(np.mean(disk)), float(np.mean(cpu)) if cpu else 1.0
+
+
+def profile_at_drift(profile: Any, disk: float, cpu: float) -> Any:
+    """The profile with what the drift check measured applied: the read table's throughputs / disk
+    and its batch overhead x disk (the check times both together); the GEMV FLOP rates / cpu and
+    gemv_row_s x cpu (the check's cold GEMV). Nothing else changes."""
+    f, c = profile.flash, profile.compute
+    flash: dict[str, Any] = {}
+    if f.read_table is not None:
+        t = f.read_table
+        flash["read_table"] = t.model_copy(update={"bytes_per_s": [[v / disk for v in row] for row in t.bytes_per_s]})
+    else:   # the closed-form model
+        flash.update(sequential_read_bytes_per_s=f.sequential_read_bytes_per_s / disk,
+                     iops_max=f.iops_max / disk, read_latency_s=f.read_latency_s * disk)
+    if f.batch_overhead_s is not None:
+        flash["batch_overhead_s"] = [v * disk for v in f.batch_overhead_s]
+    rates = {k: v / cpu for k, v in c.gemv_flops_per_s.items()}
+    compute = {"gemv_flops_per_s": rates, "gemv_row_s": c.gemv_row_s * cpu}
+    data = profile.model_dump(mode="json", exclude_none=True)
+    data["flash"].update({k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v) for k, v in flash.items()})
+    data["compute"].update(compute)
+    return type(profile).model_validate(data)

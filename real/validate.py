@@ -233,15 +233,17 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     info: dict[str, Any] = {}
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
     drift: dict[str, dict[str, Any]] = {}
+    replays: list[tuple] = []     # (trace path, spec, config, real token runs) per row, for drift_corrected
     try:
         drift["start"] = host_drift(profile, root, seed)
         if "shape" in modes:
             info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total,
-                                        repeats)
+                                        repeats, replays=replays)
         if "model" in modes:
             info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total,
-                                        repeats)
+                                        repeats, replays=replays)
         drift["end"] = host_drift(profile, root, seed)
+        corrected = _drift_corrected(profile, drift, replays)
     finally:
         tmp.cleanup()
     for c in drift.values():
@@ -260,9 +262,29 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
                    "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_warning": drift_msg,
+                   "drift_corrected": corrected,
                    "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
+
+
+def _drift_corrected(profile: Any, drift: dict[str, dict[str, Any]], replays: list[tuple]) -> dict[str, Any] | None:
+    """Latency errors with every configuration replayed on the profile as the drift check found the
+    host (real.drift.profile_at_drift, the mean of the start and end ratios); None without a disk
+    ratio or without configurations. A diagnostic next to the errors, which stay those of the profile."""
+    from real.drift import mean_ratios, profile_at_drift
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    ratios = mean_ratios(drift)
+    if ratios is None or not replays:
+        return None
+    disk, cpu = ratios
+    at = profile_at_drift(profile, disk, cpu)
+    e = np.array([compare(runs[0], simulate(open_trace(path), spec, at, cfg, fast=False).tokens,
+                          runs[1:])["latency_s"]["error"] for path, spec, cfg, runs in replays], float)
+    return {"disk_ratio": disk, "cpu_ratio": cpu, "latency_error_median": float(np.median(e)),
+            "latency_error_p90": float(np.percentile(e, 90)), "latency_error_max": float(e.max())}
 
 
 def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict[str, Any]:
@@ -272,7 +294,7 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 
 
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int, repeats: int = 1) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
@@ -295,6 +317,8 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
         res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
         rows.append(_row("shape", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r in more]), run))
+        if replays is not None:
+            replays.append((tpath, spec, cfg, [run.tokens, *(r.tokens for r in more)]))
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])
     return {"model": spec.name}
@@ -356,7 +380,7 @@ def _passes(points: list, repeats: int, run_one: Any) -> list[list[Any]]:
 
 
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int, repeats: int = 1) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
@@ -380,6 +404,8 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)
         res = simulate(open_trace(tpath), store.spec, profile, cfg, fast=False)
         rows.append(_row("model", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r, _ in more]), run))
+        if replays is not None:
+            replays.append((tpath, store.spec, cfg, [run.tokens, *(r.tokens for r, _ in more)]))
         quality.append(q)
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
@@ -120,6 +121,10 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     for check in out["drift"].values():
         assert check["disk"] > 0 and (check["cpu"] is None or check["cpu"] > 0) and check["t_s"] >= 0
     assert out["drift"]["end"]["t_s"] >= out["drift"]["start"]["t_s"]
+    # the same runs replayed on the profile scaled by the check's mean ratios: a diagnostic apart
+    dc = out["drift_corrected"]
+    assert dc["disk_ratio"] == pytest.approx(np.mean([c["disk"] for c in out["drift"].values()]))
+    assert 0.0 <= dc["latency_error_median"] <= dc["latency_error_p90"] <= dc["latency_error_max"]
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
         assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
@@ -133,6 +138,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert main(["validate", "--quick", "--tokens", "6", "--modes", "model", "--workdir", str(work)]) == 0
     text = capsys.readouterr().out
     assert "2 configurations (model: 2)" in text and "greedy agreement" in text
+    assert "replayed on the profile scaled as measured" in text
     assert "host vs profile (measured / profiled time): start disk " in text
     # two passes over the grid: the real runs' spread is reported next to the errors
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work)]) == 0
@@ -242,7 +248,7 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
     from devices import load_profile
 
     seen = []
-    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1:
+    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1, replays=None:
                         seen.append(threads) or {"model": "x"})
     prof = load_profile("this-host")
     monkeypatch.setattr(V, "host_load", lambda: {"load_avg": [9.0, 1.0, 1.0], "cores": 2})
@@ -340,3 +346,25 @@ def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
     assert main(["validate", "--quick", "--workdir", str(missing)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(missing) in err and "no such folder" in err
+
+
+def test_profile_at_drift_scales_what_the_check_measured():
+    """Read table throughputs / disk and batch overhead x disk; GEMV rates / cpu and row cost x cpu;
+    nothing else. Ratios from the finite checks' means."""
+    from devices import load_profile
+    from real.drift import mean_ratios, profile_at_drift
+
+    p = load_profile("this-host")
+    q = profile_at_drift(p, 1.25, 0.8)
+    t0, t1 = p.flash.read_table, q.flash.read_table
+    assert np.allclose(np.array(t1.bytes_per_s) * 1.25, t0.bytes_per_s)
+    assert np.allclose(np.array(q.flash.batch_overhead_s), np.array(p.flash.batch_overhead_s) * 1.25)
+    assert all(q.compute.gemv_flops_per_s[k] == pytest.approx(v / 0.8) for k, v in p.compute.gemv_flops_per_s.items())
+    assert q.compute.gemv_row_s == pytest.approx(p.compute.gemv_row_s * 0.8)
+    assert q.compute.gather_bytes_per_s == p.compute.gather_bytes_per_s and q.memory == p.memory
+    assert q.flash.plan_s_per_batch == p.flash.plan_s_per_batch
+    closed = load_profile("apple-m1-max")
+    c = profile_at_drift(closed, 2.0, 1.0)
+    assert c.flash.iops_max == closed.flash.iops_max / 2 and c.flash.read_latency_s == closed.flash.read_latency_s * 2
+    assert mean_ratios({"start": {"disk": 1.0, "cpu": None}, "end": {"disk": 1.5, "cpu": float("nan")}}) == (1.25, 1.0)
+    assert mean_ratios({"start": {"disk": float("nan"), "cpu": 1.0}}) is None
