@@ -114,6 +114,16 @@ def test_bench_validate_quick_wall_time(capsys):
               f"{out['latency_error_median']:.3f}, p90 {out['latency_error_p90']:.3f}")
 
 
+def _without(profile, *fields: str):  # type: ignore[no-untyped-def]
+    """`profile` with these flash fields dropped (their terms off)."""
+    from devices.schema import DeviceProfile
+
+    data = profile.model_dump(mode="json", exclude_none=True)
+    for k in fields:
+        data["flash"].pop(k, None)
+    return DeviceProfile.model_validate(data)
+
+
 HOST_CPU_FIELDS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read",
                    "compute_lost_s_per_batch", "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
                    "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
@@ -122,8 +132,9 @@ HOST_CPU_FIELDS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay
 
 def test_bench_host_cpu_terms(tmp_path):
     """What each host-CPU term of the profile contributes: the validation grid's real runs once, each
-    replayed with profile variants (no host CPU terms; compute lost per read only; the full model), so
-    real-run noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
+    replayed with profile variants (no host CPU terms; compute lost per read only; the full model; the
+    full model without compute after a read wait, or without the cache index work), so real-run
+    noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
     from devices.schema import DeviceProfile
     from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
@@ -149,7 +160,10 @@ def test_bench_host_cpu_terms(tmp_path):
                                                      compute_lost_s_per_read=f.compute_lost_s_per_read or 0.0,
                                                      compute_lost_s_per_batch=f.compute_lost_s_per_batch,
                                                      read_delay_s_per_read=0.0),
-                "+ read_delay_s_per_read (full)": base}
+                "+ read_delay_s_per_read (full)": base,
+                "full - compute after a read wait": _without(base, "cold_batch_reads", "cold_compute_s",
+                                                            "framework_cold_compute_s"),
+                "full - cache index work": _without(base, "cache_index_s_per_layer", "cache_index_s_per_evicted")}
     quick = os.environ.get("FLASHSIM_BENCH_FULL") != "1"
     spec = validation_spec(quick)
     n_tokens = 12 if quick else 24
