@@ -12,7 +12,10 @@ Modules (units: bytes as int, seconds as float, rates in bytes/s and FLOP/s):
 * `mmap_baseline`: the OS demand-paging baseline, dense FFN over memory-mapped weights with the
   page cache held to a budget, measured.
 * `bench_flash` / `bench_compute` / `fio_import` / `profile_writer`: microbenchmarks that write a
-  DeviceProfile (the `devices/schema.py` schema) with provenance.
+  DeviceProfile (the `devices/schema.py` schema) with provenance; `bench_reader` (the reader's own
+  costs around its reads, the cache index work) and `bench_cold` (compute after a read wait) time
+  the real code on a small store for bench flash.
+* `drift`: the host against its profile right now (validate's start and end check).
 * `device`: the small, named device-specific part (CPU here; CUDA / Jetson pinned buffers).
 
 torch and transformers are imported lazily, inside functions: everything here imports without them.
