@@ -10,8 +10,11 @@
   backend's own `real.cache.gather_rows` from rows held in an AlignedBuffer, its neuron cache's
   memory; NumPy: `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
   gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
-  rotate through GATHER_SETS different index sets, as successive tokens do, so the rows are not
-  still in the CPU cache from the previous repetition.
+  rotate through GATHER_SETS different index sets, as successive tokens do, and each runs after an
+  untimed sweep over EVICT_BYTES (twice this host's last-level cache): in a decode every layer's
+  gather follows its attention, its reads and the other layers' work, so neither its rows nor its
+  destination scratch are in the caches (a 384 x 8 KiB SmolLM2 gather here: 16 GB/s into a warm
+  scratch, 11.5 GB/s after a sweep).
 * DRAM bandwidth: a copy of a 512 MiB buffer (--quick: 128 MiB; both far beyond any L3), counted
   as STREAM does, bytes read + bytes written per second (2 x size / time). The neuron cache's
   `bytes_moved` is one side of a copy, so a move costs 2 x bytes_moved / bandwidth.
@@ -54,6 +57,7 @@ DENSE_SHAPE = (11008, 4096)
 QUICK_SHAPE = (4096, 2048)
 GATHER_FRACTION = 0.10
 GATHER_SETS = 8
+EVICT_BYTES = 64 << 20        # swept (one byte per 64 B line) before each timed gather: caches cold
 COPY_BYTES = 512 << 20
 # (many short rows, few long rows) of the same bytes, fp32: 64 MiB each (--quick: 16 MiB)
 ROW_SHAPES = ((16384, 1024), (1024, 16384))
@@ -69,12 +73,15 @@ FRAMEWORK_STEPS = 48          # decode steps per model (the first 8 are warm-up)
 QUICK_COPY_BYTES = 128 << 20
 
 
-def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5) -> np.ndarray:
-    """Wall times of repeated calls (after one warm-up call)."""
+def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5,
+             before: Callable[[], Any] | None = None) -> np.ndarray:
+    """Wall times of repeated calls (after one warm-up call); `before` runs untimed before each."""
     fn()  # warm-up: first-touch page faults, lazy init
     times: list[float] = []
     t_total = time.perf_counter()
     while len(times) < min_reps or time.perf_counter() - t_total < min_time_s:
+        if before is not None:
+            before()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
@@ -127,6 +134,10 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
     turn = itertools.cycle(range(GATHER_SETS))
     idx = sets[0]
     per_dtype: dict[str, dict[str, float]] = {}
+    sweep = np.ones(EVICT_BYTES, np.uint8)
+
+    def evict() -> None:
+        sweep[::64] += 1
     if use_torch:
         import torch
 
@@ -148,7 +159,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                 t_dense = _times_s(lambda w=w, x=x, out=out: torch.mv(w, x, out=out), min_time_s)
                 # the real backend's gather (real.cache.gather_rows) from the cache's kind of memory
                 t_gather = _times_s(lambda rows=rows, scratch=scratch, tdt=tdt:
-                                    gather_rows(rows, sets[next(turn)], scratch, tdt), min_time_s)
+                                    gather_rows(rows, sets[next(turn)], scratch, tdt), min_time_s, before=evict)
                 t_mv = _times_s(lambda buf=buf, x=x, out_g=out_g: torch.mv(buf, x, out=out_g), min_time_s)
             per_dtype[name] = _entry(M, K, len(idx), w.element_size(), t_dense, t_gather, t_mv)
         a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
@@ -165,7 +176,8 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
             w, x = w32.astype(ndt), x32.astype(ndt)
             buf = np.empty((len(idx), K), ndt)
             t_dense = _times_s(lambda w=w, x=x: w @ x, min_time_s)
-            t_gather = _times_s(lambda w=w, buf=buf: np.take(w, sets[next(turn)], axis=0, out=buf), min_time_s)
+            t_gather = _times_s(lambda w=w, buf=buf: np.take(w, sets[next(turn)], axis=0, out=buf), min_time_s,
+                                before=evict)
             t_mv = _times_s(lambda buf=buf, x=x: buf @ x, min_time_s)
             per_dtype[name] = _entry(M, K, len(idx), w.itemsize, t_dense, t_gather, t_mv)
         a, b, c = np.ones(1), np.ones(1), np.empty(1)
