@@ -52,6 +52,7 @@ import numpy as np
 from devices.errors import FlashsimError
 from real.buffers import AlignedBuffer
 from real.cache import gather_rows, gather_scratch
+from real.profile_writer import sig4
 
 DENSE_SHAPE = (11008, 4096)
 QUICK_SHAPE = (4096, 2048)
@@ -290,31 +291,31 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     rates = {}
     for k, v in per.items():   # the dense GEMV's time less its rows' share (kept >= half the time)
         t = v["dense_gemv_s"]
-        rates[k] = float(f"{2.0 * M * K / max(t - M * row_s, 0.5 * t):.4g}")
+        rates[k] = sig4(2.0 * M * K / max(t - M * row_s, 0.5 * t))
     how = [f"dense GEMV {M}x{K} per dtype less {M} rows x gemv_row_s",
            f"gather of {result['gather_fraction']:.0%} of rows ({gather_dtype})", "1-element add per op"]
     compute = {
         "gemv_flops_per_s": rates,
-        "gather_bytes_per_s": float(f"{per[gather_dtype]['gather_bytes_per_s']:.4g}"),
-        "op_overhead_s": float(f"{result['op_overhead_s']:.4g}"),
-        "gemv_row_s": float(f"{row_s:.4g}"),
+        "gather_bytes_per_s": sig4(per[gather_dtype]["gather_bytes_per_s"]),
+        "op_overhead_s": sig4(result["op_overhead_s"]),
+        "gemv_row_s": sig4(row_s),
         "threads": int(result["threads"]),
     }
     if "gemv_rows" in result:
         how.append("gemv_row_s from cold GEMVs {} vs {}".format(*result["gemv_rows"]["shapes"]))
     if "transpose" in result:
-        compute["transpose_bytes_per_s"] = float(f"{result['transpose']['bytes_per_s']:.4g}")
+        compute["transpose_bytes_per_s"] = sig4(result["transpose"]["bytes_per_s"])
         how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))
     if "framework_overhead" in result:
-        compute["framework_layer_s"] = float(f"{result['framework_overhead']['layer_s']:.4g}")
-        compute["framework_token_s"] = float(f"{result['framework_overhead']['token_s']:.4g}")
+        compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
+        compute["framework_token_s"] = sig4(result["framework_overhead"]["token_s"])
         how.append(f"framework overhead from tiny transformers llama decode steps (1 and {FRAMEWORK_LAYERS} layers)")
     compute["source"] = f"{prefix}: {'; '.join(how)}; `{command}`"
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
     memory = {
         "capacity_bytes": int(result["memory_capacity_bytes"]),
-        "bandwidth_bytes_per_s": float(f"{mem['stream_copy_bytes_per_s']:.4g}"),
+        "bandwidth_bytes_per_s": sig4(mem["stream_copy_bytes_per_s"]),
         "source": f"{prefix}: capacity = physical RAM (sysconf); bandwidth = STREAM-style copy traffic "
                   f"(2 x {mem['copy_bytes'] >> 20} MiB / time); reserved_bytes and unified kept from: {kept}",
     }

@@ -74,6 +74,7 @@ from real.bench_cold import COLD_SAMPLES, cold_compute
 from real.bench_reader import batch_overhead, bench_store, cache_index_cost, read_plan_cost
 from real.buffers import ALIGN_BYTES, AlignedBuffer, round_down
 from real.fsinfo import RAM_FILESYSTEMS, filesystem_type
+from real.profile_writer import sig4
 
 SEQ_CHUNK_BYTES = 1 << 20
 FILE_WRITE_BLOCK = 16 << 20
@@ -651,24 +652,24 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     extra: dict[str, Any] = {}
     staged = result.get("staged")
     if staged:   # the reader stages unaligned units on any host
-        extra["staged_s_per_read"] = float(f"{staged['staged_s_per_read']:.4g}")
+        extra["staged_s_per_read"] = sig4(staged["staged_s_per_read"])
         source += (f"; staged reads: {format_bytes(staged['chunk_bytes'])} x {staged['in_flight']} in flight with "
                    "and without the staging copy")
     batches = result.get("batches")
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
-        extra["batch_overhead_s"] = [float(f"{x:.4g}") for x in batches["overhead_s"]]
+        extra["batch_overhead_s"] = [sig4(x) for x in batches["overhead_s"]]
         source += (f"; batch overhead: real.reader's batches of q and 4q {format_bytes(batches['bundle_bytes'])} bundles "
                    "at each depth q less the read table's time for their reads")
     plan = result.get("read_plan")
     if plan:
-        extra["plan_s_per_batch"] = float(f"{plan['per_batch_s']:.4g}")
-        extra["plan_s_per_neuron"] = float(f"{plan['per_neuron_s']:.4g}")
+        extra["plan_s_per_batch"] = sig4(plan["per_batch_s"])
+        extra["plan_s_per_neuron"] = sig4(plan["per_neuron_s"])
         source += (f"; reader planning: real.reader's work besides the reads for {plan['batch_neurons']} neurons "
                    "on a one-layer store")
     index = result.get("cache_index")
     if index:
-        extra["cache_index_s_per_layer"] = float(f"{index['per_layer_s']:.4g}")
-        extra["cache_index_s_per_evicted"] = float(f"{index['per_evicted_s']:.4g}")
+        extra["cache_index_s_per_layer"] = sig4(index["per_layer_s"])
+        extra["cache_index_s_per_evicted"] = sig4(index["per_evicted_s"])
         source += (f"; cache index work: real.backend's per-layer LayerCache.keep_only x 2 + missing on "
                    f"{index['layer_neurons']} resident neurons after a read batch, keeping or evicting them all")
     cold = result.get("cold_compute")
@@ -680,29 +681,29 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
             if r > top:
                 keep.append(i)
                 top = r
-        extra["cold_batch_reads"] = [float(f"{cold['batch_reads'][i]:.4g}") for i in keep]
-        extra["cold_compute_s"] = [float(f"{cold['kernel_cold_s'][i]:.4g}") for i in keep]
+        extra["cold_batch_reads"] = [sig4(cold["batch_reads"][i]) for i in keep]
+        extra["cold_compute_s"] = [sig4(cold["kernel_cold_s"][i]) for i in keep]
         if cold.get("framework_cold_s"):
-            extra["framework_cold_compute_s"] = [float(f"{cold['framework_cold_s'][i]:.4g}") for i in keep]
+            extra["framework_cold_compute_s"] = [sig4(cold["framework_cold_s"][i]) for i in keep]
         source += ("; compute after a read wait: a layer's kernels (and a tiny transformers llama layer) timed right "
                    f"after real.reader batches of {cold['batch_neurons']} neurons less back to back")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
-        extra["host_cpu_s_per_read"] = float(f"{host['cpu_s_per_read']:.4g}")
-        extra.update({k: float(f"{host[k]:.4g}") for k in keys})
+        extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])
+        extra.update({k: sig4(host[k]) for k in keys})
         if host.get("framework"):
-            extra.update({f"framework_{k}": float(f"{host['framework'][k]:.4g}") for k in keys})
+            extra.update({f"framework_{k}": sig4(host["framework"][k]) for k in keys})
             source += "; the framework_ terms with a tiny transformers llama as the compute"
         source += (f"; host CPU per read and compute lost per read measured at {format_bytes(host['chunk_bytes'])} x "
                    f"{host['in_flight']} in flight, batches of {host['batch_reads']} reads, with a "
                    f"{host['compute_threads']}-thread compute probe "
                    f"(load average {host['load_average_1min']:.1f})")
     return {
-        "sequential_read_bytes_per_s": float(f"{result['sequential']['bytes_per_s']:.4g}"),
-        "read_latency_s": float(f"{result['latency_4k_qd1']['mean_s']:.4g}"),
+        "sequential_read_bytes_per_s": sig4(result["sequential"]["bytes_per_s"]),
+        "read_latency_s": sig4(result["latency_4k_qd1"]["mean_s"]),
         "max_in_flight": int(max(g["in_flight"])),
         "read_table": {"chunk_bytes": [int(c) for c in g["chunk_bytes"]], "in_flight": [int(q) for q in g["in_flight"]],
-                       "bytes_per_s": [[float(f"{v:.4g}") for v in row] for row in g["bytes_per_s"]]},
+                       "bytes_per_s": [[sig4(v) for v in row] for row in g["bytes_per_s"]]},
         **extra,
         "source": source,
     }

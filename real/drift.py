@@ -96,19 +96,17 @@ def profile_at_drift(profile: Any, disk: float, cpu: float) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead x disk (the check times both together); the GEMV FLOP rates / cpu and
     gemv_row_s x cpu (the check's cold GEMV). Nothing else changes."""
-    f, c = profile.flash, profile.compute
-    flash: dict[str, Any] = {}
-    if f.read_table is not None:
-        t = f.read_table
-        flash["read_table"] = t.model_copy(update={"bytes_per_s": [[v / disk for v in row] for row in t.bytes_per_s]})
-    else:   # the closed-form model
-        flash.update(sequential_read_bytes_per_s=f.sequential_read_bytes_per_s / disk,
-                     iops_max=f.iops_max / disk, read_latency_s=f.read_latency_s * disk)
-    if f.batch_overhead_s is not None:
-        flash["batch_overhead_s"] = [v * disk for v in f.batch_overhead_s]
-    rates = {k: v / cpu for k, v in c.gemv_flops_per_s.items()}
-    compute = {"gemv_flops_per_s": rates, "gemv_row_s": c.gemv_row_s * cpu}
     data = profile.model_dump(mode="json", exclude_none=True)
-    data["flash"].update({k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v) for k, v in flash.items()})
-    data["compute"].update(compute)
+    flash, compute = data["flash"], data["compute"]
+    if "read_table" in flash:
+        table = flash["read_table"]
+        table["bytes_per_s"] = [[v / disk for v in row] for row in table["bytes_per_s"]]
+    else:   # the closed-form model
+        flash["sequential_read_bytes_per_s"] /= disk
+        flash["iops_max"] /= disk
+        flash["read_latency_s"] *= disk
+    if "batch_overhead_s" in flash:
+        flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
+    compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
+    compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     return type(profile).model_validate(data)

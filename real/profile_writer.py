@@ -29,6 +29,11 @@ from devices.schema import BUNDLED_DIR, DeviceProfile, list_profiles, load_profi
 MEASURED_PREFIX = "measured by flashsim bench"
 
 
+def sig4(x: float) -> float:
+    """A measured number as the profiles store it: 4 significant digits."""
+    return float(f"{x:.4g}")
+
+
 class _Dumper(yaml.SafeDumper):
     """Block style, except lists of numbers (table rows), which stay on one line."""
 
