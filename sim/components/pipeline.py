@@ -6,8 +6,9 @@ Per layer l of step s (times from `PlanArrays`; reads through the FIFO `FlashDev
     2. attention + predictor compute
     3. demand reads of the FFN's missing neurons: planned by the reader, issued, wait (stall)
     4. wait for this layer's prefetch if it has not landed yet (a late prefetch: stall)
-    5. issue the next prefetch: delta -> (s+1, l); lookahead -> (s, l+1) (and (s, 0) at step start)
+    5. lookahead: issue the prefetch of (s, l+1) (and (s, 0) at step start)
     6. memory management (move rows in the cache matrix), then the FFN compute
+    7. delta: issue the prefetch of (s+1, l), into the rows the cache update freed
   then the lm_head (after its streamed weights, if any).
 
 Events: one SimPy timeout per wait and one per run of consecutive compute phases (attention,
@@ -135,23 +136,14 @@ class Decoder:
                         iv("stall", f"wait: flash L{layer}", s, layer, t_ffn, wait_until)
                     t_ffn = wait_until
                     pending = 0.0
-                # 5. issue the next prefetch at the FFN start. With a shared host CPU a prefetch's reads
+                # 5. lookahead prefetch at the FFN start. With a shared host CPU a prefetch's reads
                 # wait for the compute they overlap, at most one layer's (this FFN and the next
                 # attention): the decoder issues one batch per layer, and the batches in the device's
                 # queue share its compute, so a step's batches together can wait at most for the
                 # step's compute (delta), and a lookahead batch is needed after one layer anyway.
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
                 f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
-                if delta:
-                    if nxt is not None:
-                        n_pf = nxt[layer]
-                        if n_pf[6] > 0:
-                            pf_end[layer] = submit(t_ffn, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   f_ov)
-                    elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
-                        pf_end[layer] = submit(t_ffn, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov)
-                elif lookahead and c_next is not None and c_next[6] > 0:
+                if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
                                                f_ov)
                 # 6. memory management, then the FFN
@@ -180,6 +172,20 @@ class Decoder:
                 comp += d_ffn
                 if iv:
                     iv("compute", f"FFN L{layer}", s, layer, t_f, t_f + d_ffn)
+                # 7. delta: issue (s + 1, l) at the layer's end. Its reads land in cache rows that the
+                #    drop of this step's computed-but-not-kept neurons frees, after the FFN has used them
+                #    (a cache at its share deletes before it inserts), so its CPU cost falls on the next
+                #    layers' compute, not on this layer's.
+                if delta:
+                    t_end = t_f + d_ffn
+                    if nxt is not None:
+                        n_pf = nxt[layer]
+                        if n_pf[6] > 0:
+                            pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
+                                                   f_ov)
+                    elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
+                        pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov)
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
             if self.finish_step is not None:

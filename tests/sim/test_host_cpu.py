@@ -282,3 +282,18 @@ def test_a_steps_prefetches_wait_in_all_at_most_for_its_compute(small_trace, bas
     # the prefetch consumed at step s was issued at step s - 1, next to that step's compute
     for e, prev in zip(extra[1:], off.tokens[:-1]):
         assert e <= prev.compute_s + prev.mem_mgmt_s + 1e-12
+
+
+def test_a_delta_prefetch_is_issued_when_its_layer_ends(small_trace, base_profile) -> None:
+    """The backend issues the delta prefetch of (s + 1, l) after layer l's FFN and cache update (its
+    reads land in rows the drop of computed-but-not-kept neurons frees), so the reads' CPU cost
+    stretches the next layers, never the FFN of their own layer: every prefetch batch's issue time
+    is the end of that layer's FFN interval of step s."""
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
+    host = _with_host(base_profile, host_cpu_s_per_read=1e-5, compute_lost_s_per_read=5e-5, read_delay_s_per_read=3e-5)
+    res = simulate(small_trace, None, host, cfg, fast=False, timeline=True)
+    ffn_end = {(iv.step, iv.layer): iv.t_end_s for iv in res.intervals or [] if iv.name.startswith("FFN")}
+    batches = [b for b in res.flash_log or [] if b.tag == "prefetch"]
+    assert batches
+    for b in batches:
+        assert b.t_issue_s == pytest.approx(ffn_end[(b.step - 1, b.layer)], abs=1e-15)
