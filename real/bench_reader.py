@@ -57,10 +57,11 @@ def bench_store(folder: Path, seed: int) -> Iterator[WeightStore]:
 
 
 def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], duration_s: float,
-                   rng: np.random.Generator) -> Iterator[tuple[int, ReadStats]]:
+                   rng: np.random.Generator) -> Iterator[tuple[int, ReadStats, float]]:
     """real.reader with `in_flight` threads reading batches of `sizes` random neurons (cycled; sorted,
-    as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`: yields (neurons,
-    ReadStats) per batch."""
+    as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`, as the backend does
+    (`LayerCache.missing`, `append`, `BundleReader.read`): yields (neurons, ReadStats, seconds of
+    the three calls) per batch; the seconds less the reads' are read_plan_cost's quantity."""
     N = store.n_neurons
     with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
         cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
@@ -69,8 +70,11 @@ def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], dur
             for n in sizes:
                 ids = np.sort(rng.choice(N, min(n, N), replace=False))
                 cache.clear()
-                a, b = cache.append(ids)
-                yield n, reader.read(0, ids, cache.rows[a:b])
+                t0 = time.perf_counter()
+                miss = cache.missing(ids)
+                a, b = cache.append(miss)
+                st = reader.read(0, miss, cache.rows[a:b])
+                yield n, st, time.perf_counter() - t0
 
 
 def table_time_s(curve: Any, chunk_bytes: np.ndarray, in_flight: int) -> float:
@@ -95,7 +99,7 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
         extra: list[float] = []
         secs: dict[int, list[float]] = {n: [] for n in sizes}
         pred: dict[int, list[float]] = {n: [] for n in sizes}
-        for n, st in reader_batches(store, q, sizes, duration_s, rng):
+        for n, st, _ in reader_batches(store, q, sizes, duration_s, rng):
             t_tab = table_time_s(curve, st.chunk_bytes, q)
             secs[n].append(st.seconds)
             pred[n].append(t_tab)

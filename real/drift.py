@@ -1,21 +1,32 @@
-"""How far the host is from its profile right now: a short disk and CPU check (ratios, no units).
+"""How far the host is from its profile right now: short disk and CPU checks (ratios, no units).
 
 A profile is a measurement of minutes ago. On a shared host the disk has slow spells and the CPU's
-speed drifts (on this VM: reads 1.5x slower for a minute, GEMVs 10-30% over tens of minutes), and
-`flashsim validate` compares runs against a simulation of the profile, so it reports this check at
-its start and end next to the errors:
+speed drifts (on this VM: small random reads 20% faster or slower from one minute to the next,
+GEMVs 10-30% over tens of minutes, the CPU work right after an I/O wait 30-40% within half an
+hour), and `flashsim validate` compares runs against a simulation of the profile, so it checks the
+host at its start, between real runs every CHECK_EVERY_S seconds, and at its end:
 
-* **disk**: real.reader reads batches of 4 x in-flight random neurons of a small store
-  (`real.bench_reader.bench_store`) for `duration_s`; the ratio is the reads' measured seconds over
+* **disk**: real.reader reads batches of random neurons (alternately PLAN_BATCH_NEURONS) of a small
+  store (`real.bench_reader.bench_store`) for `duration_s`, the first WARMUP_BATCHES untimed (in a fresh
+  process they took 1.2-1.5x the rest: thread start, first touches); the ratio is the reads' measured seconds over
   the profile's time for the same reads (read table + batch overhead), summed. 1.0 = as profiled,
   1.3 = the disk is 30% slower than the profile says.
+* **after_io**: the same batches' own CPU work right after each read wait (the cache's `missing`
+  and `append`, the read plan: `bench_reader.read_plan_cost`'s quantity, on its batch sizes) over
+  the profile's `flash.plan_s_per_batch` + `plan_s_per_neuron` x neurons. It stands for every term
+  of Python and NumPy work around I/O waits, with cold caches (AFTER_IO_TERMS): the reader's
+  planning, the cache index work, the compute after a read wait, and the reads' CPU work that a
+  prefetch takes from the decoder. On this host the first three moved together (30-50% between
+  two calibrations half an hour apart) while the GEMV rates moved 5%; SmolLM2 with delta prefetch
+  ran at 123 to 160 ms per token on the same configuration within one hour.
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights, like bench compute's) timed
   against the profile's prediction (FLOPs at compute.gemv_flops_per_s.fp32 + rows x gemv_row_s).
 
-`drift_warning` flags a ratio more than DRIFT_WARN off 1. `profile_at_drift` is the profile as the
-check found the host (read table and batch overhead scaled by the disk ratio, GEMV rates by the CPU
-ratio): validate replays every configuration with it too and reports those errors apart
-(`drift_corrected`), so a reader can tell the model's error from the host's drift.
+`drift_warning` flags a ratio more than DRIFT_WARN off 1. `profile_at_drift` is the profile as a
+check found the host; `DriftLog` keeps a validation's checks and interpolates them in time, so
+validate replays every configuration on the profile as the host was while that configuration ran
+and reports those errors apart (`drift_corrected`): a reader can tell the model's error from the
+host's drift.
 """
 
 from __future__ import annotations
@@ -26,24 +37,46 @@ from typing import Any
 
 import numpy as np
 
-from real.bench_reader import bench_store, reader_batches, table_time_s
+from real.bench_reader import PLAN_BATCH_NEURONS, bench_store, reader_batches, table_time_s
 
 DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
+CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending this long after the last check
+WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
+RATIOS = ("disk", "after_io", "cpu")
+# flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio (the cold-compute
+# curves too): the reader's planning and the cache index work (timed right after a read batch), and
+# the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
+AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer", "cache_index_s_per_evicted",
+                  "host_cpu_s_per_read", "compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read",
+                  "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
+                  "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch")
 
 
-def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -> float:
-    """Measured / profiled seconds of real.reader's batches on a small store written in `folder`."""
+def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -> tuple[float, float | None]:
+    """(disk, after_io): measured / profiled seconds of real.reader's batches on a small store written
+    in `folder`, and of the batches' own CPU work (None when the profile has no reader planning).
+    The batches are read_plan_cost's, alternately PLAN_BATCH_NEURONS neurons, so after_io compares
+    like with like: per size the median work over the profile's line, averaged over the sizes."""
     flash = profile.flash
     q = int(flash.max_in_flight)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD41F7]))
     measured = predicted = 0.0
+    work: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
     with bench_store(folder, seed) as store:
-        for _, st in reader_batches(store, q, (4 * q,), duration_s, rng):
+        batches = reader_batches(store, q, PLAN_BATCH_NEURONS, duration_s, rng)
+        for i, (n, st, call_s) in enumerate(batches):
+            if i < WARMUP_BATCHES:
+                continue
             measured += st.seconds
             predicted += table_time_s(flash.curve, st.chunk_bytes, q)
             predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]))[0])
-    return measured / predicted if predicted > 0 else float("nan")
+            work[n].append(call_s - st.seconds)
+    disk = measured / predicted if predicted > 0 else float("nan")
+    line = {n: flash.plan_s_per_batch + flash.plan_s_per_neuron * n for n in PLAN_BATCH_NEURONS}
+    if any(v <= 0 for v in line.values()) or not all(work.values()):
+        return disk, None
+    return disk, float(np.mean([np.median(work[n]) / line[n] for n in PLAN_BATCH_NEURONS]))
 
 
 def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
@@ -69,33 +102,64 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
 
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
-    """{"disk": ratio, "cpu": ratio or None, "t_s": perf_counter} (module docstring)."""
-    return {"disk": disk_ratio(profile, folder, seed), "cpu": cpu_ratio(profile, seed), "t_s": time.perf_counter()}
+    """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "t_s": perf_counter}
+    (module docstring)."""
+    disk, after_io = disk_ratio(profile, folder, seed)
+    return {"disk": disk, "after_io": after_io, "cpu": cpu_ratio(profile, seed), "t_s": time.perf_counter()}
+
+
+def _finite(x: Any) -> bool:
+    return x is not None and bool(np.isfinite(x))
 
 
 def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
-    """One line naming every check whose disk or CPU ratio is more than DRIFT_WARN off 1; None if none."""
-    bad = [f"{when} {what} {r:.2f}x" for when, c in checks.items() for what in ("disk", "cpu")
-           if (r := c.get(what)) is not None and np.isfinite(r) and abs(r - 1.0) > DRIFT_WARN]
+    """One line naming every check whose ratios are more than DRIFT_WARN off 1; None if none."""
+    bad = [f"{when} {what} {r:.2f}x" for when, c in checks.items() for what in RATIOS
+           if _finite(r := c.get(what)) and abs(r - 1.0) > DRIFT_WARN]
     if not bad:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
             "the errors include that drift: re-run `flashsim bench flash` and `bench compute` right before validating")
 
 
-def mean_ratios(checks: dict[str, dict[str, Any]]) -> tuple[float, float] | None:
-    """(disk, cpu): the mean of the checks' finite ratios (cpu 1.0 without torch); None without a disk ratio."""
-    disk = [c["disk"] for c in checks.values() if c.get("disk") is not None and np.isfinite(c["disk"])]
-    cpu = [c["cpu"] for c in checks.values() if c.get("cpu") is not None and np.isfinite(c["cpu"])]
-    if not disk:
-        return None
-    return float(np.mean(disk)), float(np.mean(cpu)) if cpu else 1.0
+class DriftLog:
+    """A validation's host checks: `check()` now, `maybe_check()` when CHECK_EVERY_S have passed
+    since the last, and `ratios_at(t)`: each ratio interpolated linearly between the checks around
+    perf_counter time t (the nearest check's outside them; 1.0 where no check measured it)."""
+
+    def __init__(self, profile: Any, folder: Path, seed: int, every_s: float = CHECK_EVERY_S):
+        self.profile, self.folder, self.seed, self.every_s = profile, folder, seed, every_s
+        self.checks: list[dict[str, Any]] = []
+
+    def check(self) -> dict[str, Any]:
+        c = host_drift(self.profile, self.folder, self.seed)
+        self.checks.append(c)
+        return c
+
+    def maybe_check(self) -> None:
+        if not self.checks or time.perf_counter() - self.checks[-1]["t_s"] >= self.every_s:
+            self.check()
+
+    def ratios_at(self, t_s: float) -> dict[str, float] | None:
+        """{"disk", "after_io", "cpu"} at time t_s; None before any check measured the disk."""
+        out = {}
+        for what in RATIOS:
+            pts = [(c["t_s"], c[what]) for c in self.checks if _finite(c.get(what))]
+            if not pts:
+                if what == "disk":
+                    return None
+                out[what] = 1.0
+                continue
+            ts, rs = zip(*pts, strict=True)
+            out[what] = float(np.interp(t_s, ts, rs))
+        return out
 
 
-def profile_at_drift(profile: Any, disk: float, cpu: float) -> Any:
+def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead x disk (the check times both together); the GEMV FLOP rates / cpu and
-    gemv_row_s x cpu (the check's cold GEMV). Nothing else changes."""
+    gemv_row_s x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
+    Nothing else changes."""
     data = profile.model_dump(mode="json", exclude_none=True)
     flash, compute = data["flash"], data["compute"]
     if "read_table" in flash:
@@ -107,6 +171,12 @@ def profile_at_drift(profile: Any, disk: float, cpu: float) -> Any:
         flash["read_latency_s"] *= disk
     if "batch_overhead_s" in flash:
         flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
+    for key in AFTER_IO_TERMS:
+        if key in flash:
+            flash[key] *= after_io
+    for key in ("cold_compute_s", "framework_cold_compute_s"):
+        if key in flash:
+            flash[key] = [v * after_io for v in flash[key]]
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     return type(profile).model_validate(data)

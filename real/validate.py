@@ -214,9 +214,11 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
     over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread. `drift`:
-    the host against the profile at the start and the end (real/drift.py)."""
+    the host against the profile at the start and the end; `drift_checks`: those and the checks
+    between real runs every real.drift.CHECK_EVERY_S; `drift_corrected`: the errors with each
+    configuration replayed on the profile as the checks found the host while it ran (real/drift.py)."""
     from devices.errors import FlashsimError
-    from real.drift import drift_warning, host_drift
+    from real.drift import DriftLog, drift_warning
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
@@ -232,23 +234,24 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
-    drift: dict[str, dict[str, Any]] = {}
-    replays: list[tuple] = []     # (trace path, spec, config, real token runs) per row, for drift_corrected
+    log = DriftLog(profile, root, seed)
+    replays: list[tuple] = []     # (row, trace path, spec, config, real token runs, their times) for drift_corrected
     try:
-        drift["start"] = host_drift(profile, root, seed)
+        log.check()
         if "shape" in modes:
             info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total,
-                                        repeats, replays=replays)
+                                        repeats, replays=replays, drift=log)
         if "model" in modes:
             info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total,
-                                        repeats, replays=replays)
-        drift["end"] = host_drift(profile, root, seed)
-        corrected = _drift_corrected(profile, drift, replays)
+                                        repeats, replays=replays, drift=log)
+        log.check()
+        corrected = _drift_corrected(profile, log, replays, t0)
     finally:
         tmp.cleanup()
-    for c in drift.values():
-        c["t_s"] = round(c["t_s"] - t0, 1)     # seconds into the validation
-    drift_msg = drift_warning(drift)
+    checks = [{**c, "t_s": round(c["t_s"] - t0, 1)} for c in log.checks]     # seconds into the validation
+    drift = {"start": checks[0], "end": checks[-1]}
+    drift_msg = drift_warning({"start": checks[0], **{f"at {c['t_s']:.0f} s": c for c in checks[1:-1]},
+                               "end": checks[-1]})
     if drift_msg:
         print(drift_msg, file=sys.stderr)
     load_end = host_load()
@@ -261,30 +264,40 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
-                   "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_warning": drift_msg,
+                   "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_checks": checks,
+                   "drift_warning": drift_msg,
                    "drift_corrected": corrected,
                    "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
 
 
-def _drift_corrected(profile: Any, drift: dict[str, dict[str, Any]], replays: list[tuple]) -> dict[str, Any] | None:
-    """Latency errors with every configuration replayed on the profile as the drift check found the
-    host (real.drift.profile_at_drift, the mean of the start and end ratios); None without a disk
-    ratio or without configurations. A diagnostic next to the errors, which stay those of the profile."""
-    from real.drift import mean_ratios, profile_at_drift
+def _drift_corrected(profile: Any, log: Any, replays: list[tuple], t0: float) -> dict[str, Any] | None:
+    """Latency errors with every configuration replayed on the profile as the host checks found it
+    while that configuration ran (real.drift.profile_at_drift at the ratios `log` interpolates at
+    each real run's midpoint, averaged over its runs); each row gets its ratios and error as
+    `drift_corrected`. None without a disk ratio or without configurations. A diagnostic next to the
+    errors, which stay those of the profile as given."""
+    from real.drift import RATIOS, profile_at_drift
     from sim.engine import simulate
     from traces.format import open_trace
 
-    ratios = mean_ratios(drift)
-    if ratios is None or not replays:
+    if not replays or log.ratios_at(t0) is None:
         return None
-    disk, cpu = ratios
-    at = profile_at_drift(profile, disk, cpu)
-    e = np.array([compare(runs[0], simulate(open_trace(path), spec, at, cfg, fast=False).tokens,
-                          runs[1:])["latency_s"]["error"] for path, spec, cfg, runs in replays], float)
-    return {"disk_ratio": disk, "cpu_ratio": cpu, "latency_error_median": float(np.median(e)),
-            "latency_error_p90": float(np.percentile(e, 90)), "latency_error_max": float(e.max())}
+    errors, used = [], []
+    for row, path, spec, cfg, runs, times in replays:
+        at = [log.ratios_at(t) for t in times]
+        r = {k: float(np.mean([a[k] for a in at])) for k in RATIOS}
+        sim = simulate(open_trace(path), spec, profile_at_drift(profile, r["disk"], r["cpu"], r["after_io"]), cfg,
+                       fast=False)
+        e = compare(runs[0], sim.tokens, runs[1:])["latency_s"]["error"]
+        row["drift_corrected"] = {**{f"{k}_ratio": v for k, v in r.items()}, "latency_error": e}
+        errors.append(e)
+        used.append(r)
+    e_arr = np.array(errors, float)
+    return {**{f"{k}_ratio": float(np.mean([r[k] for r in used])) for k in RATIOS}, "checks": len(log.checks),
+            "latency_error_median": float(np.median(e_arr)), "latency_error_p90": float(np.percentile(e_arr, 90)),
+            "latency_error_max": float(e_arr.max())}
 
 
 def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict[str, Any]:
@@ -294,7 +307,8 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 
 
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
+                drift: Any = None) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
@@ -312,13 +326,14 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
         budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])), store)
         points.append((gp, budget, cfg))
-    runs = _passes(points, repeats, lambda cfg: run_shape(store, trace, profile, cfg, seed=seed, threads=threads))
+    runs, times = _passes(points, repeats, lambda cfg: run_shape(store, trace, profile, cfg, seed=seed, threads=threads),
+                          drift)
     for i, ((gp, budget, cfg), (run, *more)) in enumerate(zip(points, runs, strict=True)):
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, spec)
         res = simulate(open_trace(tpath), spec, profile, cfg, fast=False)
         rows.append(_row("shape", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r in more]), run))
         if replays is not None:
-            replays.append((tpath, spec, cfg, [run.tokens, *(r.tokens for r in more)]))
+            replays.append((rows[-1], tpath, spec, cfg, [run.tokens, *(r.tokens for r in more)], times[i]))
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])
     return {"model": spec.name}
@@ -370,17 +385,25 @@ def cached_store(model: str, source: str) -> Path:
     return convert_model(model, path, overwrite=True, progress=False, **STORE_SETTINGS)
 
 
-def _passes(points: list, repeats: int, run_one: Any) -> list[list[Any]]:
-    """Real runs of every point, `repeats` passes over the whole grid: [point][pass]."""
+def _passes(points: list, repeats: int, run_one: Any, drift: Any = None) -> tuple[list[list[Any]], list[list[float]]]:
+    """Real runs of every point, `repeats` passes over the whole grid: ([point][pass] results,
+    [point][pass] perf_counter midpoints). `drift` (a real.drift.DriftLog): checks the host between
+    runs when it is due, never during one."""
     runs: list[list[Any]] = [[] for _ in points]
+    times: list[list[float]] = [[] for _ in points]
     for _ in range(repeats):
         for i, (_gp, _budget, cfg) in enumerate(points):
+            t = time.perf_counter()
             runs[i].append(run_one(cfg))
-    return runs
+            times[i].append((t + time.perf_counter()) / 2)
+            if drift is not None:
+                drift.maybe_check()
+    return runs, times
 
 
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
-                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None) -> dict[str, Any]:
+                rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
+                drift: Any = None) -> dict[str, Any]:
     from real.backend import store_alignment_bytes, store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
@@ -398,14 +421,14 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
         budget = budget_for(store.spec, len(ids), gp.budget_fraction, store_alignment_bytes(store))
         cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
         points.append((gp, budget, cfg))
-    runs = _passes(points, repeats, lambda cfg: run_prepared(ref, model, spec, store, profile, cfg, device="cpu",
-                                                             threads=threads))
+    runs, times = _passes(points, repeats, lambda cfg: run_prepared(ref, model, spec, store, profile, cfg,
+                                                                    device="cpu", threads=threads), drift)
     for i, ((gp, budget, cfg), ((run, q), *more)) in enumerate(zip(points, runs, strict=True)):
         tpath = write_executed_trace(root / f"executed-{i}", run, run.view, store.spec)
         res = simulate(open_trace(tpath), store.spec, profile, cfg, fast=False)
         rows.append(_row("model", gp, budget, compare(run.tokens, res.tokens, [r.tokens for r, _ in more]), run))
         if replays is not None:
-            replays.append((tpath, store.spec, cfg, [run.tokens, *(r.tokens for r, _ in more)]))
+            replays.append((rows[-1], tpath, store.spec, cfg, [run.tokens, *(r.tokens for r, _ in more)], times[i]))
         quality.append(q)
         if progress:
             progress(len(rows), n_total, rows[-1]["config"], rows[-1]["metrics"]["latency_s"]["error"])

@@ -253,10 +253,12 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
             return "n/a" if x is None else f"{x:.2f}x"
 
         print("host vs profile (measured / profiled time): " + "; ".join(
-            f"{when} disk {ratio(c.get('disk'))}, cpu {ratio(c.get('cpu'))}" for when, c in drift.items()))
+            f"{when} disk {ratio(c.get('disk'))}, after I/O {ratio(c.get('after_io'))}, cpu {ratio(c.get('cpu'))}"
+            for when, c in drift.items()))
     dc = report.get("drift_corrected")
     if dc:
-        print(f"replayed on the profile scaled as measured (disk {dc['disk_ratio']:.2f}x, cpu {dc['cpu_ratio']:.2f}x): "
+        print(f"replayed on the profile as {dc['checks']} host checks found it during each run (mean disk "
+              f"{dc['disk_ratio']:.2f}x, after I/O {dc['after_io_ratio']:.2f}x, cpu {dc['cpu_ratio']:.2f}x): "
               f"latency error median {dc['latency_error_median']:.1%}, p90 {dc['latency_error_p90']:.1%}, "
               f"max {dc['latency_error_max']:.1%} (a diagnostic: the errors above use the profile as given)")
     model = report["per_mode"].get("model")

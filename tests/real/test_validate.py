@@ -121,10 +121,17 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     for check in out["drift"].values():
         assert check["disk"] > 0 and (check["cpu"] is None or check["cpu"] > 0) and check["t_s"] >= 0
     assert out["drift"]["end"]["t_s"] >= out["drift"]["start"]["t_s"]
-    # the same runs replayed on the profile scaled by the check's mean ratios: a diagnostic apart
+    checks = out["drift_checks"]
+    assert checks[0] == out["drift"]["start"] and checks[-1] == out["drift"]["end"] and len(checks) >= 2
+    assert all(c["after_io"] > 0 for c in checks)    # this-host profiles the reader's planning
+    # the same runs replayed on the profile as the checks found the host during each run: a diagnostic apart
     dc = out["drift_corrected"]
-    assert dc["disk_ratio"] == pytest.approx(np.mean([c["disk"] for c in out["drift"].values()]))
+    assert dc["checks"] == len(checks)
+    lo, hi = min(c["disk"] for c in checks), max(c["disk"] for c in checks)
+    assert all(lo - 1e-12 <= c["drift_corrected"]["disk_ratio"] <= hi + 1e-12 for c in out["configs"])
+    assert dc["disk_ratio"] == pytest.approx(np.mean([c["drift_corrected"]["disk_ratio"] for c in out["configs"]]))
     assert 0.0 <= dc["latency_error_median"] <= dc["latency_error_p90"] <= dc["latency_error_max"]
+    assert dc["latency_error_max"] == pytest.approx(max(c["drift_corrected"]["latency_error"] for c in out["configs"]))
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
         assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
@@ -138,8 +145,8 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert main(["validate", "--quick", "--tokens", "6", "--modes", "model", "--workdir", str(work)]) == 0
     text = capsys.readouterr().out
     assert "2 configurations (model: 2)" in text and "greedy agreement" in text
-    assert "replayed on the profile scaled as measured" in text
-    assert "host vs profile (measured / profiled time): start disk " in text
+    assert "host checks found it during each run" in text
+    assert "host vs profile (measured / profiled time): start disk " in text and "after I/O" in text
     # two passes over the grid: the real runs' spread is reported next to the errors
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work)]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -248,7 +255,7 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
     from devices import load_profile
 
     seen = []
-    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1, replays=None:
+    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1, replays=None, drift=None:
                         seen.append(threads) or {"model": "x"})
     prof = load_profile("this-host")
     monkeypatch.setattr(V, "host_load", lambda: {"load_avg": [9.0, 1.0, 1.0], "cores": 2})
@@ -334,8 +341,10 @@ def test_drift_warning_by_hand():
     from real.drift import drift_warning
 
     assert drift_warning({"start": {"disk": 1.1, "cpu": 0.9}, "end": {"disk": 0.86, "cpu": None}}) is None
-    w = drift_warning({"start": {"disk": 1.0, "cpu": 1.2}, "end": {"disk": 1.5, "cpu": float("nan")}})
+    w = drift_warning({"start": {"disk": 1.0, "cpu": 1.2}, "at 30 s": {"disk": 1.0, "after_io": 0.7},
+                       "end": {"disk": 1.5, "cpu": float("nan"), "after_io": None}})
     assert w.startswith("WARNING") and "start cpu 1.20x" in w and "end disk 1.50x" in w and "\n" not in w
+    assert "at 30 s after_io 0.70x" in w
 
 
 def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
@@ -350,9 +359,9 @@ def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
 
 def test_profile_at_drift_scales_what_the_check_measured():
     """Read table throughputs / disk and batch overhead x disk; GEMV rates / cpu and row cost x cpu;
-    nothing else. Ratios from the finite checks' means."""
+    the terms timed right after an I/O wait x after_io; nothing else."""
     from devices import load_profile
-    from real.drift import mean_ratios, profile_at_drift
+    from real.drift import profile_at_drift
 
     p = load_profile("this-host")
     q = profile_at_drift(p, 1.25, 0.8)
@@ -363,8 +372,36 @@ def test_profile_at_drift_scales_what_the_check_measured():
     assert q.compute.gemv_row_s == pytest.approx(p.compute.gemv_row_s * 0.8)
     assert q.compute.gather_bytes_per_s == p.compute.gather_bytes_per_s and q.memory == p.memory
     assert q.flash.plan_s_per_batch == p.flash.plan_s_per_batch
+    assert q.flash.cold_compute_s == p.flash.cold_compute_s
+    a = profile_at_drift(p, 1.0, 1.0, after_io=0.6)
+    for key in ("plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer", "cache_index_s_per_evicted",
+                "host_cpu_s_per_read", "compute_lost_s_per_read", "framework_read_delay_s_per_batch"):
+        assert getattr(a.flash, key) == pytest.approx(getattr(p.flash, key) * 0.6)
+    assert np.allclose(a.flash.cold_compute_s, np.array(p.flash.cold_compute_s) * 0.6)
+    assert np.allclose(a.flash.framework_cold_compute_s, np.array(p.flash.framework_cold_compute_s) * 0.6)
+    assert a.flash.read_table == p.flash.read_table and a.compute == p.compute
+    assert a.flash.staged_s_per_read == p.flash.staged_s_per_read
     closed = load_profile("apple-m1-max")
     c = profile_at_drift(closed, 2.0, 1.0)
     assert c.flash.iops_max == closed.flash.iops_max / 2 and c.flash.read_latency_s == closed.flash.read_latency_s * 2
-    assert mean_ratios({"start": {"disk": 1.0, "cpu": None}, "end": {"disk": 1.5, "cpu": float("nan")}}) == (1.25, 1.0)
-    assert mean_ratios({"start": {"disk": float("nan"), "cpu": 1.0}}) is None
+
+
+def test_drift_log_interpolates_its_checks_in_time(monkeypatch, tmp_path):
+    """ratios_at: linear between checks, the nearest check's outside them, 1.0 for a ratio no check
+    measured, None without a disk ratio; maybe_check checks only once CHECK_EVERY_S have passed."""
+    import real.drift as D
+
+    seq = iter([{"disk": 1.0, "after_io": None, "cpu": 2.0, "t_s": 10.0},
+                {"disk": 2.0, "after_io": None, "cpu": float("nan"), "t_s": 20.0}])
+    monkeypatch.setattr(D, "host_drift", lambda *a: next(seq))
+    log = D.DriftLog(None, tmp_path, 0, every_s=5.0)
+    assert log.ratios_at(0.0) is None
+    log.check()
+    clock = iter([12.0, 16.0])
+    monkeypatch.setattr(D.time, "perf_counter", lambda: next(clock))
+    log.maybe_check()                      # 2 s after the first: not due
+    assert len(log.checks) == 1
+    log.maybe_check()                      # 6 s after: due
+    assert len(log.checks) == 2
+    assert log.ratios_at(15.0) == {"disk": 1.5, "after_io": 1.0, "cpu": 2.0}
+    assert log.ratios_at(0.0)["disk"] == 1.0 and log.ratios_at(99.0)["disk"] == 2.0
