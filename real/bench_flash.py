@@ -6,10 +6,12 @@ Python threads, one per read in flight, each issuing `os.preadv` into its own pa
 at random offsets aligned to the chunk size (as fio's `randread` does), with O_DIRECT so the page
 cache never serves a read. Each grid point runs for `duration_s`; its throughput is the bytes
 completed divided by the time from the common start to the last completion; the grid is swept
-`passes` times (default 3, directions alternating, each point duration_s / passes per sweep) and
+`passes` times (default 5, directions alternating, each point duration_s / passes per sweep) and
 each point's value is the median over sweeps, because this host's virtio disk has slow spells of
-a minute or so (4 KiB at 32 in flight: 12 vs 23 us per read) that a single sweep records as the
-disk's throughput at whatever points they hit. Offsets come from a
+seconds to a minute (4 KiB at 32 in flight: 12 vs 23 us per read) that a single sweep records as the
+disk's throughput at whatever points they hit. Three sweeps were not enough: one calibration
+kept 731 MB/s at 16 KiB x 32 in flight (two of three sweeps in a spell) where 15 s of the same
+reads right after ran at 1040-1105 MB/s, every second. Offsets come from a
 seeded generator per grid point. Without O_DIRECT (filesystems that refuse it) the file is opened
 buffered with readahead disabled and dropped from the page cache before every point; results then
 say `direct_io: false`, since later reads of the same pages may come from RAM.
@@ -100,7 +102,7 @@ class FlashBenchConfig:
     direct: bool | None = None     # None: O_DIRECT if the filesystem allows it
     host_cpu: bool = True          # also measure the reads' host CPU cost (host_cpu_probe)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
-    passes: int = 3                # sweeps over the grid, each point duration_s / passes per sweep (median)
+    passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (median)
 
     def __post_init__(self) -> None:
         if self.passes < 1:

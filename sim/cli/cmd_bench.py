@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--in-flight", help="comma-separated reads in flight (default 1,2,4,8,16,32,64)")
     f.add_argument("--duration-s", type=float, help="seconds per grid point (default 1; --quick 0.2)")
     f.add_argument("--passes", type=int, help="sweeps over the grid, each point's seconds split between them and "
-                                              "the median kept (default 3; --quick 1): a slow spell of the disk then "
+                                              "the median kept (default 5; --quick 1): a slow spell of the disk then "
                                               "moves single sweeps, not the table")
     f.add_argument("--quick", action="store_true", help="small grid (4KiB,64KiB,1MiB x 1,4), short points")
     f.add_argument("--buffered", action="store_true", help="buffered reads with page-cache eviction, not O_DIRECT")
@@ -114,7 +114,7 @@ def _flash(args: argparse.Namespace) -> int:
         duration = args.duration_s if args.duration_s is not None else 0.2 if args.quick else 1.0
         if args.compute_threads < 1:
             raise FlashsimError(f"--compute-threads {args.compute_threads}: must be >= 1")
-        passes = args.passes if args.passes is not None else 1 if args.quick else 3
+        passes = args.passes if args.passes is not None else 1 if args.quick else 5
         cfg = FlashBenchConfig(chunks=tuple(chunks), in_flight=tuple(depths), duration_s=duration, seed=args.seed,
                                direct=False if args.buffered else None, host_cpu=not args.no_host_cpu,
                                compute_threads=args.compute_threads, passes=passes)
