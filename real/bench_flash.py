@@ -31,7 +31,10 @@ Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `pla
 through real.reader itself on a small store next to the bench file,
 after the grid (real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same
 store also times compute after a read wait (`flash.cold_batch_reads`, `cold_compute_s`,
-`framework_cold_compute_s`; real/bench_cold.py).
+`framework_cold_compute_s`; real/bench_cold.py). The planning, the index work and the compute after
+a wait are timed in one round per pass and the profile keeps each value's median over the rounds
+(`bench_reader.median_of_rounds`): each is a fraction of a second of CPU work, and a single 0.3 s
+measurement of the planning moved 2.5x between calibrations five minutes apart.
 
 Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
 `compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
@@ -73,7 +76,13 @@ import numpy as np
 from devices.errors import FlashsimError
 from devices.units import format_bytes
 from real.bench_cold import COLD_SAMPLES, cold_compute
-from real.bench_reader import batch_overhead, bench_store, cache_index_cost, read_plan_cost
+from real.bench_reader import (
+    batch_overhead,
+    bench_store,
+    cache_index_cost,
+    median_of_rounds,
+    read_plan_cost,
+)
 from real.buffers import ALIGN_BYTES, AlignedBuffer, round_down
 from real.fsinfo import RAM_FILESYSTEMS, filesystem_type
 from real.profile_writer import sig4
@@ -574,12 +583,20 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
             if store is not None:
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
-                plan = read_plan_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
-                index = cache_index_cost(store, max(cfg.in_flight), cfg.seed, min(0.3, cfg.duration_s))
+                # one round per pass, alternating: both are CPU work of a fraction of a second, and
+                # one slow spell moved a single 0.3 s measurement 2.5x (reader planning 133 -> 334 us
+                # per batch in calibrations five minutes apart)
+                plans, indexes = [], []
+                for r in range(cfg.passes):
+                    plans.append(read_plan_cost(store, max(cfg.in_flight), cfg.seed + r, min(0.3, cfg.duration_s)))
+                    indexes.append(cache_index_cost(store, max(cfg.in_flight), cfg.seed + r, min(0.3, cfg.duration_s)))
+                plan, index = median_of_rounds(plans), median_of_rounds(indexes)
                 if cfg.host_cpu:
-                    # a short bench (--quick, or short points) times fewer layers per point
-                    cold = cold_compute(store, max(cfg.in_flight), cfg.seed,
-                                        samples=COLD_SAMPLES if cfg.duration_s >= 0.5 else 8)
+                    # in rounds too, one per pass, COLD_SAMPLES layers per point in all (a short
+                    # bench, --quick or short points, times 8 per round)
+                    n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
+                    cold = median_of_rounds([cold_compute(store, max(cfg.in_flight), cfg.seed + r, samples=n)
+                                             for r in range(cfg.passes)])
         if progress:
             progress("batch overhead")
         host = None

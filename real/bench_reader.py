@@ -142,6 +142,21 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
             "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
 
 
+def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The first round's result with each float entry (and each entry of a list of floats) the
+    median over `rounds` (results of read_plan_cost or cache_index_cost timed at different moments:
+    a slow spell of the host that covers one round's fraction of a second then moves that round,
+    not the profile), and the rounds' own float values under "rounds"."""
+    out = dict(rounds[0])
+    for k, v in rounds[0].items():
+        if isinstance(v, float):
+            out[k] = float(np.median([r[k] for r in rounds]))
+        elif isinstance(v, list) and v and all(isinstance(x, float) for x in v):
+            out[k] = np.median(np.array([r[k] for r in rounds], float), axis=0).tolist()
+    out["rounds"] = [{k: v for k, v in r.items() if isinstance(v, float)} for r in rounds]
+    return out
+
+
 def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
     """The real backend's per-layer cache index work (the profile's `flash.cache_index_s_per_layer`
     and `cache_index_s_per_evicted`): RealExecutor.ffn's two `LayerCache.keep_only` calls and its

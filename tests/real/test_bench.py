@@ -225,11 +225,15 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
 
 
 def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
+    """One round of reader planning and cache index timing per pass; the profile takes the medians."""
     out = tmp_path / "prof.yaml"
-    assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
-    p = json.loads(capsys.readouterr().out)["read_plan"]
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu", "--passes", "3")) == 0
+    res = json.loads(capsys.readouterr().out)
+    p = res["read_plan"]
     assert p["batch_neurons"] == [16, 512] and p["in_flight"] == 4 and p["samples"] >= 1
     assert all(t > 0 for t in p["batch_s"]) and p["per_batch_s"] >= 0 and p["per_neuron_s"] >= 0
+    assert len(p["rounds"]) == 3 and p["per_batch_s"] == sorted(r["per_batch_s"] for r in p["rounds"])[1]
+    assert len(res["cache_index"]["rounds"]) == 3
     f = load_profile(out).flash
     assert f.plan_s_per_batch == pytest.approx(p["per_batch_s"], rel=1e-3, abs=1e-12)
     assert f.plan_s_per_neuron == pytest.approx(p["per_neuron_s"], rel=1e-3, abs=1e-15)
@@ -284,3 +288,15 @@ def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_pat
     assert main(_quick_flash(tmp_path, "--no-write")) == 0
     text = capsys.readouterr().out
     assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
+
+
+def test_median_of_rounds_by_hand():
+    from real.bench_reader import median_of_rounds
+
+    rounds = [{"per_batch_s": 3.0, "n": 16, "batch_s": [1.0, 9.0], "ids": [1]},
+              {"per_batch_s": 1.0, "n": 16, "batch_s": [2.0, 7.0], "ids": [2]},
+              {"per_batch_s": 2.0, "n": 16, "batch_s": [3.0, 8.0], "ids": [3]}]
+    m = median_of_rounds(rounds)
+    assert m["per_batch_s"] == 2.0 and m["batch_s"] == [2.0, 8.0]     # floats and float lists: medians
+    assert m["n"] == 16 and m["ids"] == [1]                            # the rest from the first round
+    assert m["rounds"] == [{"per_batch_s": 3.0}, {"per_batch_s": 1.0}, {"per_batch_s": 2.0}]
