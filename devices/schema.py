@@ -151,6 +151,11 @@ class FlashSpec(_Strict):
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
+    # A read whose destination is n discontiguous buffers (real.reader's in-place reads of a run of
+    # unbundled rows: one iovec per cache row) costs the device more than one contiguous buffer:
+    # on a virtio disk each descriptor is served on its own (bench flash: 64 KiB into 16 x 4 KiB).
+    segment_s: float = Field(default=0.0, ge=0, description="device time each extra destination segment "
+                             "adds to a read (a read into n discontiguous buffers pays n - 1); 0 = none")
     # A read batch is issued to a pool of reader threads and done when its last read completes: on top
     # of its reads at the table's steady throughput it costs starting the threads that take part,
     # collecting them, and the wait for the slowest read (the depth drains at the end). bench flash

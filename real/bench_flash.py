@@ -26,6 +26,15 @@ into a per-thread staging buffer and copies them out under the interpreter lock.
 the largest reads in flight is measured with and without that copy; the difference per read is
 what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us).
 
+Segmented reads (`segment_cost`; the profile's `flash.segment_s`): real.reader reads a run of
+unbundled rows that are 4 KiB multiples in place, one iovec per row (each lands in its own cache
+row), so one read fills many discontiguous buffers. On this VM's virtio disk every extra buffer
+costs device time: 64 KiB reads at 32 in flight ran at 2297 MB/s into one buffer and 1145 MB/s
+into 16 (16 KiB into 4: 1035 vs 782; 256 KiB into 64 at 8 in flight: 2975 vs 1276), 1.7-1.9 us
+of device time per extra buffer at every size and depth tried (the emulated device serves each
+descriptor on its own). The point is read both ways, alternating, and segment_s is the difference
+per read over the extra segments.
+
 Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `plan_s_per_batch`,
 `plan_s_per_neuron`) and the backend's cache index work (`flash.cache_index_s_per_layer`): timed
 through real.reader itself on a small store next to the bench file,
@@ -98,6 +107,7 @@ PROBE_SLICES = 20
 PROBE_SLICE_S = 0.1
 PROBE_DIM = 1024              # the probe GEMV: 4 MiB of fp32 weights, a decode layer's projection
 STAGED_CHUNK_BYTES = 4096     # staged reads: a padded row of an unaligned unit (SmolLM2 fp32: 2304 B)
+SEGMENT_CHUNK_BYTES = 65536   # segment cost: a run of 16 unbundled 4 KiB rows, read as one iovec and as 16
 STAGE_ROWS = 64               # destination rows of the staging copy (cycled)
 STAGE_COL = 2304              # ... and the column it lands at (an unaligned one, as for a down row)
 
@@ -198,13 +208,14 @@ def _create(path: Path, size_bytes: int, seed: int) -> None:
     os.close(fd)
 
 
-def _read_or_fail(fd: int, buf: memoryview, off: int, path: Path) -> int:
+def _read_or_fail(fd: int, bufs: list[memoryview], off: int, path: Path) -> int:
     try:
-        got = os.preadv(fd, [buf], off)
+        got = os.preadv(fd, bufs, off)
     except OSError as e:
         raise FlashsimError(f"{path}: I/O error at offset {off} ({e.strerror})") from None
-    if got != len(buf):
-        raise FlashsimError(f"{path}: short read at offset {off}: {got} of {len(buf)} bytes")
+    want = sum(len(b) for b in bufs)
+    if got != want:
+        raise FlashsimError(f"{path}: short read at offset {off}: {got} of {want} bytes")
     return got
 
 
@@ -216,12 +227,14 @@ def process_cpu_s() -> float:
 
 def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s: float,
                             rng: np.random.Generator, stats: dict[str, float] | None = None,
-                            stage_copy: bool = False) -> float:
+                            stage_copy: bool = False, segment_bytes: int | None = None) -> float:
     """Throughput of random chunk-aligned reads of `chunk` bytes with `in_flight` threads.
     `stats`, when given, receives `reads` and `cpu_s` (process CPU time over the point).
     `stage_copy`: after each read, copy its bytes into a row of a destination matrix the way
     real.reader does for units that cannot land in place (a reshaped view of the staging buffer
-    assigned into a row slice)."""
+    assigned into a row slice). `segment_bytes`: each read lands in chunk / segment_bytes
+    discontiguous buffers (iovecs of that size, one every 2 x segment_bytes), as real.reader's
+    in-place reads of a run of unbundled rows land one row per cache row."""
     n_slots = (bf.size_bytes - chunk) // chunk + 1
     if n_slots < 1:
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
@@ -230,8 +243,12 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
         # the reader's destinations: cache rows on huge pages, or its small staging buffer
-        buf = AlignedBuffer(chunk, huge=not stage_copy)
-        mv = memoryview(buf.array)[:chunk]
+        if segment_bytes:
+            buf = AlignedBuffer(2 * chunk, huge=True)
+            iov = [memoryview(buf.array)[o: o + segment_bytes] for o in range(0, 2 * chunk, 2 * segment_bytes)]
+        else:
+            buf = AlignedBuffer(chunk, huge=not stage_copy)
+            iov = [memoryview(buf.array)[:chunk]]
         dst = np.empty((STAGE_ROWS, chunk + ALIGN_BYTES), np.uint8) if stage_copy else None
         offs = (seeds[k].integers(0, n_slots, 4096) * chunk).tolist()
         if start is not None:
@@ -239,7 +256,7 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
         t_end = time.perf_counter() + duration_s
         done, i = 0, 0
         while True:
-            done += _read_or_fail(bf.fd, mv, offs[i], bf.path)
+            done += _read_or_fail(bf.fd, iov, offs[i], bf.path)
             if dst is not None:   # real.reader's copy out of the staging buffer (one unit per read)
                 r = i % STAGE_ROWS
                 dst[r: r + 1, STAGE_COL: STAGE_COL + chunk] = buf.array[:chunk].reshape(1, chunk)[:, :chunk]
@@ -271,7 +288,7 @@ def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
         buf = AlignedBuffer(chunk, huge=True)
-        mv = memoryview(buf.array)[:chunk]
+        mv = [memoryview(buf.array)[:chunk]]
         if start is not None:
             start.wait()
         t_end = time.perf_counter() + duration_s
@@ -320,7 +337,7 @@ def latency_4k_qd1(bf: BenchFile, duration_s: float, rng: np.random.Generator) -
     """Single 4 KiB reads at random aligned offsets, one at a time."""
     bf.drop_cache()
     buf = AlignedBuffer(ALIGN_BYTES)
-    mv = memoryview(buf.array)[:ALIGN_BYTES]
+    mv = [memoryview(buf.array)[:ALIGN_BYTES]]
     n_slots = bf.size_bytes // ALIGN_BYTES
     lat: list[float] = []
     t_end = time.perf_counter() + duration_s
@@ -420,7 +437,7 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
         _restore_torch_threads(torch_threads)
         return None
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE]))
-    bufs = [memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk] for _ in range(in_flight)]
+    bufs = [[memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk]] for _ in range(in_flight)]
     pool = _Workers(in_flight) if in_flight > 1 else None
 
     def one_batch(n: int) -> None:
@@ -566,6 +583,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             progress("latency")
         staged = staged_read_cost(bf, STAGED_CHUNK_BYTES if STAGED_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
                                   max(cfg.in_flight), cfg.duration_s, point_rngs[-1])
+        segments = segment_cost(bf, max(cfg.in_flight), 2 * cfg.duration_s, point_rngs[-1], rounds=max(2, cfg.passes))
         if progress:
             progress("staged reads")
         from devices.curves import TableReadCurve
@@ -625,6 +643,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                        "in_flight_4_bytes_per_s": seq[4], "bytes_per_s": max(seq.values())},
         "latency_4k_qd1": lat,
         "staged": staged,
+        "segments": segments,
         "batches": batches,
         "read_plan": plan,
         "cold_compute": cold,
@@ -647,6 +666,30 @@ def staged_read_cost(bf: BenchFile, chunk: int, in_flight: int, duration_s: floa
     t_plain, t_staged = float(np.median(plain)), float(np.median(staged))
     return {"chunk_bytes": chunk, "in_flight": in_flight, "plain_s_per_read": t_plain,
             "staged_s_per_read_total": t_staged, "staged_s_per_read": max(0.0, t_staged - t_plain)}
+
+
+def segment_cost(bf: BenchFile, in_flight: int, duration_s: float, rng: np.random.Generator,
+                 rounds: int = 3) -> dict[str, Any] | None:
+    """Device time each extra destination segment adds to a read (the profile's `flash.segment_s`):
+    SEGMENT_CHUNK_BYTES reads into one buffer and into SEGMENT_CHUNK_BYTES / ALIGN_BYTES
+    discontiguous 4 KiB buffers (one iovec each: real.reader's in-place reads of a run of unbundled
+    rows, one row per cache row), alternated `rounds` times at `in_flight`; per read, the device
+    time is chunk / throughput, and segment_s = (many - one) / (segments - 1), median over rounds.
+    None when the file is smaller than a chunk."""
+    chunk = SEGMENT_CHUNK_BYTES
+    if bf.size_bytes < chunk:
+        return None
+    segments = chunk // ALIGN_BYTES
+    one, many, per = [], [], []
+    for _ in range(rounds):
+        t1 = chunk / random_read_bytes_per_s(bf, chunk, in_flight, duration_s / (2 * rounds), rng)
+        tn = chunk / random_read_bytes_per_s(bf, chunk, in_flight, duration_s / (2 * rounds), rng,
+                                             segment_bytes=ALIGN_BYTES)
+        one.append(t1)
+        many.append(tn)
+        per.append((tn - t1) / (segments - 1))
+    return {"chunk_bytes": chunk, "segments": segments, "in_flight": in_flight, "one_s_per_read": float(np.median(one)),
+            "segmented_s_per_read": float(np.median(many)), "segment_s": max(0.0, float(np.median(per)))}
 
 
 def compute_runs_on_cpu() -> bool:
@@ -674,6 +717,11 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         extra["staged_s_per_read"] = sig4(staged["staged_s_per_read"])
         source += (f"; staged reads: {format_bytes(staged['chunk_bytes'])} x {staged['in_flight']} in flight with "
                    "and without the staging copy")
+    seg = result.get("segments")
+    if seg and result.get("direct_io", True):
+        extra["segment_s"] = sig4(seg["segment_s"])
+        source += (f"; segment cost: {format_bytes(seg['chunk_bytes'])} x {seg['in_flight']} in flight read into one "
+                   f"buffer and into {seg['segments']} discontiguous 4 KiB buffers")
     batches = result.get("batches")
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
         extra["batch_overhead_s"] = [sig4(x) for x in batches["overhead_s"]]

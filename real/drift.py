@@ -157,7 +157,7 @@ class DriftLog:
 
 def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
-    and its batch overhead x disk (the check times both together); the GEMV FLOP rates / cpu and
+    and its batch overhead and segment cost x disk (the check times the first two together); the GEMV FLOP rates / cpu and
     gemv_row_s x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
     Nothing else changes."""
     data = profile.model_dump(mode="json", exclude_none=True)
@@ -171,6 +171,8 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
         flash["read_latency_s"] *= disk
     if "batch_overhead_s" in flash:
         flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
+    if "segment_s" in flash:   # device time too
+        flash["segment_s"] *= disk
     for key in AFTER_IO_TERMS:
         if key in flash:
             flash[key] *= after_io

@@ -103,6 +103,7 @@ class Planner:
         self.read_cost = ReadCost(profile.flash.curve, layout.chunk_sizes(), in_flight, profile.flash.batch_overhead_at)
         # each staged read's copy out of the reader's staging buffer (0 unless the profile prices it)
         self.staged_s_per_read = profile.flash.staged_s_per_read if layout.staged_reads() else 0.0
+        self.segment_s = profile.flash.segment_s if layout.segmented_reads() else 0.0
         # the reader's planning before a batch's reads (per batch, per neuron): a demand batch's
         # layer waits for it (dem_plan_s, a stall but not I/O); a prefetch lands that much later (pf_s)
         self.plan_s = (profile.flash.plan_s_per_batch, profile.flash.plan_s_per_neuron)
@@ -201,7 +202,7 @@ class Planner:
         counts = layout.read_counts(layer, lp.demand)
         staged = self.staged_s_per_read
         n_dem = counts.sum(axis=1)
-        a.dem_s[rows, layer] = rc.time_s(counts) + staged * n_dem
+        a.dem_s[rows, layer] = rc.time_s(counts) + staged * n_dem + self._segments_s(counts)
         a.dem_bytes[rows, layer] = rc.bytes(counts)
         a.dem_reads[rows, layer] = n_dem
         a.dem_plan_s[rows, layer] = self._plan_time_s(lp.demand, n_dem)
@@ -210,7 +211,7 @@ class Planner:
             n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            pf_s = rc.time_s(pc) + staged * n_pf + self._plan_time_s(lp.prefetch_next, n_pf)
+            pf_s = rc.time_s(pc) + staged * n_pf + self._segments_s(pc) + self._plan_time_s(lp.prefetch_next, n_pf)
             a.pf_s[tgt[ok], layer] = pf_s[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = n_pf[ok]
@@ -249,6 +250,13 @@ class Planner:
         a.mass_den[rows] += md
         a.rec_num[rows] += rn
         a.rec_den[rows] += rd
+
+    def _segments_s(self, counts: np.ndarray) -> np.ndarray | float:
+        """Device time of the extra destination segments of segmented reads (Layout.segmented_reads):
+        a read of j + 1 units (column j of `counts`, reads per chunk size) has j extra."""
+        if self.segment_s == 0:
+            return 0.0
+        return self.segment_s * (counts @ np.arange(counts.shape[1], dtype=np.float64))
 
     def _plan_time_s(self, neurons: np.ndarray, n_reads: np.ndarray) -> np.ndarray | float:
         """The reader's planning time of each batch (packed neuron sets [steps, words]); 0 without reads."""

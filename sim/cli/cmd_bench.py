@@ -149,6 +149,11 @@ def _flash(args: argparse.Namespace) -> int:
     print_table(["chunk"] + [f"q={q}" for q in g["in_flight"]], table_rows(g), align="r" * (len(g["in_flight"]) + 1))
     print(f"sequential: {format_rate(result['sequential']['bytes_per_s'])}; 4 KiB latency at q=1: "
           f"{result['latency_4k_qd1']['mean_s'] * 1e6:.0f} us (mean)")
+    sg = result.get("segments")
+    if sg:
+        print(f"segmented reads: {format_bytes(sg['chunk_bytes'])} x {sg['in_flight']} in flight into {sg['segments']} "
+              f"discontiguous 4 KiB buffers {sg['segmented_s_per_read'] * 1e6:.1f} us per read against "
+              f"{sg['one_s_per_read'] * 1e6:.1f} into one: {sg['segment_s'] * 1e6:.2f} us per extra segment")
     b = result.get("batches")
     if b:
         print(f"batch overhead (real.reader, {format_bytes(b['bundle_bytes'])} bundles, batches of q and 4q): "

@@ -178,6 +178,12 @@ class Layout(Policy):
         `flash.staged_s_per_read`); layouts that do not say so read in place."""
         return False
 
+    def segmented_reads(self) -> bool:
+        """A read of a run of r units lands in place in r discontiguous buffers (one iovec per unit),
+        paying r - 1 extra segments (the profile's `flash.segment_s`); layouts that do not say so
+        land each read in one buffer."""
+        return False
+
     def read_units(self) -> tuple[int, int]:
         """(unit_bytes, units_per_neuron): one neuron is `units_per_neuron` reads of `unit_bytes`
         when nothing coalesces (bundled: 1 x bundle; unbundled: one row per FFN matrix)."""

@@ -106,6 +106,13 @@ class BundlingLayout(Layout):
             return True
         return not self.params.bundled and self.useful_unit_bytes % DIRECT_IO_ALIGN_BYTES != 0
 
+    def segmented_reads(self) -> bool:
+        """Unbundled rows that land in place (padded store, rows multiples of DIRECT_IO_ALIGN_BYTES):
+        a run of adjacent rows of one matrix is one read, but each row goes to its own cache row (the
+        neuron's bundle row), so the read has one iovec per row (real/reader.py `_run`). A bundled
+        run lands in consecutive cache rows: one buffer."""
+        return not self.params.bundled and self.params.align_bytes > 0 and not self.staged_reads()
+
     def read_units(self) -> tuple[int, int]:
         return self.unit_bytes, self.units_per_neuron
 

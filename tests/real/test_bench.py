@@ -300,3 +300,18 @@ def test_median_of_rounds_by_hand():
     assert m["per_batch_s"] == 2.0 and m["batch_s"] == [2.0, 8.0]     # floats and float lists: medians
     assert m["n"] == 16 and m["ids"] == [1]                            # the rest from the first round
     assert m["rounds"] == [{"per_batch_s": 3.0}, {"per_batch_s": 1.0}, {"per_batch_s": 2.0}]
+
+
+def test_bench_flash_times_segmented_reads(tmp_path, capsys):
+    """64 KiB reads into one buffer and into 16 discontiguous 4 KiB buffers, alternated: the
+    difference per extra segment is the profile's flash.segment_s, with its source."""
+    out = tmp_path / "prof.yaml"
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
+    sg = json.loads(capsys.readouterr().out)["segments"]
+    assert sg["chunk_bytes"] == 65536 and sg["segments"] == 16 and sg["in_flight"] == 4
+    assert sg["one_s_per_read"] > 0 and sg["segmented_s_per_read"] > 0 and sg["segment_s"] >= 0
+    f = load_profile(out).flash
+    assert f.segment_s == pytest.approx(sg["segment_s"], rel=1e-3, abs=1e-15)
+    assert "segment cost" in f.source
+    assert main(_quick_flash(tmp_path, "--no-host-cpu")) == 0
+    assert "per extra segment" in capsys.readouterr().out

@@ -364,7 +364,9 @@ def test_profile_at_drift_scales_what_the_check_measured():
     from real.drift import profile_at_drift
 
     p = load_profile("this-host")
+    p = p.model_copy(update={"flash": p.flash.model_copy(update={"segment_s": 2e-6})})
     q = profile_at_drift(p, 1.25, 0.8)
+    assert q.flash.segment_s == pytest.approx(2.5e-6)
     t0, t1 = p.flash.read_table, q.flash.read_table
     assert np.allclose(np.array(t1.bytes_per_s) * 1.25, t0.bytes_per_s)
     assert np.allclose(np.array(q.flash.batch_overhead_s), np.array(p.flash.batch_overhead_s) * 1.25)

@@ -87,7 +87,7 @@ def base_profile() -> DeviceProfile:
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
               "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
               "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer",
-              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s"):
+              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)
 
@@ -297,3 +297,25 @@ def test_a_delta_prefetch_is_issued_when_its_layer_ends(small_trace, base_profil
     assert batches
     for b in batches:
         assert b.t_issue_s == pytest.approx(ffn_end[(b.step - 1, b.layer)], abs=1e-15)
+
+
+@pytest.mark.parametrize(("bundled", "d_model", "segmented"), [(False, 1024, True), (True, 1024, False), (False, 64, False)])
+def test_segmented_reads_pay_each_extra_destination_segment(gated_trace, base_profile, bundled, d_model, segmented):
+    """flash.segment_s per extra destination buffer of a read: unbundled fp32 rows of d_model 1024
+    are exactly 4 KiB, land in place, one cache row each, so a coalesced read of r rows pays r - 1
+    (rows read = demand bytes / 4 KiB, reads = reads_issued); bundled runs land in consecutive cache
+    rows, and unaligned (staged) rows in one staging buffer: nothing."""
+    from tests.sim.helpers import tiny_spec
+
+    spec = tiny_spec(n_layers=3, d_model=d_model, d_ff=192, ffn_kind="swiglu", name="tiny-gated").model_copy(
+        update={"dtype": "fp32"})
+    cfg = preset_config("llm-in-a-flash").with_overrides(
+        ["prefetch=none", f"bundling.bundled={str(bundled).lower()}", "bundling.align_bytes=4096"])
+    a = simulate(gated_trace, spec, base_profile, cfg, fast=False)
+    b = simulate(gated_trace, spec, _with_host(base_profile, segment_s=1e-4), cfg, fast=False)
+    extra = 0
+    for ta, tb in zip(a.tokens, b.tokens, strict=True):
+        rows = ta.demand_bytes // 4096 if segmented else ta.reads_issued
+        assert tb.io_s - ta.io_s == pytest.approx(1e-4 * (rows - ta.reads_issued), abs=1e-12)
+        extra += rows - ta.reads_issued
+    assert (extra > 0) == segmented
