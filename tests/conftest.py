@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from devices.curves import TableReadCurve
+
+PROFILES = Path(__file__).resolve().parent.parent / "devices" / "profiles"
+
+
+def _profiles_digest() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(PROFILES.glob("*.yaml"))}
+
+
+@pytest.fixture(autouse=True)
+def _repo_profiles_untouched():
+    """No test may write the committed device profiles (`flashsim bench` writes this-host by
+    default: tests pass --out or --no-write). Checked around every test, so the one that wrote
+    fails and the file can be restored with git."""
+    before = _profiles_digest()
+    yield
+    after = _profiles_digest()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"this test wrote devices/profiles: {', '.join(changed)} (use --out or --no-write)"
 
 
 @pytest.fixture(autouse=True)

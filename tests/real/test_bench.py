@@ -313,5 +313,5 @@ def test_bench_flash_times_segmented_reads(tmp_path, capsys):
     f = load_profile(out).flash
     assert f.segment_s == pytest.approx(sg["segment_s"], rel=1e-3, abs=1e-15)
     assert "segment cost" in f.source
-    assert main(_quick_flash(tmp_path, "--no-host-cpu")) == 0
+    assert main(_quick_flash(tmp_path, "--no-host-cpu", "--out", str(tmp_path / "text.yaml"))) == 0
     assert "per extra segment" in capsys.readouterr().out
