@@ -15,7 +15,8 @@ Modules (units: bytes as int, seconds as float, rates in bytes/s and FLOP/s):
   DeviceProfile (the `devices/schema.py` schema) with provenance; `bench_reader` (the reader's own
   costs around its reads, the cache index work) and `bench_cold` (compute after a read wait) time
   the real code on a small store for bench flash.
-* `drift`: the host against its profile right now (validate's start and end check).
+* `drift`: the host against its profile right now (validate's checks at its start, every few
+  seconds between real runs, and at its end).
 * `device`: the small, named device-specific part (CPU here; CUDA / Jetson pinned buffers).
 
 torch and transformers are imported lazily, inside functions: everything here imports without them.

@@ -121,21 +121,10 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
     neurons alternate for `min_time_s`; a straight line through the two medians. (Timed alone,
     without reads in between, the same code took half as long here: it runs right after the
     thread waits on I/O, with cold caches.)"""
-    N = store.n_neurons
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
     times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
-    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
-        cache = LayerCache(max(PLAN_BATCH_NEURONS), N, store.bundle_bytes, reader.dest_row_bytes)
-        t_end = time.perf_counter() + min_time_s
-        while time.perf_counter() < t_end:
-            for n in PLAN_BATCH_NEURONS:
-                ids = np.sort(rng.choice(N, n, replace=False))
-                cache.clear()
-                t0 = time.perf_counter()
-                miss = cache.missing(ids)
-                a, b = cache.append(miss)
-                st = reader.read(0, miss, cache.rows[a:b])
-                times[n].append(time.perf_counter() - t0 - st.seconds)
+    for n, st, call_s in reader_batches(store, in_flight, PLAN_BATCH_NEURONS, min_time_s, rng):
+        times[n].append(call_s - st.seconds)
     (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(np.median(times[n])) for n in PLAN_BATCH_NEURONS)
     per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
     return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],

@@ -200,9 +200,8 @@ class Planner:
         a, rc, layout = self.arr, self.read_cost, self.stack.layout
         rows = slice(a0, b0)
         counts = layout.read_counts(layer, lp.demand)
-        staged = self.staged_s_per_read
         n_dem = counts.sum(axis=1)
-        a.dem_s[rows, layer] = rc.time_s(counts) + staged * n_dem + self._segments_s(counts)
+        a.dem_s[rows, layer] = self._reads_s(counts, n_dem)
         a.dem_bytes[rows, layer] = rc.bytes(counts)
         a.dem_reads[rows, layer] = n_dem
         a.dem_plan_s[rows, layer] = self._plan_time_s(lp.demand, n_dem)
@@ -211,7 +210,7 @@ class Planner:
             n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            pf_s = rc.time_s(pc) + staged * n_pf + self._segments_s(pc) + self._plan_time_s(lp.prefetch_next, n_pf)
+            pf_s = self._reads_s(pc, n_pf) + self._plan_time_s(lp.prefetch_next, n_pf)
             a.pf_s[tgt[ok], layer] = pf_s[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = n_pf[ok]
@@ -251,12 +250,14 @@ class Planner:
         a.rec_num[rows] += rn
         a.rec_den[rows] += rd
 
-    def _segments_s(self, counts: np.ndarray) -> np.ndarray | float:
-        """Device time of the extra destination segments of segmented reads (Layout.segmented_reads):
-        a read of j + 1 units (column j of `counts`, reads per chunk size) has j extra."""
-        if self.segment_s == 0:
-            return 0.0
-        return self.segment_s * (counts @ np.arange(counts.shape[1], dtype=np.float64))
+    def _reads_s(self, counts: np.ndarray, n_reads: np.ndarray) -> np.ndarray:
+        """Service time of each batch of reads (`counts`: reads per chunk size, [steps, sizes]): the
+        read table's, plus each staged read's copy, plus the extra destination segments of
+        segmented reads (Layout.segmented_reads: a read of j + 1 units, column j, has j extra)."""
+        t = self.read_cost.time_s(counts) + self.staged_s_per_read * n_reads
+        if self.segment_s > 0:
+            t = t + self.segment_s * (counts @ np.arange(counts.shape[1], dtype=np.float64))
+        return t
 
     def _plan_time_s(self, neurons: np.ndarray, n_reads: np.ndarray) -> np.ndarray | float:
         """The reader's planning time of each batch (packed neuron sets [steps, words]); 0 without reads."""
