@@ -21,8 +21,15 @@ manifest (4096 for a padded store, 0 for packed), so the simulator built here, a
 run, count the padded strides the reads really move. Block pruning (`prune.blocks`) is refused: the
 executor plans and runs every layer (block pruning on the real model: real/pruning.py).
 
-The policy's own bookkeeping (set algebra in Python) is timed apart (`plan_s`) and NOT counted in
-the records: it is the simulator's planning, not work the device does. Every step yields one
+The policy's own bookkeeping (set algebra in Python) is NOT part of the run: it is the simulator's
+planning, not work the device does. The plans depend only on the trace, the budget and the
+policies (never on a timing), so the executor makes every step's plan when it is built, step by
+step as above, before the first token (`plan_s`: how long that took). Planning inside the timed
+loop and subtracting its time is not the same: a prefetch in flight runs on through the
+subtracted time, so its reads would get free time and their CPU work would land outside the
+records (measured: a shape-mode delta run planned 4.5 ms per token inline against 2.0 ms without
+prefetch, the difference being the prefetch thread's work; docs/validation.md, seventh round).
+Every step yields one
 `sim.records.TokenRecord` in the simulator's schema; `executed` keeps the computed set of every
 step and layer so the run can be written as a trace (`real.records`) and replayed exactly.
 """
@@ -57,16 +64,11 @@ class StepTimes:
     compute_s: float = 0.0
     stall_s: float = 0.0
     mem_mgmt_s: float = 0.0
-    plan_s: float = 0.0
     demand_bytes: int = 0
     prefetch_bytes: int = 0
     reads_issued: int = 0
     computed: int = 0
     hits: int = 0
-    mass_num: float = 0.0
-    mass_den: float = 0.0
-    rec_num: int = 0
-    rec_den: int = 0
     peak_cache_bytes: int = 0
 
 
@@ -78,7 +80,7 @@ class RealRun:
     executed: np.ndarray                  # words [L, S, W]: computed set of each layer and step
     config: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    plan_s: float = 0.0                   # policy bookkeeping, excluded from the records
+    plan_s: float = 0.0                   # policy bookkeeping, done before the run (not in the records)
     outputs: list[Any] = field(default_factory=list)
     view: Any = None                      # the sim TraceView the run was planned from
     ffn_s: list[float] = field(default_factory=list)   # per step: FFN-side time (stall + mem mgmt + FFN compute)
@@ -121,6 +123,9 @@ class RealExecutor:
             raise FlashsimError(f"residency {stack.residency.name!r} is the mmap baseline: run `flashsim real mmap`")
         if stack.precision.name != "native":
             raise FlashsimError(f"precision {stack.precision.name!r}: the real backend computes the store's own dtype")
+        self.n_steps = self.sim.steps.n
+        self.executed = np.zeros((self.spec.n_layers, self.n_steps, bitsets.n_words(self.spec.d_ff)), bitsets.WORD)
+        self._plan_all()     # before any file, thread or buffer is opened: a budget too small raises here
         self.dev = choose_device(device)
         self.tdev = self.dev.torch_device()
         self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
@@ -137,9 +142,6 @@ class RealExecutor:
         self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
         self.pending: dict[int, Future] = {}
-        L, N = self.spec.n_layers, self.spec.d_ff
-        self.n_steps = self.sim.steps.n
-        self.executed = np.zeros((L, self.n_steps, bitsets.n_words(N)), bitsets.WORD)
         self.caches = self._make_caches()
         self.seg_bytes = store.segment_bytes
         self.n_seg = len(store.segments)
@@ -150,11 +152,39 @@ class RealExecutor:
         self.times = StepTimes()
         self.step = -1
         self.t_clock = 0.0
-        self.plan_total_s = 0.0
         self.ffn_s: list[float] = []
         self._preload_static()
 
     # ---- setup ------------------------------------------------------------------------------------
+    def _plan_all(self) -> None:
+        """Every (step, layer) plan, in the order the run executes them, before the run (module doc).
+
+        Keeps per layer and step, as words: `executed` (the computed set), `_survive` (what the
+        cache keeps before the demand reads: kept or computed, less what the plan prefetches back)
+        and `_keep` (what it keeps after the FFN, static neurons included); per step the quality
+        proxy's sums. Raises RealCapacityError when a step does not fit the budget."""
+        sim, L, N, S = self.sim, self.spec.n_layers, self.spec.d_ff, self.n_steps
+        W = bitsets.n_words(N)
+        self._survive = np.zeros((L, S, W), bitsets.WORD)
+        self._keep = np.zeros((L, S, W), bitsets.WORD)
+        self._quality_sums = np.zeros((S, 4))     # activation mass kept (num, den), recall (num, den)
+        static = [sim.stack.static_mask(layer) for layer in range(L)]
+        t0 = time.perf_counter()
+        for s in range(S):
+            cap = sim.memory.cap_neurons(sim.budget_bytes, s, s + 1)
+            for layer in range(L):
+                try:
+                    plan = sim.stack.plan(layer, s, s + 1, cap)
+                except CapacityError as e:
+                    raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
+                computed = plan.computed[0]
+                keep = self._kept(layer) | static[layer]
+                self.executed[layer, s] = computed
+                self._keep[layer, s] = keep
+                self._survive[layer, s] = (keep | computed) & ~plan.prefetch_next[0]
+                self._quality_sums[s] += self._quality(layer, s, plan)
+        self.plan_total_s = time.perf_counter() - t0
+
     def _make_caches(self) -> list[Any]:
         from real.cache import layer_caches
 
@@ -191,24 +221,7 @@ class RealExecutor:
         """The sparse FFN of `layer` at the current step on hidden vector(s) x [t, d] (torch)."""
         s, T = self.step, self.times
         cache = self.caches[layer]
-        p0 = time.perf_counter()
-        cap = self.sim.memory.cap_neurons(self.sim.budget_bytes, s, s + 1)
-        try:
-            plan = self.sim.stack.plan(layer, s, s + 1, cap)
-        except CapacityError as e:
-            raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
         N = self.spec.d_ff
-        computed = plan.computed[0]
-        self.executed[layer, s] = computed
-        comp_ids = np.flatnonzero(bitsets.unpack(computed, N))
-        keep = self._kept(layer)
-        keep_mask = bitsets.unpack(keep, N) | bitsets.unpack(self.sim.stack.static_mask(layer), N)
-        comp_mask = bitsets.unpack(computed, N)
-        # what the plan prefetches for s + 1 (kept, not resident after its demand reads)
-        pf_mask = bitsets.unpack(plan.prefetch_next[0], N)
-        self._quality(layer, plan)
-        p1 = time.perf_counter()
-        T.plan_s += p1 - p0
         # 1. the prefetch issued one step ago
         fut = self.pending.pop(layer, None)
         if fut is not None:
@@ -222,7 +235,9 @@ class RealExecutor:
         #    demand reads although the next step keeps it (a cache at its share deletes before it
         #    inserts; the plan then prefetches those neurons back, so they are read again)
         m0 = time.perf_counter()
-        cache.keep_only((keep_mask | comp_mask) & ~pf_mask)
+        comp_ids = np.flatnonzero(bitsets.unpack(self.executed[layer, s], N))
+        keep_mask = bitsets.unpack(self._keep[layer, s], N)
+        cache.keep_only(bitsets.unpack(self._survive[layer, s], N))
         m1 = time.perf_counter()
         T.mem_mgmt_s += m1 - m0
         # 3. demand reads
@@ -255,9 +270,8 @@ class RealExecutor:
 
     def end_step(self, n_tokens: int = 1) -> TokenRecord:
         T, s, sim = self.times, self.step, self.sim
-        wall = time.perf_counter() - self.t_step0
-        self.plan_total_s += T.plan_s
-        latency = max(wall - T.plan_s, 0.0)
+        latency = time.perf_counter() - self.t_step0
+        mass_num, mass_den, rec_num, rec_den = self._quality_sums[s].tolist()
         kv = int(sim.memory.kv_bytes[s])
         cache_b = max(T.peak_cache_bytes, self._cache_bytes())
         rec = TokenRecord(
@@ -268,8 +282,8 @@ class RealExecutor:
             prefetch_bytes=T.prefetch_bytes, stream_bytes=0, reads_issued=T.reads_issued,
             resident_bytes=sim.memory.fixed_bytes + kv + cache_b, cache_bytes=cache_b, kv_bytes=kv,
             budget_bytes=int(sim.budget_bytes), computed=T.computed, hits=T.hits,
-            activation_mass_kept=T.mass_num / T.mass_den if T.mass_den > 0 else 1.0,
-            recall=T.rec_num / T.rec_den if T.rec_den > 0 else 1.0)
+            activation_mass_kept=mass_num / mass_den if mass_den > 0 else 1.0,
+            recall=rec_num / rec_den if rec_den > 0 else 1.0)
         self.t_clock += latency
         self.records.append(rec)
         self.ffn_s.append(T.compute_s + T.stall_s + T.mem_mgmt_s)
@@ -291,7 +305,7 @@ class RealExecutor:
             notes.append(self.thread_note)
         if not self.reader.direct_io:
             notes.append(f"direct I/O unavailable ({self.reader.fallback_reason}): buffered reads with page-cache eviction")
-        notes.append(f"policy bookkeeping {self.plan_total_s:.4f} s excluded from the records")
+        notes.append(f"policy bookkeeping {self.plan_total_s:.4f} s, planned before the run (not in the records)")
         return RealRun(self.records, self.executed, cfg, notes, self.plan_total_s, outputs or [], self.sim.view, self.ffn_s)
 
     def close(self) -> None:
@@ -314,16 +328,13 @@ class RealExecutor:
         """DRAM of the neuron caches' dynamic rows (the static neurons are in the fixed term)."""
         return sum(c.resident_bytes for c in self.caches) - self._static_bytes
 
-    def _quality(self, layer: int, plan: Any) -> None:
-        """The simulator's own quality proxy (sim.quality.layer_quality) on this step's sets."""
+    def _quality(self, layer: int, step: int, plan: Any) -> np.ndarray:
+        """The simulator's own quality proxy (sim.quality.layer_quality) on a step's sets: [mass kept
+        num, den, recall num, den]."""
         from sim.quality import layer_quality
 
-        T = self.times
-        mn, md, rn, rd = layer_quality(self.sim.view, layer, self.step, self.step + 1, plan.computed, plan.needed)
-        T.mass_num += float(mn.sum())
-        T.mass_den += float(md.sum())
-        T.rec_num += int(rn.sum())
-        T.rec_den += int(rd.sum())
+        mn, md, rn, rd = layer_quality(self.sim.view, layer, step, step + 1, plan.computed, plan.needed)
+        return np.array([mn.sum(), md.sum(), rn.sum(), rd.sum()], dtype=np.float64)
 
     def _sparse_ffn(self, cache: Any, comp_ids: np.ndarray, x: Any) -> Any:
         torch = self.torch

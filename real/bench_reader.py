@@ -40,6 +40,7 @@ from real.cache import LayerCache
 from real.convert import write_shape_store
 from real.reader import BundleReader, ReadStats
 from real.store import WeightStore, open_store
+from sim import bitsets
 
 PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
 INDEX_LAYER_NEURONS = 512         # resident neurons of the layer cache_index_cost times
@@ -148,9 +149,9 @@ def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
     """The real backend's per-layer cache index work (the profile's `flash.cache_index_s_per_layer`
-    and `cache_index_s_per_evicted`): RealExecutor.ffn's two `LayerCache.keep_only` calls and its
-    `missing` for the next step's set, on a layer cache holding INDEX_LAYER_NEURONS neurons just read
-    from `store` with `in_flight` threads (so the work runs right after an I/O wait, with cold
+    and `cache_index_s_per_evicted`): RealExecutor.ffn's unpacking of its planned sets, its two
+    `LayerCache.keep_only` calls and its `missing` for the next step's set, on a layer cache
+    holding INDEX_LAYER_NEURONS neurons just read from `store` with `in_flight` threads (so the work runs right after an I/O wait, with cold
     caches, as in a run). Alternately the second call keeps them all or drops them all, neither of
     which moves a row (the simulator times row moves as copies at compute.gather_bytes_per_s): the
     first gives the fixed part, the difference per dropped neuron the rest. Medians over
@@ -159,21 +160,25 @@ def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: 
     n = min(INDEX_LAYER_NEURONS, N)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1DE]))
     times: dict[bool, list[float]] = {False: [], True: []}
-    none = np.zeros(N, bool)
+    none = bitsets.zeros((), N)
     with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
         cache = LayerCache(n, N, store.bundle_bytes, reader.dest_row_bytes)
         t_end = time.perf_counter() + min_time_s
         while time.perf_counter() < t_end or len(times[True]) < 5:
             for drop in (False, True):
                 ids = np.sort(rng.choice(N, n, replace=False))
-                keep = np.zeros(N, bool)
-                keep[ids] = True
+                mask = np.zeros(N, bool)
+                mask[ids] = True
+                words = bitsets.pack(mask)      # the executor's plans are words (RealExecutor._plan_all)
+                after = none if drop else words
                 cache.clear()
                 a, b = cache.append(ids)
                 reader.read(0, ids, cache.rows[a:b])
                 t0 = time.perf_counter()
-                cache.keep_only(keep)                       # before the demand reads
-                cache.keep_only(none if drop else keep)     # after the FFN
+                np.flatnonzero(bitsets.unpack(words, N))    # the computed set (its `missing`: read_plan_cost)
+                keep = bitsets.unpack(after, N)
+                cache.keep_only(bitsets.unpack(words, N))   # before the demand reads
+                cache.keep_only(keep)                       # after the FFN
                 cache.missing(np.flatnonzero(keep))         # what the next step keeps and is not resident
                 times[drop].append(time.perf_counter() - t0)
     t_keep, t_drop = (float(np.median(times[d])) for d in (False, True))

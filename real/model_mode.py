@@ -266,7 +266,10 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
                          f"{pred.threshold:g}, trained on rule {pred.meta.get('sparsity', '?')}, held-out recall "
                          f"{ho.get('recall', float('nan')):.3f} precision {ho.get('precision', float('nan')):.3f}) on the "
                          "dense model's FFN inputs; evaluated live on the run's own inputs too (live_agreement)")
-    ex = RealExecutor(store, ref.trace, profile, config, device=device, threads=threads)
+    try:    # the executor plans every step when it is built: a budget too small shows here
+        ex = RealExecutor(store, ref.trace, profile, config, device=device, threads=threads)
+    except CapacityError as e:
+        raise _budget_error(label, e) from None
     layers = model.model.layers
     saved = [layer.mlp for layer in layers]
     logits = []
@@ -281,11 +284,6 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
                 logits.append(out.logits[0, -1].float().numpy())
                 ex.end_step()
         run = ex.finish()
-    except CapacityError as e:
-        ex.close()
-        raise FlashsimError(f"DRAM budget too small for predictor {label} at step {e.step}: layer {e.layer} computes "
-                            f"{e.need} neurons but its share of the cache holds {e.cap}; raise --dram-budget or use a "
-                            "sparser predictor") from None
     except BaseException:
         ex.close()
         raise
@@ -310,6 +308,12 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
     if live is not None:
         quality["live_agreement"] = float(np.mean(live.jaccard)) if live.jaccard else 1.0
     return run, quality
+
+
+def _budget_error(label: str, e: CapacityError) -> FlashsimError:
+    return FlashsimError(f"DRAM budget too small for predictor {label} at step {e.step}: layer {e.layer} computes "
+                         f"{e.need} neurons but its share of the cache holds {e.cap}; raise --dram-budget or use a "
+                         "sparser predictor")
 
 
 def _perplexity(logits: np.ndarray, targets: np.ndarray) -> float:

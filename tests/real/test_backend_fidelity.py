@@ -4,6 +4,8 @@ block pruning is refused and a cache share too small for a step is one line (exi
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from devices import load_profile
@@ -109,6 +111,51 @@ def test_shape_mode_cache_too_small_is_one_line(padded_setup, capsys):
                  "--set", "predictor.rank=0", "--dram-budget", str(budget)]) == 2
     err = capsys.readouterr().err
     assert "DRAM budget too small" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+
+def test_every_plan_is_made_before_the_first_token(padded_setup, monkeypatch):
+    """The policy bookkeeping is not part of the run, and a prefetch in flight must not run on
+    through it: the executor plans every step when it is built, so the layer loop never plans (the
+    run below fails if it does), and the sets it carries out are the plans' own."""
+    from real.backend import RealExecutor
+    from sim.policies.stack import PolicyStack
+
+    root, store, trace = padded_setup
+    cfg = _cfg("window.k=2", "bundling.bundled=false", "prefetch=delta")
+    planned: list[tuple[int, int]] = []
+    orig = PolicyStack.plan
+
+    def plan(self, layer, s0, s1, cap):
+        planned.append((layer, s0))
+        return orig(self, layer, s0, s1, cap)
+
+    monkeypatch.setattr(PolicyStack, "plan", plan)
+    ex = RealExecutor(store, trace, load_profile("this-host"), store_config(cfg, store)[0], threads=1)
+    S, L = ex.n_steps, store.spec.n_layers
+    assert planned == [(layer, s) for s in range(S) for layer in range(L)]     # the run's order, once each
+    assert ex.plan_total_s > 0
+    try:
+        import torch
+
+        def no_plan(*a, **k):
+            raise AssertionError("planned inside the timed loop")
+
+        monkeypatch.setattr(PolicyStack, "plan", no_plan)
+        monkeypatch.setattr(sys.modules["sim.quality"], "layer_quality", no_plan)
+        x = torch.ones(1, store.spec.d_model)
+        for s in range(S):
+            ex.begin_step(s)
+            for layer in range(L):
+                ex.ffn(layer, x)
+            ex.end_step()
+        run = ex.finish()
+    except BaseException:
+        ex.close()
+        raise
+    assert len(run.tokens) == S
+    assert sum(t.computed for t in run.tokens) == int(sum(bin(int(w)).count("1") for w in run.executed.ravel()))
+    assert any("planned before the run" in n for n in run.notes)
 
 
 @pytest.mark.parametrize("bundled", ["true", "false"])
