@@ -7,11 +7,15 @@ at random offsets aligned to the chunk size (as fio's `randread` does), with O_D
 cache never serves a read. Each grid point runs for `duration_s`; its throughput is the bytes
 completed divided by the time from the common start to the last completion; the grid is swept
 `passes` times (default 5, directions alternating, each point duration_s / passes per sweep) and
-each point's value is the median over sweeps, because this host's virtio disk has slow spells of
-seconds to a minute (4 KiB at 32 in flight: 12 vs 23 us per read) that a single sweep records as the
-disk's throughput at whatever points they hit. Three sweeps were not enough: one calibration
-kept 731 MB/s at 16 KiB x 32 in flight (two of three sweeps in a spell) where 15 s of the same
-reads right after ran at 1040-1105 MB/s, every second. Offsets come from a
+each point's value is the mean over sweeps of its time per byte (the harmonic mean of the sweeps'
+throughputs). This host's virtio disk switches between states for seconds to a minute at a time,
+at small reads deep in the queue only (4 KiB x 32 in flight: 174 MB/s in one calibration, 340 MB/s
+steadily for the next minute, while 64 KiB and 256 KiB stayed within 3% of the same profile), so a
+single sweep records whichever state it hits. A run of minutes meets the states in proportion and
+its latency adds read times, so the mean time per byte is what predicts it; a median (used until
+the seventh round) keeps whichever state most sweeps hit (one calibration kept 731 MB/s at 16 KiB
+x 32 in flight, two of three sweeps in a slow state, where 15 s of the same reads right after ran at
+1040-1105 MB/s). The JSON keeps every sweep's value (`grid.bytes_per_s_per_pass`). Offsets come from a
 seeded generator per grid point. Without O_DIRECT (filesystems that refuse it) the file is opened
 buffered with readahead disabled and dropped from the page cache before every point; results then
 say `direct_io: false`, since later reads of the same pages may come from RAM.
@@ -121,7 +125,7 @@ class FlashBenchConfig:
     direct: bool | None = None     # None: O_DIRECT if the filesystem allows it
     host_cpu: bool = True          # also measure the reads' host CPU cost (host_cpu_probe)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
-    passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (median)
+    passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (mean time)
 
     def __post_init__(self) -> None:
         if self.passes < 1:
@@ -573,7 +577,8 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
                 if progress:
                     progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-        grid, cpu = np.median(sweeps, axis=0), np.median(cpus, axis=0)
+        # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
+        grid, cpu = cfg.passes / np.sum(1.0 / sweeps, axis=0), np.median(cpus, axis=0)
         seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
         seq = {q: sequential_bytes_per_s(bf, seq_chunk, q, cfg.duration_s) for q in (1, 4)}
         if progress:

@@ -225,7 +225,8 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
 
 
 def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
-    """One round of reader planning and cache index timing per pass; the profile takes the medians."""
+    """One round of reader planning and cache index timing per pass; the profile takes the medians
+    (the read table: the mean time per byte over the sweeps)."""
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu", "--passes", "3")) == 0
     res = json.loads(capsys.readouterr().out)
@@ -234,6 +235,13 @@ def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
     assert all(t > 0 for t in p["batch_s"]) and p["per_batch_s"] >= 0 and p["per_neuron_s"] >= 0
     assert len(p["rounds"]) == 3 and p["per_batch_s"] == sorted(r["per_batch_s"] for r in p["rounds"])[1]
     assert len(res["cache_index"]["rounds"]) == 3
+    # the read table: each point's mean time per byte over the sweeps (the harmonic mean of their rates)
+    g = res["grid"]
+    for i, row in enumerate(g["bytes_per_s"]):
+        for j, v in enumerate(row):
+            rates = [sweep[i][j] for sweep in g["bytes_per_s_per_pass"]]
+            assert len(rates) == 3 and v == pytest.approx(3 / sum(1 / r for r in rates), rel=1e-9)
+            assert min(rates) <= v <= max(rates)
     f = load_profile(out).flash
     assert f.plan_s_per_batch == pytest.approx(p["per_batch_s"], rel=1e-3, abs=1e-12)
     assert f.plan_s_per_neuron == pytest.approx(p["per_neuron_s"], rel=1e-3, abs=1e-15)
