@@ -21,6 +21,14 @@ host at its start, between real runs every CHECK_EVERY_S seconds, and at its end
   ran at 123 to 160 ms per token on the same configuration within one hour.
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights, like bench compute's) timed
   against the profile's prediction (FLOPs at compute.gemv_flops_per_s.fp32 + rows x gemv_row_s).
+* **read_4k, read_16k, read_64k** (profiles with a read table): random reads of each of
+  READ_CHECK_CHUNKS at the profile's deepest queue, `bench flash`'s own loop for READ_CHECK_S on
+  the same small store's file, over the table's time for them. This disk's drift depends on the
+  read size: small reads deep in the queue switch between two rates for seconds to a minute (4 KiB
+  x 32: 0.49-1.01x one profile 2.5 s apart, 16 KiB x 32 0.96-1.67x) while 64 KiB and larger stay
+  within a few percent (docs/validation.md, seventh round), so one ratio cannot correct the whole
+  table. `profile_at_drift` scales each table row by these ratios interpolated in log2 of the
+  chunk size (the nearest measured size's ratio beyond them).
 
 `drift_warning` flags a ratio more than DRIFT_WARN off 1. `profile_at_drift` is the profile as a
 check found the host; `DriftLog` keeps a validation's checks and interpolates them in time, so
@@ -43,7 +51,9 @@ DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
 CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending this long after the last check
 WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
-RATIOS = ("disk", "after_io", "cpu")
+READ_CHECK_CHUNKS = (4096, 16384, 65536)   # the read-size checks (module doc)
+READ_CHECK_S = 0.15     # per size: ~3,000-20,000 reads at 32 in flight on this host
+RATIOS = ("disk", "after_io", "cpu", *(f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS))
 # flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio (the cold-compute
 # curves too): the reader's planning and the cache index work (timed right after a read batch), and
 # the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
@@ -53,9 +63,11 @@ AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_la
                   "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch")
 
 
-def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -> tuple[float, float | None]:
-    """(disk, after_io): measured / profiled seconds of real.reader's batches on a small store written
-    in `folder`, and of the batches' own CPU work (None when the profile has no reader planning).
+def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5
+               ) -> tuple[float, float | None, dict[str, float]]:
+    """(disk, after_io, reads): measured / profiled seconds of real.reader's batches on a small store
+    written in `folder`, and of the batches' own CPU work (None when the profile has no reader
+    planning), and the read-size ratios (`read_ratios` on the same store; {} without a read table).
     The batches are read_plan_cost's, alternately PLAN_BATCH_NEURONS neurons, so after_io compares
     like with like: per size the median work over the profile's line, averaged over the sizes."""
     flash = profile.flash
@@ -72,11 +84,33 @@ def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5) -
             predicted += table_time_s(flash.curve, st.chunk_bytes, q)
             predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]))[0])
             work[n].append(call_s - st.seconds)
+        reads = read_ratios(profile, store.file_path(0, "bundled"), rng)
     disk = measured / predicted if predicted > 0 else float("nan")
     line = {n: flash.plan_s_per_batch + flash.plan_s_per_neuron * n for n in PLAN_BATCH_NEURONS}
     if any(v <= 0 for v in line.values()) or not all(work.values()):
-        return disk, None
-    return disk, float(np.mean([np.median(work[n]) / line[n] for n in PLAN_BATCH_NEURONS]))
+        return disk, None, reads
+    return disk, float(np.mean([np.median(work[n]) / line[n] for n in PLAN_BATCH_NEURONS])), reads
+
+
+def read_ratios(profile: Any, path: Path, rng: np.random.Generator,
+                duration_s: float = READ_CHECK_S) -> dict[str, float]:
+    """{"read_4k": ratio, ...}: measured / profiled time of random reads of each READ_CHECK_CHUNKS
+    size at the profile's max_in_flight (`bench flash`'s loop on the file at `path`, direct I/O
+    where the filesystem allows it); {} when the profile has no read table or the file is in RAM
+    (a validation on tmpfs: nothing of the disk to measure)."""
+    from real.bench_flash import BenchFile, random_read_bytes_per_s
+    from real.fsinfo import RAM_FILESYSTEMS, filesystem_type
+
+    flash = profile.flash
+    if flash.read_table is None or filesystem_type(path) in RAM_FILESYSTEMS:
+        return {}
+    q = int(flash.max_in_flight)
+    bf = BenchFile(path, 0, 0, None, keep=True)
+    try:
+        return {f"read_{c // 1024}k": flash.bytes_per_s(c, q) / random_read_bytes_per_s(bf, c, q, duration_s, rng)
+                for c in READ_CHECK_CHUNKS}
+    finally:
+        bf.close()
 
 
 def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
@@ -104,8 +138,8 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
     """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "t_s": perf_counter}
     (module docstring)."""
-    disk, after_io = disk_ratio(profile, folder, seed)
-    return {"disk": disk, "after_io": after_io, "cpu": cpu_ratio(profile, seed), "t_s": time.perf_counter()}
+    disk, after_io, reads = disk_ratio(profile, folder, seed)
+    return {"disk": disk, "after_io": after_io, "cpu": cpu_ratio(profile, seed), **reads, "t_s": time.perf_counter()}
 
 
 def _finite(x: Any) -> bool:
@@ -155,16 +189,24 @@ class DriftLog:
         return out
 
 
-def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0) -> Any:
+def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0,
+                     reads: dict[int, float] | None = None) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead and segment cost x disk (the check times the first two together); the GEMV FLOP rates / cpu and
     gemv_row_s x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
-    Nothing else changes."""
+    `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
+    chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
+    of / disk. Nothing else changes."""
     data = profile.model_dump(mode="json", exclude_none=True)
     flash, compute = data["flash"], data["compute"]
     if "read_table" in flash:
         table = flash["read_table"]
-        table["bytes_per_s"] = [[v / disk for v in row] for row in table["bytes_per_s"]]
+        if reads:
+            sizes = sorted(reads)
+            row_r = np.interp(np.log2(table["chunk_bytes"]), np.log2(sizes), [reads[c] for c in sizes])
+        else:
+            row_r = np.full(len(table["chunk_bytes"]), disk)
+        table["bytes_per_s"] = [[v / float(r) for v in row] for row, r in zip(table["bytes_per_s"], row_r, strict=True)]
     else:   # the closed-form model
         flash["sequential_read_bytes_per_s"] /= disk
         flash["iops_max"] /= disk

@@ -252,9 +252,13 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         def ratio(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.2f}x"
 
+        def reads(c: dict) -> str:    # the read-size checks (real.drift.READ_CHECK_CHUNKS), when measured
+            r = [f"{k[5:]} {ratio(v)}" for k, v in c.items() if k.startswith("read_")]
+            return f", reads {' '.join(r)}" if r else ""
+
         print("host vs profile (measured / profiled time): " + "; ".join(
             f"{when} disk {ratio(c.get('disk'))}, after I/O {ratio(c.get('after_io'))}, cpu {ratio(c.get('cpu'))}"
-            for when, c in drift.items()))
+            f"{reads(c)}" for when, c in drift.items()))
     dc = report.get("drift_corrected")
     if dc:
         print(f"replayed on the profile as {dc['checks']} host checks found it during each run (mean disk "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -383,6 +385,13 @@ def test_profile_at_drift_scales_what_the_check_measured():
     assert np.allclose(a.flash.framework_cold_compute_s, np.array(p.flash.framework_cold_compute_s) * 0.6)
     assert a.flash.read_table == p.flash.read_table and a.compute == p.compute
     assert a.flash.staged_s_per_read == p.flash.staged_s_per_read
+    # read-size checks: each row / its chunk's ratio, interpolated in log2(chunk), clamped beyond
+    r = profile_at_drift(p, 3.0, 1.0, reads={4096: 2.0, 65536: 1.0})
+    chunks = p.flash.read_table.chunk_bytes
+    want = {4096: 2.0, 8192: 1.75, 16384: 1.5, 32768: 1.25}     # 64 KiB and beyond: 1.0
+    for i, c in enumerate(chunks):
+        assert np.allclose(np.array(r.flash.read_table.bytes_per_s[i]) * want.get(c, 1.0), p.flash.read_table.bytes_per_s[i])
+    assert np.allclose(r.flash.batch_overhead_s, np.array(p.flash.batch_overhead_s) * 3.0)     # still x disk
     closed = load_profile("apple-m1-max")
     c = profile_at_drift(closed, 2.0, 1.0)
     assert c.flash.iops_max == closed.flash.iops_max / 2 and c.flash.read_latency_s == closed.flash.read_latency_s * 2
@@ -405,5 +414,24 @@ def test_drift_log_interpolates_its_checks_in_time(monkeypatch, tmp_path):
     assert len(log.checks) == 1
     log.maybe_check()                      # 6 s after: due
     assert len(log.checks) == 2
-    assert log.ratios_at(15.0) == {"disk": 1.5, "after_io": 1.0, "cpu": 2.0}
+    assert log.ratios_at(15.0) == {"disk": 1.5, "after_io": 1.0, "cpu": 2.0, "read_4k": 1.0, "read_16k": 1.0,
+                                   "read_64k": 1.0}
     assert log.ratios_at(0.0)["disk"] == 1.0 and log.ratios_at(99.0)["disk"] == 2.0
+
+
+def test_host_check_measures_each_read_size(tmp_path):
+    """A check on a real folder: the reader-batch ratios and one read ratio per READ_CHECK_CHUNKS
+    size, each finite and positive; on a RAM filesystem (nothing of the disk) no read ratios."""
+    from devices import load_profile
+    from real.drift import READ_CHECK_CHUNKS, host_drift, read_ratios
+
+    c = host_drift(load_profile("this-host"), tmp_path, 0)
+    keys = [f"read_{k // 1024}k" for k in READ_CHECK_CHUNKS]
+    assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("disk", *keys))
+    if Path("/dev/shm").is_dir():
+        f = Path("/dev/shm") / f"flashsim-test-{os.getpid()}"
+        f.write_bytes(b"\0" * (1 << 20))
+        try:
+            assert read_ratios(load_profile("this-host"), f, np.random.default_rng(0)) == {}
+        finally:
+            f.unlink()
