@@ -151,11 +151,11 @@ def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: 
     """The real backend's per-layer cache index work (the profile's `flash.cache_index_s_per_layer`
     and `cache_index_s_per_evicted`): RealExecutor.ffn's unpacking of its planned sets, its two
     `LayerCache.keep_only` calls and its `missing` for the next step's set, on a layer cache
-    holding INDEX_LAYER_NEURONS neurons just read from `store` with `in_flight` threads (so the work runs right after an I/O wait, with cold
-    caches, as in a run). Alternately the second call keeps them all or drops them all, neither of
-    which moves a row (the simulator times row moves as copies at compute.gather_bytes_per_s): the
-    first gives the fixed part, the difference per dropped neuron the rest. Medians over
-    `min_time_s`."""
+    holding INDEX_LAYER_NEURONS neurons just read from `store` with `in_flight` threads (so the
+    work runs right after an I/O wait, with cold caches, as in a run). Alternately the second
+    call keeps them all or drops them all, neither of which moves a row (the simulator times row
+    moves as copies at compute.gather_bytes_per_s): the first gives the fixed part, the difference
+    per dropped neuron the rest. Medians over `min_time_s`."""
     N = store.n_neurons
     n = min(INDEX_LAYER_NEURONS, N)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1DE]))

@@ -136,8 +136,8 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
 
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
-    """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "t_s": perf_counter}
-    (module docstring)."""
+    """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "read_4k" ... (the read-size
+    ratios, absent on a RAM filesystem), "t_s": perf_counter} (module docstring)."""
     disk, after_io, reads = disk_ratio(profile, folder, seed)
     return {"disk": disk, "after_io": after_io, "cpu": cpu_ratio(profile, seed), **reads, "t_s": time.perf_counter()}
 
