@@ -102,15 +102,7 @@ class RealExecutor:
         if config.prune.blocks.strip():
             raise FlashsimError(f"prune.blocks={config.prune.blocks!r}: the real backend plans and runs every layer; "
                                 "drop it here (block pruning on the real model is measured by real/pruning.py)")
-        # intra-op compute threads (None: leave PyTorch's setting). On a host whose cores are shared
-        # with other work, 1 avoids the per-op barrier waiting for a descheduled worker thread
-        # (measured here: a sparse FFN layer 0.59 ms with 1 thread, 16-24 ms median with 2).
-        self._threads_before = torch.get_num_threads()
         self.thread_note = check_threads(threads, profile)
-        if threads is None:
-            threads = profile.compute.threads   # the count the profile's compute rates were measured with
-        if threads is not None:
-            torch.set_num_threads(threads)
         config, self.layout_note = store_config(config, store)
         self.store, self.spec = store, store.spec
         if (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff):
@@ -138,6 +130,15 @@ class RealExecutor:
         # the layout's coalescing limit, so real reads are cut into the chunks the simulator counts
         lp = stack.layout.params
         max_chunk = int(getattr(lp, "max_chunk_bytes", 1 << 20)) if getattr(lp, "coalesce", True) else 1
+        # intra-op compute threads (None: leave PyTorch's setting), set once every check above has
+        # passed (close() restores them). On a host whose cores are shared with other work, 1 avoids
+        # the per-op barrier waiting for a descheduled worker thread (measured here: a sparse FFN
+        # layer 0.59 ms with 1 thread, 16-24 ms median with 2).
+        self._threads_before = torch.get_num_threads()
+        if threads is None:
+            threads = profile.compute.threads   # the count the profile's compute rates were measured with
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")

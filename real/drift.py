@@ -53,7 +53,8 @@ CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending
 WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
 READ_CHECK_CHUNKS = (4096, 16384, 65536)   # the read-size checks (module doc)
 READ_CHECK_S = 0.15     # per size: ~3,000-20,000 reads at 32 in flight on this host
-RATIOS = ("disk", "after_io", "cpu", *(f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS))
+READ_KEYS = {c: f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS}   # chunk bytes -> the check's ratio name
+RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values())
 # flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio (the cold-compute
 # curves too): the reader's planning and the cache index work (timed right after a read batch), and
 # the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
@@ -107,8 +108,8 @@ def read_ratios(profile: Any, path: Path, rng: np.random.Generator,
     q = int(flash.max_in_flight)
     bf = BenchFile(path, 0, 0, None, keep=True)
     try:
-        return {f"read_{c // 1024}k": flash.bytes_per_s(c, q) / random_read_bytes_per_s(bf, c, q, duration_s, rng)
-                for c in READ_CHECK_CHUNKS}
+        return {key: flash.bytes_per_s(c, q) / random_read_bytes_per_s(bf, c, q, duration_s, rng)
+                for c, key in READ_KEYS.items()}
     finally:
         bf.close()
 
@@ -174,8 +175,18 @@ class DriftLog:
         if not self.checks or time.perf_counter() - self.checks[-1]["t_s"] >= self.every_s:
             self.check()
 
+    @property
+    def measured_reads(self) -> bool:
+        """Did any check time the read sizes (not on a RAM filesystem)?"""
+        return any(k in c for c in self.checks for k in READ_KEYS.values())
+
+    def read_ratios_at(self, ratios: dict[str, float]) -> dict[int, float] | None:
+        """{chunk bytes: ratio} out of `ratios_at`'s values, for profile_at_drift; None when no
+        check timed the read sizes (their 1.0 would undo the disk ratio)."""
+        return {c: ratios[k] for c, k in READ_KEYS.items()} if self.measured_reads else None
+
     def ratios_at(self, t_s: float) -> dict[str, float] | None:
-        """{"disk", "after_io", "cpu"} at time t_s; None before any check measured the disk."""
+        """Each of RATIOS at time t_s; None before any check measured the disk."""
         out = {}
         for what in RATIOS:
             pts = [(c["t_s"], c[what]) for c in self.checks if _finite(c.get(what))]

@@ -278,20 +278,19 @@ def _drift_corrected(profile: Any, log: Any, replays: list[tuple], t0: float) ->
     each real run's midpoint, averaged over its runs); each row gets its ratios and error as
     `drift_corrected`. None without a disk ratio or without configurations. A diagnostic next to the
     errors, which stay those of the profile as given."""
-    from real.drift import RATIOS, READ_CHECK_CHUNKS, profile_at_drift
+    from real.drift import RATIOS, profile_at_drift
     from sim.engine import simulate
     from traces.format import open_trace
 
     if not replays or log.ratios_at(t0) is None:
         return None
     errors, used = [], []
-    measured_reads = any(f"read_{READ_CHECK_CHUNKS[0] // 1024}k" in c for c in log.checks)
     for row, path, spec, cfg, runs, times in replays:
         at = [log.ratios_at(t) for t in times]
         r = {k: float(np.mean([a[k] for a in at])) for k in RATIOS}
-        reads = {c: r[f"read_{c // 1024}k"] for c in READ_CHECK_CHUNKS} if measured_reads else None
-        sim = simulate(open_trace(path), spec, profile_at_drift(profile, r["disk"], r["cpu"], r["after_io"], reads),
-                       cfg, fast=False)
+        sim = simulate(open_trace(path), spec,
+                       profile_at_drift(profile, r["disk"], r["cpu"], r["after_io"], log.read_ratios_at(r)), cfg,
+                       fast=False)
         e = compare(runs[0], sim.tokens, runs[1:])["latency_s"]["error"]
         row["drift_corrected"] = {**{f"{k}_ratio": v for k, v in r.items()}, "latency_error": e}
         errors.append(e)

@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--in-flight", help="comma-separated reads in flight (default 1,2,4,8,16,32,64)")
     f.add_argument("--duration-s", type=float, help="seconds per grid point (default 1; --quick 0.2)")
     f.add_argument("--passes", type=int, help="sweeps over the grid, each point's seconds split between them and "
-                                              "the median kept (default 5; --quick 1): a slow spell of the disk then "
-                                              "moves single sweeps, not the table")
+                                              "its mean time per byte over them kept (default 5; --quick 1): the "
+                                              "disk's slow and fast spells then weigh in as a long run meets them")
     f.add_argument("--quick", action="store_true", help="small grid (4KiB,64KiB,1MiB x 1,4), short points")
     f.add_argument("--buffered", action="store_true", help="buffered reads with page-cache eviction, not O_DIRECT")
     f.add_argument("--keep-file", action="store_true", help="keep a file this command created")

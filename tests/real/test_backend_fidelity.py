@@ -105,8 +105,13 @@ def test_shape_mode_cache_too_small_is_one_line(padded_setup, capsys):
     _, store, trace = padded_setup
     spec = store.spec
     budget = spec.non_ffn_bytes + (trace.n_tokens + 1) * spec.kv_bytes_per_token + 8 * spec.n_layers * spec.ffn_neuron_bytes
+    import torch
+
+    before = torch.get_num_threads()
     with pytest.raises(FlashsimError, match="DRAM budget too small at step 0: layer 0 computes"):
-        run_shape(store, trace, load_profile("this-host"), _cfg("window.k=2", budget=str(budget)), threads=1)
+        run_shape(store, trace, load_profile("this-host"), _cfg("window.k=2", budget=str(budget)),
+                  threads=before + 1)
+    assert torch.get_num_threads() == before     # refused before it set the compute threads
     assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path), "--set", "window.k=2",
                  "--set", "predictor.rank=0", "--dram-budget", str(budget)]) == 2
     err = capsys.readouterr().err
