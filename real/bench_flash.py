@@ -2,9 +2,9 @@
 bandwidth and 4 KiB queue-depth-1 latency of the disk holding a file (bytes, seconds, bytes/s).
 
 Method (the same I/O path as the real backend's reader, so its numbers are comparable):
-Python threads, one per read in flight, each issuing `os.preadv` into its own page-aligned buffer
-at random offsets aligned to the chunk size (as fio's `randread` does), with O_DIRECT so the page
-cache never serves a read. Each grid point runs for `duration_s`; its throughput is the bytes
+Python threads, one per read in flight, each issuing `os.preadv` at random offsets aligned to the
+chunk size (as fio's `randread` does), with O_DIRECT so the page cache never serves a read, into
+destinations that move through DEST_BYTES of huge-page memory (below). Each grid point runs for `duration_s`; its throughput is the bytes
 completed divided by the time from the common start to the last completion; the grid is swept
 `passes` times (default 5, directions alternating, each point duration_s / passes per sweep) and
 each point's value is the mean over sweeps of its time per byte (the harmonic mean of the sweeps'
@@ -19,6 +19,17 @@ x 32 in flight, two of three sweeps in a slow state, where 15 s of the same read
 seeded generator per grid point. Without O_DIRECT (filesystems that refuse it) the file is opened
 buffered with readahead disabled and dropped from the page cache before every point; results then
 say `direct_io: false`, since later reads of the same pages may come from RAM.
+
+Destinations: a read lands where the workload puts it. The real backend's reads land in a neuron
+cache's rows, a different place in a region of megabytes (SmolLM2 at half its FFN: 5 MB per layer;
+a 7B shape: 135 MB) on huge pages (real/buffers.py), so each thread here takes the next slot of its
+own in one DEST_BYTES (64 MiB) huge-page region; until the eighth round each thread reread into one
+buffer. On this VM the same random reads into one reused buffer per thread ran faster than into
+slots across 64 MiB of huge pages: 5.72 vs 6.08 ms for 16 reads of 1 MiB at depth 1, 3.10 vs 3.25 ms
+for 32 x 256 KiB at 4, 4.03 vs 4.27 ms for 128 x 64 KiB at 16, 3.97 vs 4.10 ms for 256 x 16 KiB at
+32 (3-6%; presumably the host translating each new destination page for the device's transfer,
+which a reused buffer keeps cached). Into 4 KiB pages the same reads took twice as long, which is why the reader's cache is on
+huge pages. The staged-read point keeps one staging buffer per thread, as real.reader does.
 
 Sequential bandwidth: consecutive reads of max(1 MiB, largest chunk) with 1 and with 4 reads in
 flight (threads taking the next offset), the better of the two. Latency: single 4 KiB reads at
@@ -114,6 +125,7 @@ STAGED_CHUNK_BYTES = 4096     # staged reads: a padded row of an unaligned unit 
 SEGMENT_CHUNK_BYTES = 65536   # segment cost: a run of 16 unbundled 4 KiB rows, read as one iovec and as 16
 STAGE_ROWS = 64               # destination rows of the staging copy (cycled)
 STAGE_COL = 2304              # ... and the column it lands at (an unaligned one, as for a down row)
+DEST_BYTES = 64 << 20         # reads land in turn across this much huge-page memory (module doc: destinations)
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,14 @@ class BenchFile:
         self.size_bytes = round_down(path.stat().st_size)
         self.direct_io, self.note = True, ""
         self.fd = self._open(direct)
+        self._dest: AlignedBuffer | None = None
+
+    def destination(self, min_bytes: int) -> AlignedBuffer:
+        """The huge-page region reads land in (DEST_BYTES, or min_bytes when larger); made once."""
+        if self._dest is None or self._dest.nbytes < min_bytes:
+            self._dest = None   # free the old region before the new one is touched
+            self._dest = AlignedBuffer(max(DEST_BYTES, min_bytes), huge=True)
+        return self._dest
 
     def _open(self, direct: bool | None) -> int:
         if direct is not False:
@@ -179,6 +199,7 @@ class BenchFile:
 
     def close(self) -> None:
         os.close(self.fd)
+        self._dest = None
         if not self.keep:
             self.path.unlink(missing_ok=True)
 
@@ -244,15 +265,21 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
     seeds = rng.spawn(in_flight)
     bf.drop_cache()
+    # where the reads land (module doc, destinations): slots of one huge-page region, thread k
+    # taking slots k, k + in_flight, ... in turn; a segmented read spans 2 x chunk
+    slot_bytes = 2 * chunk if segment_bytes else chunk
+    dest = None if stage_copy else bf.destination(in_flight * slot_bytes)
+    n_dest = dest.nbytes // slot_bytes // in_flight if dest is not None else 0
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
-        # the reader's destinations: cache rows on huge pages, or its small staging buffer
-        if segment_bytes:
-            buf = AlignedBuffer(2 * chunk, huge=True)
-            iov = [memoryview(buf.array)[o: o + segment_bytes] for o in range(0, 2 * chunk, 2 * segment_bytes)]
+        if dest is None:   # real.reader's small per-thread staging buffer (4 KiB pages), then a copy
+            buf = AlignedBuffer(chunk, huge=False)
+            iovs = [[memoryview(buf.array)[:chunk]]]
         else:
-            buf = AlignedBuffer(chunk, huge=not stage_copy)
-            iov = [memoryview(buf.array)[:chunk]]
+            mv = memoryview(dest.array)
+            bases = [(m * in_flight + k) * slot_bytes for m in range(n_dest)]
+            iovs = [[mv[b + o: b + o + segment_bytes] for o in range(0, 2 * chunk, 2 * segment_bytes)]
+                    if segment_bytes else [mv[b: b + chunk]] for b in bases]
         dst = np.empty((STAGE_ROWS, chunk + ALIGN_BYTES), np.uint8) if stage_copy else None
         offs = (seeds[k].integers(0, n_slots, 4096) * chunk).tolist()
         if start is not None:
@@ -260,7 +287,7 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
         t_end = time.perf_counter() + duration_s
         done, i = 0, 0
         while True:
-            done += _read_or_fail(bf.fd, iov, offs[i], bf.path)
+            done += _read_or_fail(bf.fd, iovs[n_reads[k] % len(iovs)], offs[i], bf.path)
             if dst is not None:   # real.reader's copy out of the staging buffer (one unit per read)
                 r = i % STAGE_ROWS
                 dst[r: r + 1, STAGE_COL: STAGE_COL + chunk] = buf.array[:chunk].reshape(1, chunk)[:, :chunk]
@@ -289,19 +316,22 @@ def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s
     lock = threading.Lock()
     nxt = [0]
     bf.drop_cache()
+    dest = bf.destination(chunk * in_flight)   # as for random reads: a layer's worth of destinations
+    n_dest = dest.nbytes // chunk // in_flight
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
-        buf = AlignedBuffer(chunk, huge=True)
-        mv = [memoryview(buf.array)[:chunk]]
+        mv = memoryview(dest.array)
+        iovs = [[mv[(m * in_flight + k) * chunk: (m * in_flight + k + 1) * chunk]] for m in range(n_dest)]
         if start is not None:
             start.wait()
         t_end = time.perf_counter() + duration_s
-        done = 0
+        done, i = 0, 0
         while time.perf_counter() < t_end:
             with lock:
                 j = nxt[0] % n_chunks
                 nxt[0] += 1
-            done += _read_or_fail(bf.fd, mv, j * chunk, bf.path)
+            done += _read_or_fail(bf.fd, iovs[i % n_dest], j * chunk, bf.path)
+            i += 1
         out[k] = done
         out[in_flight + k] = time.perf_counter()
 

@@ -323,3 +323,25 @@ def test_bench_flash_times_segmented_reads(tmp_path, capsys):
     assert "segment cost" in f.source
     assert main(_quick_flash(tmp_path, "--no-host-cpu", "--out", str(tmp_path / "text.yaml"))) == 0
     assert "per extra segment" in capsys.readouterr().out
+
+
+def test_random_reads_land_across_the_destination_region(tmp_path):
+    """Each thread takes its own next slot of one huge-page region (as reads land in cache rows),
+    not one reused buffer: after a short point, slot k of thread k and later slots hold file bytes."""
+    import numpy as np
+
+    from real.bench_flash import DEST_BYTES, BenchFile, random_read_bytes_per_s
+
+    bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
+    try:
+        dest = bf.destination(0)
+        assert dest.nbytes == DEST_BYTES and dest.huge == hasattr(__import__("mmap"), "MADV_HUGEPAGE")
+        stats: dict[str, float] = {}
+        assert random_read_bytes_per_s(bf, 4096, 2, 0.02, np.random.default_rng(0), stats=stats) > 0
+        slots = dest.array.reshape(-1, 4096).any(axis=1)    # the file is random bytes, the region zeros
+        n = int(stats["reads"])
+        assert n >= 4 and slots[:4].all()                   # both threads moved past their first slot
+        assert slots.sum() == min(n, slots.size)            # every read its own slot until they wrap
+        assert bf.destination(4096) is dest                 # made once per file
+    finally:
+        bf.close()
