@@ -4,21 +4,22 @@ bandwidth and 4 KiB queue-depth-1 latency of the disk holding a file (bytes, sec
 Method (the same I/O path as the real backend's reader, so its numbers are comparable):
 Python threads, one per read in flight, each issuing `os.preadv` at random offsets aligned to the
 chunk size (as fio's `randread` does), with O_DIRECT so the page cache never serves a read, into
-destinations that move through DEST_BYTES of huge-page memory (below). Each grid point runs for `duration_s`; its throughput is the bytes
-completed divided by the time from the common start to the last completion; the grid is swept
-`passes` times (default 5, directions alternating, each point duration_s / passes per sweep) and
-each point's value is the mean over sweeps of its time per byte (the harmonic mean of the sweeps'
-throughputs). This host's virtio disk switches between states for seconds to a minute at a time,
-at small reads deep in the queue only (4 KiB x 32 in flight: 174 MB/s in one calibration, 340 MB/s
-steadily for the next minute, while 64 KiB and 256 KiB stayed within 3% of the same profile), so a
-single sweep records whichever state it hits. A run of minutes meets the states in proportion and
-its latency adds read times, so the mean time per byte is what predicts it; a median (used until
-the seventh round) keeps whichever state most sweeps hit (one calibration kept 731 MB/s at 16 KiB
-x 32 in flight, two of three sweeps in a slow state, where 15 s of the same reads right after ran at
-1040-1105 MB/s). The JSON keeps every sweep's value (`grid.bytes_per_s_per_pass`). Offsets come from a
-seeded generator per grid point. Without O_DIRECT (filesystems that refuse it) the file is opened
-buffered with readahead disabled and dropped from the page cache before every point; results then
-say `direct_io: false`, since later reads of the same pages may come from RAM.
+destinations that move through DEST_BYTES of huge-page memory (below). Each grid point runs for
+`duration_s`; its throughput is the bytes completed divided by the time from the common start to
+the last completion; the grid is swept `passes` times (default 5, directions alternating, each
+point duration_s / passes per sweep) and each point's value is the mean over sweeps of its time per
+byte (the harmonic mean of the sweeps' throughputs). This host's virtio disk switches between
+states for seconds to a minute at a time, at small reads deep in the queue only (4 KiB x 32 in
+flight: 174 MB/s in one calibration, 340 MB/s steadily for the next minute, while 64 KiB and 256
+KiB stayed within 3% of the same profile), so a single sweep records whichever state it hits. A run
+of minutes meets the states in proportion and its latency adds read times, so the mean time per
+byte is what predicts it; a median (used until the seventh round) keeps whichever state most sweeps
+hit (one calibration kept 731 MB/s at 16 KiB x 32 in flight, two of three sweeps in a slow state,
+where 15 s of the same reads right after ran at 1040-1105 MB/s). The JSON keeps every sweep's value
+(`grid.bytes_per_s_per_pass`). Offsets come from a seeded generator per grid point. Without
+O_DIRECT (filesystems that refuse it) the file is opened buffered with readahead disabled and
+dropped from the page cache before every point; results then say `direct_io: false`, since later
+reads of the same pages may come from RAM.
 
 Destinations: a read lands where the workload puts it. The real backend's reads land in a neuron
 cache's rows, a different place in a region of megabytes (SmolLM2 at half its FFN: 5 MB per layer;
@@ -28,8 +29,9 @@ buffer. On this VM the same random reads into one reused buffer per thread ran f
 slots across 64 MiB of huge pages: 5.72 vs 6.08 ms for 16 reads of 1 MiB at depth 1, 3.10 vs 3.25 ms
 for 32 x 256 KiB at 4, 4.03 vs 4.27 ms for 128 x 64 KiB at 16, 3.97 vs 4.10 ms for 256 x 16 KiB at
 32 (3-6%; presumably the host translating each new destination page for the device's transfer,
-which a reused buffer keeps cached). Into 4 KiB pages the same reads took twice as long, which is why the reader's cache is on
-huge pages. The staged-read point keeps one staging buffer per thread, as real.reader does.
+which a reused buffer keeps cached). Into 4 KiB pages the same reads took twice as long, which is
+why the reader's cache is on huge pages. The staged-read point keeps one staging buffer per thread,
+as real.reader does.
 
 Sequential bandwidth: consecutive reads of max(1 MiB, largest chunk) with 1 and with 4 reads in
 flight (threads taking the next offset), the better of the two. Latency: single 4 KiB reads at
@@ -52,13 +54,15 @@ per read over the extra segments.
 
 Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `plan_s_per_batch`,
 `plan_s_per_neuron`) and the backend's cache index work (`flash.cache_index_s_per_layer`): timed
-through real.reader itself on a small store next to the bench file,
-after the grid (real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same
-store also times compute after a read wait (`flash.cold_batch_reads`, `cold_compute_s`,
-`framework_cold_compute_s`; real/bench_cold.py). The planning, the index work and the compute after
-a wait are timed in one round per pass and the profile keeps each value's median over the rounds
-(`bench_reader.median_of_rounds`): each is a fraction of a second of CPU work, and a single 0.3 s
-measurement of the planning moved 2.5x between calibrations five minutes apart.
+through real.reader itself on a small store written next to the bench file before the grid
+(real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same store also times
+compute after a read wait (`flash.cold_batch_reads`, `cold_compute_s`, `framework_cold_compute_s`;
+real/bench_cold.py). The planning, the index work and the compute after a wait are timed in one
+round after each sweep of the grid, and the profile keeps each value's median over the rounds
+(`bench_reader.median_of_rounds`, `_cpu_round`): each is a fraction of a second of CPU work that
+moves with the host's state (a single 0.3 s measurement of the planning moved 2.5x between
+calibrations five minutes apart), so the rounds sample it across the whole calibration. The batch
+overhead, which needs the finished read table, is timed after the grid.
 
 Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
 `compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
@@ -585,6 +589,24 @@ def _restore_torch_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _cpu_round(store: Any, cfg: FlashBenchConfig, r: int, plans: list, indexes: list, colds: list) -> None:
+    """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning,
+    the cache index work and (host CPU probe on) compute after a read wait. Each is a fraction of a
+    second that moves with the host's state (one slow spell moved a single 0.3 s measurement of the
+    planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile within 14 minutes), so
+    the rounds are spread over the whole grid, one after each sweep, and the profile keeps the
+    median of each (until the eighth round they ran back to back after the grid; the validate
+    checks after three such calibrations found this work at a median 0.65x, 1.35x and 0.81x of
+    the profile over the 14 minutes that followed)."""
+    q = max(cfg.in_flight)
+    plans.append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
+    indexes.append(cache_index_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
+    if cfg.host_cpu:
+        # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
+        n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
+        colds.append(cold_compute(store, q, cfg.seed + r, samples=n))
+
+
 def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_file: bool = False,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole benchmark; returns the results (JSON-ready)."""
@@ -598,34 +620,11 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         shape = (cfg.passes, len(cfg.chunks), len(cfg.in_flight))
         sweeps, cpus = np.zeros(shape), np.zeros(shape)
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
-        for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
-            for i, j in (points if k % 2 == 0 else points[::-1]):
-                c, q = cfg.chunks[i], cfg.in_flight[j]
-                st: dict[str, float] = {}
-                sweeps[k, i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s / cfg.passes,
-                                                          point_rngs[i * len(cfg.in_flight) + j], stats=st)
-                cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
-                if progress:
-                    progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-        # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
-        grid, cpu = cfg.passes / np.sum(1.0 / sweeps, axis=0), np.median(cpus, axis=0)
-        seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
-        seq = {q: sequential_bytes_per_s(bf, seq_chunk, q, cfg.duration_s) for q in (1, 4)}
-        if progress:
-            progress("sequential")
-        lat = latency_4k_qd1(bf, cfg.duration_s, point_rngs[-1])
-        if progress:
-            progress("latency")
-        staged = staged_read_cost(bf, STAGED_CHUNK_BYTES if STAGED_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
-                                  max(cfg.in_flight), cfg.duration_s, point_rngs[-1])
-        segments = segment_cost(bf, max(cfg.in_flight), 2 * cfg.duration_s, point_rngs[-1], rounds=max(2, cfg.passes))
-        if progress:
-            progress("staged reads")
-        from devices.curves import TableReadCurve
-
-        curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
         batches = plan = cold = index = None
         skipped = None
+        plans: list[dict[str, Any]] = []
+        indexes: list[dict[str, Any]] = []
+        colds: list[dict[str, Any]] = []
         with contextlib.ExitStack() as stack:
             try:
                 store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
@@ -634,22 +633,39 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 skipped = (f"batch overhead, reader planning and compute after a read wait not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
+            for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
+                for i, j in (points if k % 2 == 0 else points[::-1]):
+                    c, q = cfg.chunks[i], cfg.in_flight[j]
+                    st: dict[str, float] = {}
+                    sweeps[k, i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s / cfg.passes,
+                                                              point_rngs[i * len(cfg.in_flight) + j], stats=st)
+                    cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
+                    if progress:
+                        progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
+                if store is not None:
+                    _cpu_round(store, cfg, k, plans, indexes, colds)
+            # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
+            grid, cpu = cfg.passes / np.sum(1.0 / sweeps, axis=0), np.median(cpus, axis=0)
+            seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
+            seq = {q: sequential_bytes_per_s(bf, seq_chunk, q, cfg.duration_s) for q in (1, 4)}
+            if progress:
+                progress("sequential")
+            lat = latency_4k_qd1(bf, cfg.duration_s, point_rngs[-1])
+            if progress:
+                progress("latency")
+            staged = staged_read_cost(bf, STAGED_CHUNK_BYTES if STAGED_CHUNK_BYTES in cfg.chunks else min(cfg.chunks),
+                                      max(cfg.in_flight), cfg.duration_s, point_rngs[-1])
+            segments = segment_cost(bf, max(cfg.in_flight), 2 * cfg.duration_s, point_rngs[-1],
+                                    rounds=max(2, cfg.passes))
+            if progress:
+                progress("staged reads")
+            from devices.curves import TableReadCurve
+
+            curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
             if store is not None:
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
-                # one round per pass, alternating: both are CPU work of a fraction of a second, and
-                # one slow spell moved a single 0.3 s measurement 2.5x (reader planning 133 -> 334 us
-                # per batch in calibrations five minutes apart)
-                plans, indexes = [], []
-                for r in range(cfg.passes):
-                    plans.append(read_plan_cost(store, max(cfg.in_flight), cfg.seed + r, min(0.3, cfg.duration_s)))
-                    indexes.append(cache_index_cost(store, max(cfg.in_flight), cfg.seed + r, min(0.3, cfg.duration_s)))
                 plan, index = median_of_rounds(plans), median_of_rounds(indexes)
-                if cfg.host_cpu:
-                    # in rounds too, one per pass, COLD_SAMPLES layers per point in all (a short
-                    # bench, --quick or short points, times 8 per round)
-                    n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
-                    cold = median_of_rounds([cold_compute(store, max(cfg.in_flight), cfg.seed + r, samples=n)
-                                             for r in range(cfg.passes)])
+                cold = median_of_rounds(colds) if colds else None
         if progress:
             progress("batch overhead")
         host = None

@@ -345,3 +345,28 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
         assert bf.destination(4096) is dest                 # made once per file
     finally:
         bf.close()
+
+
+def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
+    """The reader planning, cache index and cold-compute rounds sample the host across the whole
+    calibration: one round right after each sweep, then their medians (not all after the grid)."""
+    import real.bench_flash as bfm
+
+    events: list[str] = []
+    real_read, real_round = bfm.random_read_bytes_per_s, bfm._cpu_round
+
+    def read(*a, **k):
+        events.append("read")
+        return real_read(*a, **k)
+
+    def round_(store, cfg, r, plans, indexes, colds):
+        events.append(f"round{r}")
+        real_round(store, cfg, r, plans, indexes, colds)
+
+    monkeypatch.setattr(bfm, "random_read_bytes_per_s", read)
+    monkeypatch.setattr(bfm, "_cpu_round", round_)
+    cfg = bfm.FlashBenchConfig(chunks=(4096, 65536), in_flight=(1, 2), duration_s=0.04, passes=3, host_cpu=False)
+    res = bfm.run_flash_bench(tmp_path / "b.dat", 8 << 20, cfg)
+    sweep = ["read"] * 4
+    assert events[:15] == [*sweep, "round0", *sweep, "round1", *sweep, "round2"]
+    assert res["read_plan"] is not None and res["cache_index"] is not None and res["cold_compute"] is None
