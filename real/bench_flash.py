@@ -72,7 +72,9 @@ in flight, reads are issued the way the real backend prefetches (a background th
 batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`), for two
 batch sizes B (2x and 8x the reads in flight), and short slices alternate: a decode-like compute
 probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
-`compute_threads` threads) | batches alone | both at once. Medians over slices (bursts of load from
+`compute_threads` threads) | batches alone | both at once, PROBE_SLICES slices in all, in rounds
+after each sweep of the grid like the planning above (how much reads and compute slow each other
+moved by a quarter within five minutes here). Medians over all slices (bursts of load from
 other processes hit the three alike) give, per batch size, the batch time alone and with the
 probe, the probe's time lost per batch and the CPU per read; a straight line through the two batch
 sizes splits each effect into a per-batch and a per-read part (clipped at 0):
@@ -459,10 +461,23 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
                    slice_s: float = PROBE_SLICE_S, compute_threads: int = 1, seed: int = 0,
                    batch_reads: tuple[int, int] | None = None, framework: bool = False) -> dict[str, Any] | None:
     """CPU time per read, and how batches of reads and a concurrent compute slow each other
-    (module docstring). Reads are issued as the real backend issues a prefetch: a background
-    thread hands batches of B reads to a persistent pool of `in_flight` threads (the reader's own
-    `_Workers`), one batch after another. Two batch sizes separate the per-batch cost (waking and
-    collecting the pool's threads) from the per-read cost, by a straight line through the two."""
+    (module docstring), from `slices` slices in one go; None without a compute probe. bench flash
+    itself runs the slices in rounds spread over its grid (`probe_samples` after each sweep,
+    `probe_summary` at the end)."""
+    raw = probe_samples(bf, chunk, in_flight, slices=slices, slice_s=slice_s, compute_threads=compute_threads,
+                        seed=seed, batch_reads=batch_reads, framework=framework)
+    return None if raw is None else probe_summary([raw])
+
+
+def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
+                  compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, int] | None = None,
+                  framework: bool = False, round_: int = 0) -> dict[str, Any] | None:
+    """One round of the host CPU probe: `slices` slices per batch size, each the compute alone |
+    batches alone | both at once; returns the per-slice samples (None without a compute probe).
+    Reads are issued as the real backend issues a prefetch: a background thread hands batches of B
+    reads to a persistent pool of `in_flight` threads (the reader's own `_Workers`), one batch after
+    another. Two batch sizes separate the per-batch cost (waking and collecting the pool's threads)
+    from the per-read cost (`probe_summary`)."""
     from real.reader import _Workers
 
     n_slots = (bf.size_bytes - chunk) // chunk + 1
@@ -474,7 +489,7 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
     if probe is None:
         _restore_torch_threads(torch_threads)
         return None
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE]))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE, round_]))
     bufs = [[memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk]] for _ in range(in_flight)]
     pool = _Workers(in_flight) if in_flight > 1 else None
 
@@ -547,31 +562,41 @@ def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = P
         if pool is not None:
             pool.close()
         _restore_torch_threads(torch_threads)
-    med = {n: {k: float(np.median(v)) if v else float("nan") for k, v in d.items()} for n, d in per.items()}
+    return {"chunk_bytes": chunk, "in_flight": in_flight, "compute_threads": compute_threads, "slices": slices,
+            "slice_s": slice_s, "batch_reads": list(sizes), "per": per, "it_alone": it_alone,
+            "load_average_1min": os.getloadavg()[0]}
+
+
+def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probe's result from the samples of one or more rounds (`probe_samples`, same chunk,
+    depth and batch sizes): per batch size the medians over all slices, then a straight line
+    through the two batch sizes splits each effect into a per-batch and a per-read part (>= 0)."""
+    first = rounds[0]
+    sizes = first["batch_reads"]
+    med = {n: {k: float(np.median(v)) if (v := [x for r in rounds for x in r["per"][n][k]]) else float("nan")
+               for k in ("alone", "both", "lost", "cpu")} for n in sizes}
     (n1, n2) = sizes
 
-    def line(key: str) -> tuple[float, float]:
+    def line(y1: float, y2: float) -> tuple[float, float]:
         """(per batch, per read) through the two batch sizes, both >= 0."""
-        y1, y2 = med[n1][key], med[n2][key]
         per_read = max(0.0, (y2 - y1) / (n2 - n1))
         return max(0.0, y1 - per_read * n1), per_read
 
     delay = {n: med[n]["both"] - med[n]["alone"] for n in sizes}
-    lost_b, lost_r = line("lost")
-    for n in sizes:
-        med[n]["delay"] = delay[n]
-    y1, y2 = delay[n1], delay[n2]
-    delay_r = max(0.0, (y2 - y1) / (n2 - n1))
-    delay_b = max(0.0, y1 - delay_r * n1)
-    return {"chunk_bytes": chunk, "in_flight": in_flight, "compute_threads": compute_threads, "slices": slices,
-            "slice_s": slice_s, "batch_reads": list(sizes),
+    lost_b, lost_r = line(med[n1]["lost"], med[n2]["lost"])
+    delay_b, delay_r = line(delay[n1], delay[n2])
+    return {"chunk_bytes": first["chunk_bytes"], "in_flight": first["in_flight"],
+            "compute_threads": first["compute_threads"], "slices": sum(r["slices"] for r in rounds),
+            "rounds": len(rounds), "slice_s": first["slice_s"], "batch_reads": list(sizes),
             "cpu_s_per_read": float(np.nanmedian([med[n]["cpu"] for n in sizes])),
             "compute_lost_s_per_read": lost_r, "compute_lost_s_per_batch": lost_b,
             "read_delay_s_per_read": delay_r, "read_delay_s_per_batch": delay_b,
             "per_batch_size": {str(n): {"batch_s": med[n]["alone"], "batch_with_compute_s": med[n]["both"],
-                                        "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"]}
+                                        "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"],
+                                        "delay_s": delay[n]}
                                for n in sizes},
-            "probe_iteration_s": float(np.median(it_alone)), "load_average_1min": os.getloadavg()[0]}
+            "probe_iteration_s": float(np.median([x for r in rounds for x in r["it_alone"]])),
+            "load_average_1min": float(np.median([r["load_average_1min"] for r in rounds]))}
 
 
 def _torch_threads() -> int | None:
@@ -589,22 +614,32 @@ def _restore_torch_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def _cpu_round(store: Any, cfg: FlashBenchConfig, r: int, plans: list, indexes: list, colds: list) -> None:
+def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list]) -> None:
     """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning,
-    the cache index work and (host CPU probe on) compute after a read wait. Each is a fraction of a
-    second that moves with the host's state (one slow spell moved a single 0.3 s measurement of the
-    planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile within 14 minutes), so
-    the rounds are spread over the whole grid, one after each sweep, and the profile keeps the
-    median of each (until the eighth round they ran back to back after the grid; the validate
-    checks after three such calibrations found this work at a median 0.65x, 1.35x and 0.81x of
-    the profile over the 14 minutes that followed)."""
+    the cache index work and (host CPU probe on) compute after a read wait, on `store` (None: a
+    folder without room for it), then the host CPU probe's slices for this round, kernel and
+    framework. Each is CPU work that moves with the host's state (one slow spell moved a single
+    0.3 s measurement of the planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile
+    within 14 minutes), so the rounds are spread over the whole grid, one after each sweep, and the
+    profile keeps the median of each (until the eighth round they ran back to back after the grid;
+    the validate checks after three such calibrations found this work at a median 0.65x, 1.35x and
+    0.81x of the profile over the 14 minutes that followed)."""
     q = max(cfg.in_flight)
-    plans.append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
-    indexes.append(cache_index_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
+    if store is not None:
+        rounds["plan"].append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
+        rounds["index"].append(cache_index_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
+        if cfg.host_cpu:
+            # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
+            n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
+            rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n))
     if cfg.host_cpu:
-        # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
-        n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
-        colds.append(cold_compute(store, q, cfg.seed + r, samples=n))
+        chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
+        for kind, framework in (("host", False), ("framework", True)):
+            raw = probe_samples(bf, chunk, q, slices=max(2, PROBE_SLICES // cfg.passes),
+                                slice_s=min(PROBE_SLICE_S, cfg.duration_s), compute_threads=cfg.compute_threads,
+                                seed=cfg.seed, framework=framework, round_=r)
+            if raw is not None:
+                rounds[kind].append(raw)
 
 
 def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_file: bool = False,
@@ -622,9 +657,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
         batches = plan = cold = index = None
         skipped = None
-        plans: list[dict[str, Any]] = []
-        indexes: list[dict[str, Any]] = []
-        colds: list[dict[str, Any]] = []
+        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", "index", "cold", "host", "framework")}
         with contextlib.ExitStack() as stack:
             try:
                 store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
@@ -642,8 +675,9 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                     cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
                     if progress:
                         progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-                if store is not None:
-                    _cpu_round(store, cfg, k, plans, indexes, colds)
+                _cpu_round(bf, store, cfg, k, rounds)
+                if progress and cfg.host_cpu:
+                    progress(f"host CPU (round {k + 1}/{cfg.passes})")
             # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
             grid, cpu = cfg.passes / np.sum(1.0 / sweeps, axis=0), np.median(cpus, axis=0)
             seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
@@ -664,21 +698,13 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
             if store is not None:
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
-                plan, index = median_of_rounds(plans), median_of_rounds(indexes)
-                cold = median_of_rounds(colds) if colds else None
+                plan, index = median_of_rounds(rounds["plan"]), median_of_rounds(rounds["index"])
+                cold = median_of_rounds(rounds["cold"]) if rounds["cold"] else None
         if progress:
             progress("batch overhead")
-        host = None
-        if cfg.host_cpu:
-            chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
-            host = host_cpu_probe(bf, chunk, max(cfg.in_flight), slice_s=min(PROBE_SLICE_S, cfg.duration_s),
-                                  compute_threads=cfg.compute_threads, seed=cfg.seed)
-            fw = host_cpu_probe(bf, chunk, max(cfg.in_flight), slice_s=min(PROBE_SLICE_S, cfg.duration_s),
-                                compute_threads=cfg.compute_threads, seed=cfg.seed, framework=True)
-            if host is not None and fw is not None:
-                host["framework"] = fw
-            if progress:
-                progress("host CPU")
+        host = probe_summary(rounds["host"]) if rounds["host"] else None
+        if host is not None and rounds["framework"]:
+            host["framework"] = probe_summary(rounds["framework"])
     finally:
         bf.close()
     return {

@@ -127,7 +127,7 @@ def _flash(args: argparse.Namespace) -> int:
                    + (" --buffered" if args.buffered else "")
                    + (" --no-host-cpu" if args.no_host_cpu else f" --compute-threads {cfg.compute_threads}"))
         result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
-            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 4 + (0 if args.no_host_cpu else 1), args.json))
+            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 4 + (0 if args.no_host_cpu else cfg.passes), args.json))
         how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
                f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
     result["command"] = command

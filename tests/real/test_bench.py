@@ -359,9 +359,9 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
         events.append("read")
         return real_read(*a, **k)
 
-    def round_(store, cfg, r, plans, indexes, colds):
+    def round_(bf, store, cfg, r, rounds):
         events.append(f"round{r}")
-        real_round(store, cfg, r, plans, indexes, colds)
+        real_round(bf, store, cfg, r, rounds)
 
     monkeypatch.setattr(bfm, "random_read_bytes_per_s", read)
     monkeypatch.setattr(bfm, "_cpu_round", round_)
@@ -370,3 +370,28 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
     sweep = ["read"] * 4
     assert events[:15] == [*sweep, "round0", *sweep, "round1", *sweep, "round2"]
     assert res["read_plan"] is not None and res["cache_index"] is not None and res["cold_compute"] is None
+
+
+def test_probe_summary_pools_the_rounds_slices_by_hand():
+    """The host CPU probe's rounds (one after each sweep) are pooled slice by slice: medians over
+    all slices of all rounds, then the line through the two batch sizes (64 and 256 reads)."""
+    from real.bench_flash import probe_summary
+
+    def rnd(alone, both, lost, cpu, it):
+        return {"chunk_bytes": 16384, "in_flight": 32, "compute_threads": 1, "slices": 2, "slice_s": 0.1,
+                "batch_reads": [64, 256], "it_alone": it, "load_average_1min": 1.0,
+                "per": {64: {"alone": alone[0], "both": both[0], "lost": lost[0], "cpu": cpu[0]},
+                        256: {"alone": alone[1], "both": both[1], "lost": lost[1], "cpu": cpu[1]}}}
+
+    r1 = rnd(([1e-3, 1e-3], [4e-3, 4e-3]), ([1.2e-3, 1.2e-3], [4.5e-3, 4.5e-3]), ([2e-4, 2e-4], [5e-4, 5e-4]),
+             ([1e-5, 1e-5], [1e-5, 1e-5]), [2e-4, 2e-4])
+    r2 = rnd(([1e-3, 9e-3], [4e-3, 8e-3]), ([1.2e-3, 9e-3], [4.5e-3, 9e-3]), ([2e-4, 9e-4], [5e-4, 9e-4]),
+             ([1e-5, 3e-5], [1e-5, 3e-5]), [2e-4, 9e-4])
+    out = probe_summary([r1, r2])
+    # medians over the four slices: alone 1 / 4 ms, both 1.2 / 4.5 ms (delay 0.2 / 0.5), lost 0.2 / 0.5 ms
+    assert out["rounds"] == 2 and out["slices"] == 4
+    assert out["compute_lost_s_per_read"] == pytest.approx(0.3e-3 / 192)
+    assert out["compute_lost_s_per_batch"] == pytest.approx(0.1e-3)
+    assert out["read_delay_s_per_read"] == pytest.approx(0.3e-3 / 192)
+    assert out["read_delay_s_per_batch"] == pytest.approx(0.1e-3)
+    assert out["cpu_s_per_read"] == pytest.approx(1e-5) and out["probe_iteration_s"] == pytest.approx(2e-4)
