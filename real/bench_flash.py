@@ -256,6 +256,14 @@ def process_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _thread_slots(dest: AlignedBuffer, k: int, in_flight: int, slot_bytes: int) -> list[memoryview]:
+    """Thread k's destinations in `dest` (module doc, destinations): slots k, k + in_flight, ...
+    of slot_bytes each, as many as fit."""
+    mv = memoryview(dest.array)
+    n = dest.nbytes // slot_bytes // in_flight
+    return [mv[(m * in_flight + k) * slot_bytes: (m * in_flight + k + 1) * slot_bytes] for m in range(n)]
+
+
 def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s: float,
                             rng: np.random.Generator, stats: dict[str, float] | None = None,
                             stage_copy: bool = False, segment_bytes: int | None = None) -> float:
@@ -275,17 +283,16 @@ def random_read_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_
     # taking slots k, k + in_flight, ... in turn; a segmented read spans 2 x chunk
     slot_bytes = 2 * chunk if segment_bytes else chunk
     dest = None if stage_copy else bf.destination(in_flight * slot_bytes)
-    n_dest = dest.nbytes // slot_bytes // in_flight if dest is not None else 0
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
         if dest is None:   # real.reader's small per-thread staging buffer (4 KiB pages), then a copy
             buf = AlignedBuffer(chunk, huge=False)
             iovs = [[memoryview(buf.array)[:chunk]]]
+        elif segment_bytes:
+            iovs = [[slot[o: o + segment_bytes] for o in range(0, 2 * chunk, 2 * segment_bytes)]
+                    for slot in _thread_slots(dest, k, in_flight, slot_bytes)]
         else:
-            mv = memoryview(dest.array)
-            bases = [(m * in_flight + k) * slot_bytes for m in range(n_dest)]
-            iovs = [[mv[b + o: b + o + segment_bytes] for o in range(0, 2 * chunk, 2 * segment_bytes)]
-                    if segment_bytes else [mv[b: b + chunk]] for b in bases]
+            iovs = [[slot] for slot in _thread_slots(dest, k, in_flight, slot_bytes)]
         dst = np.empty((STAGE_ROWS, chunk + ALIGN_BYTES), np.uint8) if stage_copy else None
         offs = (seeds[k].integers(0, n_slots, 4096) * chunk).tolist()
         if start is not None:
@@ -323,11 +330,9 @@ def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s
     nxt = [0]
     bf.drop_cache()
     dest = bf.destination(chunk * in_flight)   # as for random reads: a layer's worth of destinations
-    n_dest = dest.nbytes // chunk // in_flight
 
     def worker(k: int, out: list[float], start: threading.Barrier | None) -> None:
-        mv = memoryview(dest.array)
-        iovs = [[mv[(m * in_flight + k) * chunk: (m * in_flight + k + 1) * chunk]] for m in range(n_dest)]
+        iovs = [[slot] for slot in _thread_slots(dest, k, in_flight, chunk)]
         if start is not None:
             start.wait()
         t_end = time.perf_counter() + duration_s
@@ -336,7 +341,7 @@ def sequential_bytes_per_s(bf: BenchFile, chunk: int, in_flight: int, duration_s
             with lock:
                 j = nxt[0] % n_chunks
                 nxt[0] += 1
-            done += _read_or_fail(bf.fd, iovs[i % n_dest], j * chunk, bf.path)
+            done += _read_or_fail(bf.fd, iovs[i % len(iovs)], j * chunk, bf.path)
             i += 1
         out[k] = done
         out[in_flight + k] = time.perf_counter()

@@ -252,8 +252,10 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         def ratio(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.2f}x"
 
-        def reads(c: dict) -> str:    # the read-size checks (real.drift.READ_CHECK_CHUNKS), when measured
-            r = [f"{k[5:]} {ratio(v)}" for k, v in c.items() if k.startswith("read_")]
+        from real.drift import READ_KEYS
+
+        def reads(c: dict) -> str:    # the read-size checks, when measured
+            r = [f"{key[5:]} {ratio(c[key])}" for key in READ_KEYS.values() if key in c]
             return f", reads {' '.join(r)}" if r else ""
 
         print("host vs profile (measured / profiled time): " + "; ".join(

@@ -423,11 +423,10 @@ def test_host_check_measures_each_read_size(tmp_path):
     """A check on a real folder: the reader-batch ratios and one read ratio per READ_CHECK_CHUNKS
     size, each finite and positive; on a RAM filesystem (nothing of the disk) no read ratios."""
     from devices import load_profile
-    from real.drift import READ_CHECK_CHUNKS, host_drift, read_ratios
+    from real.drift import READ_KEYS, host_drift, read_ratios
 
     c = host_drift(load_profile("this-host"), tmp_path, 0)
-    keys = [f"read_{k // 1024}k" for k in READ_CHECK_CHUNKS]
-    assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("disk", *keys))
+    assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("disk", *READ_KEYS.values()))
     if Path("/dev/shm").is_dir():
         f = Path("/dev/shm") / f"flashsim-test-{os.getpid()}"
         f.write_bytes(b"\0" * (1 << 20))
