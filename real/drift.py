@@ -4,7 +4,8 @@ A profile is a measurement of minutes ago. On a shared host the disk has slow sp
 speed drifts (on this VM: small random reads 20% faster or slower from one minute to the next,
 GEMVs 10-30% over tens of minutes, the CPU work right after an I/O wait 30-40% within half an
 hour), and `flashsim validate` compares runs against a simulation of the profile, so it checks the
-host at its start, between real runs every CHECK_EVERY_S seconds, and at its end:
+host at its start, between real runs every CHECK_EVERY_S seconds (`--check-every`; 0: after every
+run, so each run sits between two checks, for a host whose state flips within seconds), and at its end:
 
 * **disk**: real.reader reads batches of random neurons (alternately PLAN_BATCH_NEURONS) of a small
   store (`real.bench_reader.bench_store`) for `duration_s`, the first WARMUP_BATCHES untimed (in a fresh
@@ -50,6 +51,7 @@ from real.bench_reader import PLAN_BATCH_NEURONS, bench_store, reader_batches, t
 DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
 CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending this long after the last check
+# (`--check-every`; 0 checks after every run, so each run sits between two checks: module doc)
 WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
 READ_CHECK_CHUNKS = (4096, 16384, 65536)   # the read-size checks (module doc)
 READ_CHECK_S = 0.15     # per size: ~3,000-20,000 reads at 32 in flight on this host
@@ -138,9 +140,13 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
     """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "read_4k" ... (the read-size
-    ratios, absent on a RAM filesystem), "t_s": perf_counter} (module docstring)."""
+    ratios, absent on a RAM filesystem), "t_s": perf_counter at the check's midpoint} (module
+    docstring). The midpoint, not the end: a check takes ~1.2 s, as long as a shape-mode run, and a
+    run checked right before and after (`flashsim validate --check-every 0`) sits halfway between them."""
+    t = time.perf_counter()
     disk, after_io, reads = disk_ratio(profile, folder, seed)
-    return {"disk": disk, "after_io": after_io, "cpu": cpu_ratio(profile, seed), **reads, "t_s": time.perf_counter()}
+    cpu = cpu_ratio(profile, seed)
+    return {"disk": disk, "after_io": after_io, "cpu": cpu, **reads, "t_s": (t + time.perf_counter()) / 2}
 
 
 def _finite(x: Any) -> bool:
@@ -158,8 +164,8 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
 
 
 class DriftLog:
-    """A validation's host checks: `check()` now, `maybe_check()` when CHECK_EVERY_S have passed
-    since the last, and `ratios_at(t)`: each ratio interpolated linearly between the checks around
+    """A validation's host checks: `check()` now, `maybe_check()` when `every_s` (CHECK_EVERY_S by
+    default; 0 = every call) have passed since the last, and `ratios_at(t)`: each ratio interpolated linearly between the checks around
     perf_counter time t (the nearest check's outside them; 1.0 where no check measured it)."""
 
     def __init__(self, profile: Any, folder: Path, seed: int, every_s: float = CHECK_EVERY_S):
@@ -172,7 +178,7 @@ class DriftLog:
         return c
 
     def maybe_check(self) -> None:
-        if not self.checks or time.perf_counter() - self.checks[-1]["t_s"] >= self.every_s:
+        if self.every_s <= 0 or not self.checks or time.perf_counter() - self.checks[-1]["t_s"] >= self.every_s:
             self.check()
 
     @property

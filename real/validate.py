@@ -209,19 +209,25 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
-                   modes: tuple[str, ...] = MODES, repeats: int = 1) -> dict[str, Any]:
+                   modes: tuple[str, ...] = MODES, repeats: int = 1,
+                   check_every_s: float | None = None) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
     over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread. `drift`:
     the host against the profile at the start and the end; `drift_checks`: those and the checks
-    between real runs every real.drift.CHECK_EVERY_S; `drift_corrected`: the errors with each
+    between real runs every `check_every_s` (None: real.drift.CHECK_EVERY_S; 0: after every real run, so
+    each run sits between two checks); `drift_corrected`: the errors with each
     configuration replayed on the profile as the checks found the host while it ran (real/drift.py)."""
     from devices.errors import FlashsimError
-    from real.drift import DriftLog, drift_warning
+    from real.drift import CHECK_EVERY_S, DriftLog, drift_warning
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
+    if check_every_s is None:
+        check_every_s = CHECK_EVERY_S
+    if not check_every_s >= 0:
+        raise FlashsimError(f"--check-every {check_every_s}: give seconds >= 0 (0 checks the host after every real run)")
     if workdir is not None and not Path(workdir).is_dir():
         raise FlashsimError(f"--workdir {workdir}: no such folder; create it, or omit --workdir for the system temp folder")
     if threads is None:
@@ -234,7 +240,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
-    log = DriftLog(profile, root, seed)
+    log = DriftLog(profile, root, seed, every_s=check_every_s)
     replays: list[tuple] = []     # (row, trace path, spec, config, real token runs, their times) for drift_corrected
     try:
         log.check()
@@ -263,6 +269,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
+                   "check_every_s": check_every_s,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
                    "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_checks": checks,
                    "drift_warning": drift_msg,

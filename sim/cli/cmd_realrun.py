@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--repeats", type=int, default=1,
                    help="real runs per configuration, as passes over the whole grid (default 1); with 2 or more "
                         "the report adds the real runs' own spread per metric (noise_floor)")
+    v.add_argument("--check-every", type=float, metavar="S",
+                   help="seconds between the host checks that drift_corrected replays at (default 10; 0 = after "
+                        "every real run, so each run sits between two checks: ~1.2 s per check)")
     v.set_defaults(func=_validate)
 
 
@@ -214,7 +217,7 @@ def _validate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
                             progress=validate_progress(args.json), threads=args.threads, modes=modes,
-                            repeats=args.repeats)
+                            repeats=args.repeats, check_every_s=args.check_every)
     return print_validation(report, args.json, args.plot)
 
 

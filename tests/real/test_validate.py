@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +115,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     model_real = [c["metrics"]["bytes_read"]["real"] for c in out["configs"] if c["mode"] == "model"]
     assert all(b % 4096 == 0 for b in model_real)       # whole padded strides (a useful bundle is 768 B)
     assert set(out["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
-    assert out["threads"] == 1 and out["compute_threads"] == 1
+    assert out["threads"] == 1 and out["compute_threads"] == 1 and out["check_every_s"] == 10.0
     for key in ("load_avg_start", "load_avg_end"):
         assert len(out[key]) == 3 and all(x >= 0 for x in out[key])
     assert 0.0 <= out["latency_error_median"] <= out["latency_error_max"]
@@ -150,9 +151,12 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert "host checks found it during each run" in text
     assert "host vs profile (measured / profiled time): start disk " in text and "after I/O" in text
     # two passes over the grid: the real runs' spread is reported next to the errors
-    assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work)]) == 0
+    # (and the host checked after every real run: each run sits between two checks)
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--check-every", "0",
+                 "--workdir", str(work)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["repeats"] == 2 and out["noise_floor"]["latency_s"]["max"] >= 0.0
+    assert out["check_every_s"] == 0.0 and len(out["drift_checks"]) == 1 + 2 * 4 + 1   # start, 8 runs, end
     assert all(len(c["metrics"]["latency_s"]["real_runs"]) == 2 for c in out["configs"])
     assert calls == [6, 6, 6]
 
@@ -199,6 +203,7 @@ def test_validate_bad_input_exits_2(capsys):
     assert main(["validate", "--profile", "no-such-device"]) == 2
     assert main(["validate", "--modes", "shape,magic"]) == 2
     assert main(["validate", "--repeats", "0"]) == 2
+    assert main(["validate", "--check-every", "-1"]) == 2
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -417,6 +422,14 @@ def test_drift_log_interpolates_its_checks_in_time(monkeypatch, tmp_path):
     assert log.ratios_at(15.0) == {"disk": 1.5, "after_io": 1.0, "cpu": 2.0, "read_4k": 1.0, "read_16k": 1.0,
                                    "read_64k": 1.0}
     assert log.ratios_at(0.0)["disk"] == 1.0 and log.ratios_at(99.0)["disk"] == 2.0
+    # every_s = 0: a check at every call, however soon after the last
+    seq = iter({"disk": 1.0, "after_io": None, "cpu": 1.0, "t_s": 30.0 + i} for i in range(3))
+    monkeypatch.setattr(D, "host_drift", lambda *a: next(seq))
+    monkeypatch.setattr(D.time, "perf_counter", lambda: 30.0)
+    every = D.DriftLog(None, tmp_path, 0, every_s=0.0)
+    for _ in range(3):
+        every.maybe_check()
+    assert [c["t_s"] for c in every.checks] == [30.0, 31.0, 32.0]
 
 
 def test_host_check_measures_each_read_size(tmp_path):
@@ -425,8 +438,11 @@ def test_host_check_measures_each_read_size(tmp_path):
     from devices import load_profile
     from real.drift import READ_KEYS, host_drift, read_ratios
 
+    before = time.perf_counter()
     c = host_drift(load_profile("this-host"), tmp_path, 0)
+    after = time.perf_counter()
     assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("disk", *READ_KEYS.values()))
+    assert before < c["t_s"] < after and abs(c["t_s"] - (before + after) / 2) < 0.05   # stamped at its midpoint
     if Path("/dev/shm").is_dir():
         f = Path("/dev/shm") / f"flashsim-test-{os.getpid()}"
         f.write_bytes(b"\0" * (1 << 20))
