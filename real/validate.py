@@ -70,6 +70,8 @@ MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
 # neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
 MODEL_KEEP = 0.25
+BUSY_SAMPLE_S = 0.5      # host_load: how long /proc/stat is sampled for other work's busy cores
+BUSY_WARN_CORES = 0.5    # ... and how many busy cores make the timing untrustworthy (a quarter of this 2-core host)
 STORE_SETTINGS = {"dtype": "fp32", "layout": "both", "alignment": "padded", "file_mode": "per-layer",
                   "order": "original"}
 
@@ -169,24 +171,59 @@ def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
     return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]
 
 
-def host_load() -> dict[str, Any]:
-    """1-, 5- and 15-minute load averages and the usable cores (None where the OS gives none)."""
+def host_load(sample_s: float = BUSY_SAMPLE_S) -> dict[str, Any]:
+    """1-, 5- and 15-minute load averages, the usable cores, and `busy_cores`: the cores other work
+    kept busy over `sample_s` seconds while this process slept (/proc/stat; None where the OS has no
+    such file or sample_s is 0). None where the OS gives none."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_avg": load, "cores": cores}
+    return {"load_avg": load, "cores": cores, "busy_cores": busy_cores(sample_s) if sample_s > 0 else None}
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat's first line; None without it. Busy is all
+    but idle and iowait: a thread waiting for I/O holds no core."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    total = sum(fields[:8])           # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - fields[3] - fields[4], total
+
+
+def busy_cores(sample_s: float) -> float | None:
+    """Cores busy with other work: (busy jiffies / all jiffies) x the machine's CPUs over sample_s
+    seconds of this process sleeping; None without /proc/stat."""
+    a = _cpu_jiffies()
+    time.sleep(sample_s)
+    b = _cpu_jiffies()
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return round((b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1), 2)
 
 
 def load_warning(start: dict[str, Any], end: dict[str, Any]) -> str | None:
-    """A warning when the 1-minute load at start exceeded the core count (None otherwise).
+    """A warning when other work kept more than BUSY_WARN_CORES busy at the start (where /proc/stat
+    says; else when the 1-minute load at start exceeded the core count). None otherwise.
 
-    Only the start counts: during the run the grid's own reader threads (up to 32 in flight, each in
-    uninterruptible I/O wait, which Linux counts in the load average) raise the load by themselves, so
-    the end value is recorded but measures validate as much as other work (an idle 2-core host read
-    0.5 at start and 6.1 at the end of `--quick`)."""
+    Only the start counts: during the run the grid's own reader threads raise the load by themselves,
+    so the end value is recorded but measures validate as much as other work. And the measured busy
+    cores come first: Linux counts a thread in uninterruptible I/O wait in the load average, so right
+    after `bench flash` (32 reads in flight for minutes) an idle host reads a 1-minute load of 7-10
+    on 2 cores for a minute or two, while /proc/stat finds no core busy."""
     cores = start["cores"]
+    busy = start.get("busy_cores")
+    if busy is not None:
+        if busy <= BUSY_WARN_CORES:
+            return None
+        return (f"WARNING: other work kept {busy:.1f} of {cores} core(s) busy when validation started: the "
+                "timing errors measure the load as much as the model; re-run on an idle host")
     first = start["load_avg"][0] if start["load_avg"] else None
     if first is None or not cores or first <= cores:
         return None
@@ -271,6 +308,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "check_every_s": check_every_s,
                    "load_avg_start": load_start["load_avg"], "load_avg_end": load_end["load_avg"],
+                   "busy_cores_start": load_start.get("busy_cores"), "busy_cores_end": load_end.get("busy_cores"),
                    "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_checks": checks,
                    "drift_warning": drift_msg,
                    "drift_corrected": corrected,

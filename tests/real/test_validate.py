@@ -252,8 +252,26 @@ def test_load_warning_by_hand():
     w = V.load_warning(busy, idle)
     assert w.startswith("WARNING: 1-minute load average was 2.5 on 2 core(s) when validation started")
     assert V.load_warning({"load_avg": None, "cores": 2}, {"load_avg": None, "cores": 2}) is None
-    h = V.host_load()
+    # measured busy cores come first: right after bench flash the load average counts its I/O-blocked
+    # reader threads while no core is busy
+    assert V.load_warning({**busy, "load_avg": [9.0, 5.0, 3.0], "busy_cores": 0.1}, idle) is None
+    w = V.load_warning({**idle, "busy_cores": 0.8}, idle)
+    assert w.startswith("WARNING: other work kept 0.8 of 2 core(s) busy when validation started")
+    h = V.host_load(0.05)
     assert h["cores"] >= 1 and len(h["load_avg"]) == 3
+    if Path("/proc/stat").exists():
+        assert 0.0 <= h["busy_cores"] <= (os.cpu_count() or 1)
+    assert V.host_load(0)["busy_cores"] is None
+
+
+def test_busy_cores_by_hand(monkeypatch):
+    """busy / total jiffies between two /proc/stat reads, times the CPUs; None without the file."""
+    reads = iter([(100, 1000), (150, 1100)])      # 50 of 100 jiffies busy
+    monkeypatch.setattr(V, "_cpu_jiffies", lambda: next(reads))
+    monkeypatch.setattr(V.os, "cpu_count", lambda: 2)
+    assert V.busy_cores(0.0) == 1.0
+    monkeypatch.setattr(V, "_cpu_jiffies", lambda: None)
+    assert V.busy_cores(0.0) is None
 
 
 def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
