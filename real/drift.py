@@ -165,8 +165,9 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
 
 class DriftLog:
     """A validation's host checks: `check()` now, `maybe_check()` when `every_s` (CHECK_EVERY_S by
-    default; 0 = every call) have passed since the last, and `ratios_at(t)`: each ratio interpolated linearly between the checks around
-    perf_counter time t (the nearest check's outside them; 1.0 where no check measured it)."""
+    default; 0 = at every call) have passed since the last, and `ratios_at(t)`: each ratio
+    interpolated linearly between the checks around perf_counter time t (the nearest check's outside
+    them; 1.0 where no check measured it)."""
 
     def __init__(self, profile: Any, folder: Path, seed: int, every_s: float = CHECK_EVERY_S):
         self.profile, self.folder, self.seed, self.every_s = profile, folder, seed, every_s

@@ -183,29 +183,38 @@ def host_load(sample_s: float = BUSY_SAMPLE_S) -> dict[str, Any]:
     return {"load_avg": load, "cores": cores, "busy_cores": busy_cores(sample_s) if sample_s > 0 else None}
 
 
-def _cpu_jiffies() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs from /proc/stat's first line; None without it. Busy is all
-    but idle and iowait: a thread waiting for I/O holds no core."""
+def _cpu_jiffies() -> tuple[int, int, int] | None:
+    """(busy, total, CPUs) jiffies summed over the CPUs this process may run on (/proc/stat's cpuN
+    lines; all CPUs where the OS gives no affinity); None without /proc/stat. Busy is all but idle
+    and iowait: a thread waiting for I/O holds no core."""
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    busy = total = n = 0
     try:
         with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+            for line in f:
+                name, *vals = line.split()
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                if mine is not None and int(name[3:]) not in mine:
+                    continue
+                v = [int(x) for x in vals[:8]]   # user nice system idle iowait irq softirq steal (guest is in user)
+                busy += sum(v) - v[3] - v[4]
+                total += sum(v)
+                n += 1
+    except (OSError, ValueError, IndexError):
         return None
-    if len(fields) < 5:
-        return None
-    total = sum(fields[:8])           # user nice system idle iowait irq softirq steal (guest is inside user)
-    return total - fields[3] - fields[4], total
+    return (busy, total, n) if n else None
 
 
 def busy_cores(sample_s: float) -> float | None:
-    """Cores busy with other work: (busy jiffies / all jiffies) x the machine's CPUs over sample_s
-    seconds of this process sleeping; None without /proc/stat."""
+    """Cores busy with other work: busy / all jiffies of this process's CPUs x their count, over
+    sample_s seconds of this process sleeping; None without /proc/stat."""
     a = _cpu_jiffies()
     time.sleep(sample_s)
     b = _cpu_jiffies()
     if a is None or b is None or b[1] <= a[1]:
         return None
-    return round((b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1), 2)
+    return round((b[0] - a[0]) / (b[1] - a[1]) * b[2], 2)
 
 
 def load_warning(start: dict[str, Any], end: dict[str, Any]) -> str | None:

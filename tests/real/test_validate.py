@@ -266,9 +266,8 @@ def test_load_warning_by_hand():
 
 def test_busy_cores_by_hand(monkeypatch):
     """busy / total jiffies between two /proc/stat reads, times the CPUs; None without the file."""
-    reads = iter([(100, 1000), (150, 1100)])      # 50 of 100 jiffies busy
+    reads = iter([(100, 1000, 2), (150, 1100, 2)])      # 50 of 100 jiffies busy on 2 CPUs
     monkeypatch.setattr(V, "_cpu_jiffies", lambda: next(reads))
-    monkeypatch.setattr(V.os, "cpu_count", lambda: 2)
     assert V.busy_cores(0.0) == 1.0
     monkeypatch.setattr(V, "_cpu_jiffies", lambda: None)
     assert V.busy_cores(0.0) is None
