@@ -166,6 +166,33 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def signed_error(metric: dict[str, float]) -> float:
+    """(sim - real) / real of one metric's entry in `compare`: > 0 = the simulator is slow."""
+    return (metric["sim"] - metric["real"]) / metric["real"] if metric["real"] else 0.0
+
+
+def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The configurations grouped by mode x bundling x prefetch (the windows and budgets pooled),
+    in grid order: per group the signed median latency and I/O errors (the direction the model is
+    off in: a group whose sign holds over grids is the model's, one that flips with the host's
+    state at calibration is the host's), the |latency error| median and p90, and the median
+    |drift-corrected| error where the rows have one."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["bundled"], r["prefetch"]), []).append(r)
+    out = []
+    for (mode, bundled, prefetch), rs in groups.items():
+        lat = np.array([signed_error(r["metrics"]["latency_s"]) for r in rs])
+        g = {"mode": mode, "bundled": bundled, "prefetch": prefetch, "n_configs": len(rs),
+             "latency_signed_median": float(np.median(lat)), "latency_error_median": float(np.median(np.abs(lat))),
+             "latency_error_p90": float(np.percentile(np.abs(lat), 90)),
+             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs]))}
+        dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]
+        g["drift_corrected_median"] = float(np.median(dc)) if dc else None
+        out.append(g)
+    return out
+
+
 def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
     """METRICS, then each optional metric some row has."""
     return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]
@@ -312,6 +339,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         print(warning, file=sys.stderr)
     report = summarize(rows)
     report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m]), **info[m]} for m in modes}
+    report["per_group"] = per_group(rows)
     report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,

@@ -250,6 +250,17 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                 for m, v in summary["per_metric"].items()]
         head = [f"metric ({name})", "median error", "p90", "max"]
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
+    groups = report.get("per_group") or []
+    if groups:
+        def pct(x: float | None, sign: str = "") -> str:
+            return "n/a" if x is None else f"{x:{sign}.1%}"
+
+        print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
+                     "p90", "I/O signed median", "drift-corrected median"],
+                    [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
+                      g["n_configs"], pct(g["latency_signed_median"], "+"), pct(g["latency_error_median"]),
+                      pct(g["latency_error_p90"]), pct(g["io_signed_median"], "+"), pct(g["drift_corrected_median"])]
+                     for g in groups], align="lrrrrrr")
     drift = report.get("drift") or {}
     if drift:
         def ratio(x: float | None) -> str:

@@ -104,6 +104,8 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     for key in ("n_configs", "latency_error_median", "latency_error_p90", "latency_error_max", "per_metric", "per_mode"):
         assert key in out
     assert out["n_configs"] == 4 and len(out["configs"]) == 4 and calls == [6]
+    assert sum(g["n_configs"] for g in out["per_group"]) == 4
+    assert all(g["drift_corrected_median"] is not None for g in out["per_group"])
     assert [c["mode"] for c in out["configs"]] == ["shape", "shape", "model", "model"]
     # both replay exactly the same reads: shape mode's rows are exactly 4 KiB; the tiny llama's 768 B bundles
     # sit in 4 KiB padded strides, which the real reads move and the replay's layout (align_bytes from the
@@ -149,6 +151,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2 configurations (model: 2)" in text and "greedy agreement" in text
     assert "host checks found it during each run" in text
+    assert "group (sim - real: > 0 = simulated slow)" in text
     assert "host vs profile (measured / profiled time): start disk " in text and "after I/O" in text
     # two passes over the grid: the real runs' spread is reported next to the errors
     # (and the host checked after every real run: each run sits between two checks)
@@ -241,6 +244,28 @@ def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
     s = V.summarize(rows)
     assert list(s["per_metric"]) == [*V.METRICS, *V.OPTIONAL_METRICS]
     assert s["per_metric"]["stall_s"]["max"] == pytest.approx(0.5)   # over the rows that have it
+
+
+def test_per_group_by_hand():
+    """Rows grouped by mode x bundling x prefetch in grid order; signed errors (sim - real) / real."""
+    def row(mode, bundled, prefetch, real, sim, io_real, io_sim, dc=None):
+        r = {"mode": mode, "bundled": bundled, "prefetch": prefetch,
+             "metrics": {"latency_s": {"real": real, "sim": sim}, "io_s": {"real": io_real, "sim": io_sim}}}
+        if dc is not None:
+            r["drift_corrected"] = {"latency_error": dc}
+        return r
+
+    rows = [row("shape", True, "delta", 10.0, 11.0, 4.0, 5.0, 0.02), row("shape", True, "delta", 10.0, 13.0, 4.0, 4.0, 0.04),
+            row("shape", True, "delta", 10.0, 9.0, 4.0, 3.0, 0.06), row("model", False, "none", 20.0, 19.0, 8.0, 8.0)]
+    g = V.per_group(rows)
+    assert [(x["mode"], x["bundled"], x["prefetch"], x["n_configs"]) for x in g] == [("shape", True, "delta", 3),
+                                                                                    ("model", False, "none", 1)]
+    assert g[0]["latency_signed_median"] == pytest.approx(0.1)            # of +10%, +30%, -10%
+    assert g[0]["latency_error_median"] == pytest.approx(0.1)              # of 10%, 30%, 10%
+    assert g[0]["latency_error_p90"] == pytest.approx(0.26)                # numpy's linear p90 of (0.1, 0.1, 0.3)
+    assert g[0]["io_signed_median"] == pytest.approx(0.0)                  # of +25%, 0, -25%
+    assert g[0]["drift_corrected_median"] == pytest.approx(0.04)
+    assert g[1]["latency_signed_median"] == pytest.approx(-0.05) and g[1]["drift_corrected_median"] is None
 
 
 def test_load_warning_by_hand():
