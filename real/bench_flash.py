@@ -64,9 +64,9 @@ moves with the host's state (a single 0.3 s measurement of the planning moved 2.
 calibrations five minutes apart), so the rounds sample it across the whole calibration. The batch
 overhead, which needs the finished read table, is timed after the grid.
 
-Host CPU of the reads (`host_cpu_probe`; the profile's `flash.host_cpu_s_per_read`,
-`compute_lost_s_per_read`, `read_delay_s_per_read` and their `_per_batch` counterparts, see
-sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
+Host CPU of the reads (`probe_samples` rounds, `probe_summary`; the profile's
+`flash.host_cpu_s_per_read`, `compute_lost_s_per_read`, `read_delay_s_per_read` and their
+`_per_batch` counterparts, see sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
 (getrusage, user + system, all threads) per read. Then, at PROBE_CHUNK_BYTES and the largest reads
 in flight, reads are issued the way the real backend prefetches (a background thread handing
 batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`), for two
@@ -141,7 +141,7 @@ class FlashBenchConfig:
     duration_s: float = 1.0
     seed: int = 0
     direct: bool | None = None     # None: O_DIRECT if the filesystem allows it
-    host_cpu: bool = True          # also measure the reads' host CPU cost (host_cpu_probe)
+    host_cpu: bool = True          # also measure the reads' host CPU cost (probe_samples)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
     passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (mean time)
 
@@ -460,18 +460,6 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
         return n
 
     return run
-
-
-def host_cpu_probe(bf: BenchFile, chunk: int, in_flight: int, *, slices: int = PROBE_SLICES,
-                   slice_s: float = PROBE_SLICE_S, compute_threads: int = 1, seed: int = 0,
-                   batch_reads: tuple[int, int] | None = None, framework: bool = False) -> dict[str, Any] | None:
-    """CPU time per read, and how batches of reads and a concurrent compute slow each other
-    (module docstring), from `slices` slices in one go; None without a compute probe. bench flash
-    itself runs the slices in rounds spread over its grid (`probe_samples` after each sweep,
-    `probe_summary` at the end)."""
-    raw = probe_samples(bf, chunk, in_flight, slices=slices, slice_s=slice_s, compute_threads=compute_threads,
-                        seed=seed, batch_reads=batch_reads, framework=framework)
-    return None if raw is None else probe_summary([raw])
 
 
 def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
