@@ -69,7 +69,8 @@ Host CPU of the reads (`probe_samples` rounds, `probe_summary`; the profile's
 `_per_batch` counterparts, see sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
 (getrusage, user + system, all threads) per read. Then, at PROBE_CHUNK_BYTES and the largest reads
 in flight, reads are issued the way the real backend prefetches (a background thread handing
-batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`), for two
+batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`, each
+thread's reads landing in its next slot of the destination region, as the grid's do), for two
 batch sizes B (2x and 8x the reads in flight), and short slices alternate: a decode-like compute
 probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
 `compute_threads` threads) | batches alone | both at once, PROBE_SLICES slices in all, in rounds
@@ -483,7 +484,10 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
         _restore_torch_threads(torch_threads)
         return None
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE, round_]))
-    bufs = [[memoryview(AlignedBuffer(chunk, huge=True).array)[:chunk]] for _ in range(in_flight)]
+    # where the reads land: thread w takes its next slot of the huge-page region in turn, as the
+    # grid's reads do and as a prefetch's reads land in cache rows (module doc, destinations)
+    dest = bf.destination(in_flight * chunk)
+    slots = [itertools.cycle([[mv] for mv in _thread_slots(dest, w, in_flight, chunk)]) for w in range(in_flight)]
     pool = _Workers(in_flight) if in_flight > 1 else None
 
     def one_batch(n: int) -> None:
@@ -491,9 +495,9 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
         nxt = itertools.count()
 
         def work(w: int) -> None:
-            mv = bufs[w]
+            mine = slots[w]
             while (j := next(nxt)) < n:
-                _read_or_fail(bf.fd, mv, offs[j], bf.path)
+                _read_or_fail(bf.fd, next(mine), offs[j], bf.path)
 
         if pool is None:
             work(0)

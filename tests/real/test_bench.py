@@ -347,6 +347,22 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
         bf.close()
 
 
+def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
+    """The host CPU probe's batches land where the grid's reads land (each thread's next slot of the
+    region), not in one reused buffer per thread: its terms are then measured on the same transfers."""
+    from real.bench_flash import BenchFile, probe_samples
+
+    bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
+    try:
+        raw = probe_samples(bf, 4096, 2, slices=1, slice_s=0.02, batch_reads=(2, 4))
+        assert raw is not None and raw["batch_reads"] == [2, 4]
+        slots = bf.destination(0).array.reshape(-1, 4096).any(axis=1)
+        assert slots[:4].all()          # both threads past their first slot
+        assert slots.sum() > 4          # and on through the region
+    finally:
+        bf.close()
+
+
 def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
     """The reader planning, cache index and cold-compute rounds sample the host across the whole
     calibration: one round right after each sweep, then their medians (not all after the grid)."""
