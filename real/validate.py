@@ -374,7 +374,10 @@ def _drift_corrected(profile: Any, log: Any, replays: list[tuple], t0: float) ->
                        profile_at_drift(profile, r["disk"], r["cpu"], r["after_io"], log.read_ratios_at(r)), cfg,
                        fast=False)
         e = compare(runs[0], sim.tokens, runs[1:])["latency_s"]["error"]
-        row["drift_corrected"] = {**{f"{k}_ratio": v for k, v in r.items()}, "latency_error": e}
+        row["drift_corrected"] = {**{f"{k}_ratio": v for k, v in r.items()}, "latency_error": e,
+                                  # each run's midpoint (seconds into the validation) and the host there
+                                  "runs": [{"t_s": round(t - t0, 1), **{k: float(a[k]) for k in RATIOS}}
+                                           for t, a in zip(times, at, strict=True)]}
         errors.append(e)
         used.append(r)
     e_arr = np.array(errors, float)

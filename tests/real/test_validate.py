@@ -137,6 +137,11 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert dc["disk_ratio"] == pytest.approx(np.mean([c["drift_corrected"]["disk_ratio"] for c in out["configs"]]))
     assert 0.0 <= dc["latency_error_median"] <= dc["latency_error_p90"] <= dc["latency_error_max"]
     assert dc["latency_error_max"] == pytest.approx(max(c["drift_corrected"]["latency_error"] for c in out["configs"]))
+    for c in out["configs"]:   # one entry per real run: its midpoint, inside the grid, and the host there
+        runs = c["drift_corrected"]["runs"]
+        assert len(runs) == out["repeats"] == 1
+        assert checks[0]["t_s"] <= runs[0]["t_s"] <= checks[-1]["t_s"]
+        assert runs[0]["disk"] == pytest.approx(c["drift_corrected"]["disk_ratio"])
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
         assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
