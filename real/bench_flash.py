@@ -694,7 +694,9 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
 
             curve = TableReadCurve(tuple(cfg.chunks), tuple(cfg.in_flight), tuple(tuple(r) for r in grid.tolist()))
             if store is not None:
-                batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s / 2, point_rngs[-1])
+                steady_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x5EAD]))
+                batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s, point_rngs[-1],
+                                         lambda c, q, s: random_read_bytes_per_s(bf, c, q, s, steady_rng))
                 plan, index = median_of_rounds(rounds["plan"]), median_of_rounds(rounds["index"])
                 cold = median_of_rounds(rounds["cold"]) if rounds["cold"] else None
         if progress:
@@ -800,7 +802,8 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
         extra["batch_overhead_s"] = [sig4(x) for x in batches["overhead_s"]]
         source += (f"; batch overhead: real.reader's batches of q and 4q {format_bytes(batches['bundle_bytes'])} bundles "
-                   "at each depth q less the read table's time for their reads")
+                   "at each depth q less the read table's time for their reads, scaled by the disk's state "
+                   "(steady reads of the same chunks at q around each slice of batches)")
     plan = result.get("read_plan")
     if plan:
         extra["plan_s_per_batch"] = sig4(plan["per_batch_s"])

@@ -29,13 +29,14 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from devices.model_spec import ModelSpec
+from real.buffers import ALIGN_BYTES
 from real.cache import LayerCache
 from real.convert import write_shape_store
 from real.reader import BundleReader, ReadStats
@@ -45,6 +46,7 @@ from sim import bitsets
 PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
 INDEX_LAYER_NEURONS = 512         # resident neurons of the layer cache_index_cost times
 BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
+OVERHEAD_SLICES = 4               # batch_overhead: slices of reader batches per depth, steady reads around each
 
 
 @contextlib.contextmanager
@@ -58,15 +60,19 @@ def bench_store(folder: Path, seed: int) -> Iterator[WeightStore]:
 
 
 def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], duration_s: float,
-                   rng: np.random.Generator) -> Iterator[tuple[int, ReadStats, float]]:
+                   rng: np.random.Generator, pause: Callable[[], None] | None = None,
+                   pause_every_s: float = float("inf")) -> Iterator[tuple[int, ReadStats, float]]:
     """real.reader with `in_flight` threads reading batches of `sizes` random neurons (cycled; sorted,
     as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`, as the backend does
     (`LayerCache.missing`, `append`, `BundleReader.read`): yields (neurons, ReadStats, seconds of
-    the three calls) per batch; the seconds less the reads' are read_plan_cost's quantity."""
+    the three calls) per batch; the seconds less the reads' are read_plan_cost's quantity.
+    `pause()`, when given, is called between batches every `pause_every_s` (its time does not count
+    against `duration_s`)."""
     N = store.n_neurons
     with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
         cache = LayerCache(min(N, max(sizes)), N, store.bundle_bytes, reader.dest_row_bytes)
         t_end = time.perf_counter() + duration_s
+        t_pause = time.perf_counter() + pause_every_s
         while time.perf_counter() < t_end:
             for n in sizes:
                 ids = np.sort(rng.choice(N, min(n, N), replace=False))
@@ -76,6 +82,11 @@ def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], dur
                 a, b = cache.append(miss)
                 st = reader.read(0, miss, cache.rows[a:b])
                 yield n, st, time.perf_counter() - t0
+            if pause is not None and time.perf_counter() >= t_pause:
+                p0 = time.perf_counter()
+                pause()
+                t_end += time.perf_counter() - p0
+                t_pause = time.perf_counter() + pause_every_s
 
 
 def table_time_s(curve: Any, chunk_bytes: np.ndarray, in_flight: int) -> float:
@@ -86,31 +97,47 @@ def table_time_s(curve: Any, chunk_bytes: np.ndarray, in_flight: int) -> float:
 
 
 def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], duration_s: float,
-                   rng: np.random.Generator) -> dict[str, Any]:
-    """Per depth q: what one read batch of real.reader costs beyond its reads at the read table's
+                   rng: np.random.Generator, steady_bytes_per_s: Callable[[int, int, float], float],
+                   slices: int = OVERHEAD_SLICES) -> dict[str, Any]:
+    """Per depth q: what one read batch of real.reader costs beyond its reads at the disk's steady
     throughput (the profile's `flash.batch_overhead_s`): starting and collecting its q threads, the
     call's setup and the drain to the slowest read. At each depth a BundleReader with q threads
     reads batches of q and 4q random neurons (4 KiB bundles, coalesced where adjacent) of `store`
-    into cache rows, alternating, for `duration_s`; the overhead is the median over batches of the
-    reads' `seconds` less the table's time for the same reads (`curve`, the grid just measured),
-    clipped at 0."""
-    overhead, batch_s, table_s = [], [], []
+    into cache rows, alternating, for half of `duration_s`, in `slices` slices; before the first
+    slice and after each, `steady_bytes_per_s(chunk, q, seconds)` (bench flash's own loop) reads the
+    same chunks steadily at the same depth, the other half of the time. A batch's overhead is its
+    reads' `seconds` less the table's time for them (`curve`, the grid just measured) scaled by the
+    disk's state around its slice: the table's throughput over the steady reads' (the mean of the
+    measurements before and after). The profile takes the median over batches, clipped at 0.
+    (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
+    flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
+    0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.)"""
+    chunk = -(-store.bundle_bytes // ALIGN_BYTES) * ALIGN_BYTES     # a bundle's read: its padded stride
+    steady_s = duration_s / 2 / (slices + 1)
+    overhead, batch_s, table_s, state_med = [], [], [], []
     for q in depths:
         sizes = (q, 4 * q)
-        extra: list[float] = []
-        secs: dict[int, list[float]] = {n: [] for n in sizes}
-        pred: dict[int, list[float]] = {n: [] for n in sizes}
-        for n, st, _ in reader_batches(store, q, sizes, duration_s, rng):
-            t_tab = table_time_s(curve, st.chunk_bytes, q)
-            secs[n].append(st.seconds)
-            pred[n].append(t_tab)
-            extra.append(st.seconds - t_tab)
+        tab = float(curve.bytes_per_s_many(np.array([float(chunk)]), q)[0])
+        states: list[float] = []     # measured / table time per byte of steady reads, at each pause
+
+        def measure(q: int = q, tab: float = tab, states: list[float] = states) -> None:
+            states.append(tab / steady_bytes_per_s(chunk, q, steady_s))
+
+        measure()
+        rows: list[tuple[int, int, float, float]] = []    # (slice, neurons, seconds, table seconds)
+        for n, st, _ in reader_batches(store, q, sizes, duration_s / 2, rng, pause=measure,
+                                       pause_every_s=duration_s / 2 / slices):
+            rows.append((len(states) - 1, n, st.seconds, table_time_s(curve, st.chunk_bytes, q)))
+        measure()
+        around = [(states[i] + states[i + 1]) / 2 for i in range(len(states) - 1)]
+        extra = [sec - t_tab * around[i] for i, _, sec, t_tab in rows]
         overhead.append(max(0.0, float(np.median(extra))))
-        batch_s.append([float(np.median(secs[n])) for n in sizes])
-        table_s.append([float(np.median(pred[n])) for n in sizes])
+        batch_s.append([float(np.median([r[2] for r in rows if r[1] == n])) for n in sizes])
+        table_s.append([float(np.median([r[3] for r in rows if r[1] == n])) for n in sizes])
+        state_med.append(float(np.median(states)))
     return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
             "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
-            "overhead_s": overhead, "duration_s_per_depth": duration_s}
+            "disk_state": state_med, "overhead_s": overhead, "duration_s_per_depth": duration_s}
 
 
 def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:

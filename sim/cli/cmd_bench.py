@@ -157,7 +157,8 @@ def _flash(args: argparse.Namespace) -> int:
     b = result.get("batches")
     if b:
         print(f"batch overhead (real.reader, {format_bytes(b['bundle_bytes'])} bundles, batches of q and 4q): "
-              + ", ".join(f"q={q} {x * 1e6:.0f} us" for q, x in zip(b["in_flight"], b["overhead_s"])))
+              + ", ".join(f"q={q} {x * 1e6:.0f} us" for q, x in zip(b["in_flight"], b["overhead_s"]))
+              + "; the disk meanwhile at " + ", ".join(f"{x:.2f}x" for x in b["disk_state"]) + " the table's time")
     pl = result.get("read_plan")
     if pl:
         print(f"reader planning per batch: {pl['per_batch_s'] * 1e6:.0f} us + {pl['per_neuron_s'] * 1e6:.2f} us per neuron")

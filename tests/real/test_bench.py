@@ -298,6 +298,46 @@ def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_pat
     assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
 
 
+def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(monkeypatch):
+    """By hand: batches that take the table's time x the disk's state + 0.2 ms. The steady reads
+    around the first slice find the disk at 1.5x the table's time per byte, around the second at
+    0.8x (states 1.5, 1.5, 0.8: the slices' means are 1.5 and 1.15). The overhead is 0.2 ms in
+    either state; unscaled it would be the state's difference from the table."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import real.bench_reader as BR
+    from devices.curves import TableReadCurve
+
+    curve = TableReadCurve((4096, 65536), (1, 4), ((4.0e7, 8.0e7), (2.0e8, 4.0e8)))
+    steady = iter([1 / 1.5, 1 / 1.5, 1 / 0.8])          # x the table's throughput, at each call
+
+    def fake_batches(store, q, sizes, duration_s, rng, pause=None, pause_every_s=0.0):
+        for slice_state in (1.5, 1.15):
+            for n in sizes:
+                chunks = np.full(n, 4096, np.int64)
+                t_tab = BR.table_time_s(curve, chunks, q)
+                yield n, SimpleNamespace(seconds=slice_state * t_tab + 2e-4, chunk_bytes=chunks), 0.0
+            if slice_state == 1.5:
+                pause()
+
+    monkeypatch.setattr(BR, "reader_batches", fake_batches)
+    calls = []
+
+    def steady_bytes_per_s(chunk, q, seconds):
+        calls.append((chunk, q))
+        return next(steady) * curve.bytes_per_s_many(np.array([4096.0]), q)[0]
+
+    store = SimpleNamespace(bundle_bytes=3072)               # padded to 4 KiB reads
+    out = BR.batch_overhead(store, curve, [4], 1.0, np.random.default_rng(0), steady_bytes_per_s, slices=2)
+    assert calls == [(4096, 4)] * 3                          # before the first slice, after each
+    assert out["overhead_s"] == [pytest.approx(2e-4)]
+    assert out["disk_state"] == [pytest.approx(1.5)]         # the median of the three
+    t4 = BR.table_time_s(curve, np.full(4, 4096, np.int64), 4)
+    assert out["batch_s"][0][0] == pytest.approx(np.median([1.5 * t4, 1.15 * t4]) + 2e-4)
+
+
 def test_median_of_rounds_by_hand():
     from real.bench_reader import median_of_rounds
 
