@@ -50,6 +50,7 @@ from real.bench_reader import PLAN_BATCH_NEURONS, bench_store, reader_batches, t
 
 DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
+WARN_LISTED = 3         # drift_warning names up to this many checks per ratio, then sums them up
 CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending this long after the last check
 # (`--check-every`; 0 checks after every run, so each run sits between two checks: module doc)
 WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
@@ -154,9 +155,17 @@ def _finite(x: Any) -> bool:
 
 
 def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
-    """One line naming every check whose ratios are more than DRIFT_WARN off 1; None if none."""
-    bad = [f"{when} {what} {r:.2f}x" for when, c in checks.items() for what in RATIOS
-           if _finite(r := c.get(what)) and abs(r - 1.0) > DRIFT_WARN]
+    """One line naming, per ratio, the checks more than DRIFT_WARN off 1 (at most WARN_LISTED of them
+    by name; more are summed up: how many of the checks, and their range); None if none."""
+    bad = []
+    for what in RATIOS:
+        off = [(when, r) for when, c in checks.items() if _finite(r := c.get(what)) and abs(r - 1.0) > DRIFT_WARN]
+        if len(off) <= WARN_LISTED:
+            bad += [f"{when} {what} {r:.2f}x" for when, r in off]
+        else:
+            n = sum(1 for c in checks.values() if _finite(c.get(what)))
+            rs = [r for _, r in off]
+            bad.append(f"{what} at {len(off)} of {n} checks ({min(rs):.2f}-{max(rs):.2f}x)")
     if not bad:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
