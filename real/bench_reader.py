@@ -111,7 +111,10 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     measurements before and after). The profile takes the median over batches, clipped at 0.
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
-    0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.)"""
+    0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling
+    is exact in the disk's usual state; in its slow state short batches slow less than steady reads
+    (bursts of 64 4 KiB reads 1.51x, steady reads 1.97x), so a depth measured there comes out low
+    (0.17 against 0.35 ms for those bursts; unscaled it would be 0.86 ms)."""
     chunk = -(-store.bundle_bytes // ALIGN_BYTES) * ALIGN_BYTES     # a bundle's read: its padded stride
     steady_s = duration_s / 2 / (slices + 1)
     overhead, batch_s, table_s, state_med = [], [], [], []
