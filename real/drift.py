@@ -156,7 +156,8 @@ def _finite(x: Any) -> bool:
 
 def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
     """One line naming, per ratio, the checks more than DRIFT_WARN off 1 (at most WARN_LISTED of them
-    by name; more are summed up: how many of the checks, and their range); None if none."""
+    by name; more are summed up: how many of the checks, their range, and the median of all the
+    checks, which says how the calibration's state compares with the grid's); None if none."""
     bad = []
     for what in RATIOS:
         off = [(when, r) for when, c in checks.items() if _finite(r := c.get(what)) and abs(r - 1.0) > DRIFT_WARN]
@@ -165,7 +166,8 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
         else:
             n = sum(1 for c in checks.values() if _finite(c.get(what)))
             rs = [r for _, r in off]
-            bad.append(f"{what} at {len(off)} of {n} checks ({min(rs):.2f}-{max(rs):.2f}x)")
+            med = float(np.median([c[what] for c in checks.values() if _finite(c.get(what))]))
+            bad.append(f"{what} at {len(off)} of {n} checks ({min(rs):.2f}-{max(rs):.2f}x; median of all {med:.2f}x)")
     if not bad:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
