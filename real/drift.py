@@ -160,14 +160,14 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
     checks, which says how the calibration's state compares with the grid's); None if none."""
     bad = []
     for what in RATIOS:
-        off = [(when, r) for when, c in checks.items() if _finite(r := c.get(what)) and abs(r - 1.0) > DRIFT_WARN]
+        measured = [(when, r) for when, c in checks.items() if _finite(r := c.get(what))]
+        off = [r for _, r in measured if abs(r - 1.0) > DRIFT_WARN]
         if len(off) <= WARN_LISTED:
-            bad += [f"{when} {what} {r:.2f}x" for when, r in off]
+            bad += [f"{when} {what} {r:.2f}x" for when, r in measured if abs(r - 1.0) > DRIFT_WARN]
         else:
-            n = sum(1 for c in checks.values() if _finite(c.get(what)))
-            rs = [r for _, r in off]
-            med = float(np.median([c[what] for c in checks.values() if _finite(c.get(what))]))
-            bad.append(f"{what} at {len(off)} of {n} checks ({min(rs):.2f}-{max(rs):.2f}x; median of all {med:.2f}x)")
+            med = float(np.median([r for _, r in measured]))
+            bad.append(f"{what} at {len(off)} of {len(measured)} checks ({min(off):.2f}-{max(off):.2f}x; "
+                       f"median of all {med:.2f}x)")
     if not bad:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "
