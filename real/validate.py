@@ -131,7 +131,7 @@ def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = No
     """Per metric: real and simulated means over the measured steps, and the relative error (the
     OPTIONAL_METRICS only when both sides' records have them). `repeats`: the records of further
     real runs of the same configuration; the real mean is then the mean over all runs and `spread`
-    = (max - min) / mean of the runs' means, the real runs' own disagreement (the noise floor)."""
+    = (max - min) / min of the runs' means, the real runs' own disagreement (the noise floor)."""
     out = {}
     runs = [real_tokens, *(repeats or [])]
     both = real_tokens[:1] + sim_tokens[:1]
@@ -161,7 +161,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     lat = per["latency_s"]
     out = {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
            "latency_error_max": lat["max"], "per_metric": per}
-    if noise:   # (max - min) / mean of the repeated real runs: errors below this are noise
+    if noise:   # (max - min) / min of the repeated real runs: errors below this are noise
         out["noise_floor"] = noise
     return out
 
@@ -283,7 +283,7 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
                    modes: tuple[str, ...] = MODES, repeats: int = 1,
-                   check_every_s: float | None = None) -> dict[str, Any]:
+                   check_every_s: float | None = None, keep: str | Path | None = None) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
@@ -291,9 +291,12 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     the host against the profile at the start and the end; `drift_checks`: those and the checks
     between real runs every `check_every_s` (None: real.drift.CHECK_EVERY_S; 0: after every real run, so
     each run sits between two checks); `drift_corrected`: the errors with each
-    configuration replayed on the profile as the checks found the host while it ran (real/drift.py)."""
+    configuration replayed on the profile as the checks found the host while it ran (real/drift.py).
+    `keep`: a new folder to keep the executed traces and the real runs' records in, for
+    `flashsim validate --rescore` (real/validate_keep.py); refused before any run if it exists."""
     from devices.errors import FlashsimError
     from real.drift import CHECK_EVERY_S, DriftLog, drift_warning
+    from real.validate_keep import check_keep_target, write_kept_grid
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
@@ -305,6 +308,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         raise FlashsimError(f"--workdir {workdir}: no such folder; create it, or omit --workdir for the system temp folder")
     if threads is None:
         threads = profile.compute.threads or 1
+    keep_path = check_keep_target(keep) if keep is not None else None
     load_start = host_load()
     t0 = time.perf_counter()
     n_tokens = tokens or (12 if quick else 24)
@@ -325,6 +329,9 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                                         repeats, replays=replays, drift=log)
         log.check()
         corrected = _drift_corrected(profile, log, replays, t0)
+        if keep_path is not None:
+            write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick, "seed": seed,
+                                                 "repeats": repeats, "threads": threads, "modes": list(modes)}, t0)
     finally:
         tmp.cleanup()
     checks = [{**c, "t_s": round(c["t_s"] - t0, 1)} for c in log.checks]     # seconds into the validation
@@ -348,7 +355,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "busy_cores_start": load_start.get("busy_cores"), "busy_cores_end": load_end.get("busy_cores"),
                    "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_checks": checks,
                    "drift_warning": drift_msg,
-                   "drift_corrected": corrected,
+                   "drift_corrected": corrected, "kept": str(keep_path) if keep_path is not None else None,
                    "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report

@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--check-every", type=float, metavar="S",
                    help="seconds between the host checks that drift_corrected replays at (default 10; 0 = after "
                         "every real run, so each run sits between two checks: ~1.2 s per check)")
+    v.add_argument("--keep", metavar="DIR", help="keep the executed traces and every real run's per-token records in "
+                                                 "this new folder, to score other profiles against them later (--rescore)")
+    v.add_argument("--rescore", metavar="DIR", help="run nothing: replay a grid kept with --keep on --profile and "
+                                                    "report its errors against the kept real runs (seconds, not minutes)")
     v.set_defaults(func=_validate)
 
 
@@ -213,11 +217,31 @@ def _validate(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--threads {args.threads}: give at least 1 compute thread (or omit it: the profile's count)")
     if args.repeats < 1:
         raise FlashsimError(f"--repeats {args.repeats}: give 1 or more real runs per configuration")
+    if args.rescore is not None:
+        return _rescore(args)
     modes = parse_modes(args.modes)
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
                             progress=validate_progress(args.json), threads=args.threads, modes=modes,
-                            repeats=args.repeats, check_every_s=args.check_every)
+                            repeats=args.repeats, check_every_s=args.check_every, keep=args.keep)
+    return print_validation(report, args.json, args.plot)
+
+
+# options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
+RUN_OPTIONS = {"quick": False, "tokens": None, "seed": 0, "workdir": None, "threads": None, "modes": "shape,model",
+               "repeats": 1, "check_every": None, "keep": None}
+
+
+def _rescore(args: argparse.Namespace) -> int:
+    from devices import load_profile
+    from real.validate_keep import rescore
+
+    given = [name for name, default in RUN_OPTIONS.items() if getattr(args, name) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise FlashsimError(f"{flag} with --rescore: a rescore runs nothing, it replays the kept grid as it ran; "
+                            f"drop {flag}")
+    report = rescore(args.rescore, load_profile(args.profile), progress=validate_progress(args.json))
     return print_validation(report, args.json, args.plot)
 
 
@@ -242,6 +266,12 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
     print(f"{report['n_configs']} configurations ({counts}), "
           f"{report['tokens']} steps each, profile {report['profile']}, direct I/O {'yes' if report['direct_io'] else 'no'}, "
           f"{report['wall_s']:.0f} s")
+    if report.get("rescored_from"):
+        print(f"rescored: the real runs kept in {report['rescored_from']} ({report['repeats']} per configuration, "
+              f"validated with profile {report['validated_with_profile']}) against the simulator on {report['profile']}")
+    elif report.get("kept"):
+        print(f"kept the executed traces and real runs in {report['kept']} (score another profile: "
+              f"flashsim validate --rescore {report['kept']} --profile P)")
     tables = [("all", report)] + (list(report["per_mode"].items()) if len(report["per_mode"]) > 1 else [])
     for name, summary in tables:
         noise = summary.get("noise_floor", {})

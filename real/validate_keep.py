@@ -1,0 +1,162 @@
+"""What `flashsim validate --keep DIR` leaves behind, and `flashsim validate --rescore DIR`, which
+scores the simulator again against those real runs without running them again.
+
+A full validation grid costs its real runs (here 17-34 minutes for 80 configurations and two to four
+passes); replaying it in the simulator costs seconds. Keeping what ran (each configuration's
+executed trace, its run configuration and every real run's per-token records) lets a profile, or
+a change to the simulator's model, be judged against the same measurements: the error of a second
+profile is then a comparison on equal terms, not one against another grid whose host drifted.
+
+Layout of DIR (written under a temporary name and renamed when complete, so a folder named DIR is
+always a whole one):
+
+    grid.json              format version, the validation's settings, one entry per configuration:
+                           mode, grid point, budget, run configuration (`RunConfig.to_dict`), model
+                           spec, direct I/O, and each real run's midpoint (seconds into the validation)
+    config-NNN/trace/      the executed trace (trace format v1; real.records.write_executed_trace)
+    config-NNN/run-P.parquet   pass P's per-token records (sim.records.TOKEN_COLUMNS)
+
+Rescoring replays each executed trace on the given profile, compares as `validate` does
+(real.validate.compare: the mean over the passes, their spread as the noise floor) and reports the
+same summary, per mode and per group. It has no drift correction: the host checks measured the host
+against the profile validate ran with, not against the one rescored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from devices.errors import FlashsimError
+
+KEEP_VERSION = 1
+GRID_FILE = "grid.json"
+# the fields of a validate report row (real.validate._row) a kept configuration carries
+ROW_KEYS = ("mode", "config", "k", "bundled", "prefetch", "budget_fraction", "budget_bytes", "direct_io")
+
+
+def check_keep_target(keep: str | Path) -> Path:
+    """The folder `--keep` will create, refused before any real run when it cannot be."""
+    path = Path(keep)
+    if path.exists():
+        raise FlashsimError(f"--keep {keep}: already exists; give a new folder (validate never overwrites a kept grid)")
+    if not path.parent.is_dir():
+        raise FlashsimError(f"--keep {keep}: no such folder {path.parent}; create it first")
+    if not os.access(path.parent, os.W_OK):
+        raise FlashsimError(f"--keep {keep}: cannot write into {path.parent}")
+    return path
+
+
+def write_kept_grid(keep: Path, replays: list[tuple], settings: dict[str, Any], t0: float) -> Path:
+    """Writes DIR from the validation's replays [(row, executed trace path, spec, run config, each
+    pass's token records, each pass's perf_counter midpoint)]; returns DIR."""
+    import pandas as pd
+
+    from sim.records import TOKEN_COLUMNS
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{keep.name}.", dir=keep.parent))
+    try:
+        entries = []
+        for i, (row, trace_path, spec, cfg, runs, times) in enumerate(replays):
+            sub = f"config-{i:03d}"
+            (tmp / sub).mkdir()
+            shutil.copytree(trace_path, tmp / sub / "trace")
+            files = []
+            for p, tokens in enumerate(runs):
+                name = f"{sub}/run-{p}.parquet"
+                pd.DataFrame([{c: getattr(t, c) for c in TOKEN_COLUMNS} for t in tokens],
+                             columns=list(TOKEN_COLUMNS)).to_parquet(tmp / name, index=False)
+                files.append(name)
+            entries.append({"mode": row["mode"], "config": row["config"], "k": row["k"], "bundled": row["bundled"],
+                            "prefetch": row["prefetch"], "budget_fraction": row["budget_fraction"],
+                            "budget_bytes": row["budget_bytes"], "direct_io": row["direct_io"],
+                            "trace": f"{sub}/trace", "runs": files, "run_times_s": [round(t - t0, 3) for t in times],
+                            "run_config": cfg.to_dict(), "spec": spec.model_dump(mode="json")})
+        doc = {"format": "flashsim-validate-keep", "version": KEEP_VERSION, **settings, "configs": entries}
+        (tmp / GRID_FILE).write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, keep)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return keep
+
+
+def load_kept_grid(keep: str | Path) -> dict[str, Any]:
+    """grid.json of a kept grid, checked (one-line FlashsimError naming the file otherwise)."""
+    path = Path(keep) / GRID_FILE
+    if not path.is_file():
+        raise FlashsimError(f"--rescore {keep}: no {GRID_FILE} in it; give a folder written by `flashsim validate --keep`")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise FlashsimError(f"{path}: not readable JSON ({e}); keep the grid again with `flashsim validate --keep`") from None
+    if not isinstance(doc, dict) or doc.get("format") != "flashsim-validate-keep":
+        raise FlashsimError(f"{path}: not a kept validation grid (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    if doc.get("version") != KEEP_VERSION:
+        raise FlashsimError(f"{path}: version {doc.get('version')!r}, this flashsim reads version {KEEP_VERSION}; "
+                            "keep the grid again with this version")
+    if not isinstance(doc.get("configs"), list) or not doc["configs"]:
+        raise FlashsimError(f"{path}: no configurations in it")
+    return doc
+
+
+def _records(path: Path) -> list[Any]:
+    import pandas as pd
+
+    from sim.records import TOKEN_COLUMNS, TokenRecord
+
+    if not path.is_file():
+        raise FlashsimError(f"{path}: missing; the kept grid is incomplete, keep it again")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:   # pyarrow raises several types for a damaged file
+        raise FlashsimError(f"{path}: not a readable Parquet file ({type(e).__name__}); keep the grid again") from None
+    missing = [c for c in TOKEN_COLUMNS if c not in df.columns]
+    if missing:
+        raise FlashsimError(f"{path}: no column {missing[0]!r}; not per-token records of this flashsim")
+    return [TokenRecord(**{c: (v.item() if hasattr(v, "item") else v) for c, v in zip(TOKEN_COLUMNS, row, strict=True)})
+            for row in df[list(TOKEN_COLUMNS)].itertuples(index=False, name=None)]
+
+
+def rescore(keep: str | Path, profile: Any, progress: Any = None) -> dict[str, Any]:
+    """The validate report of a kept grid's real runs against `profile` (module docstring)."""
+    from devices.model_spec import ModelSpec
+    from real.validate import WARMUP_STEPS, compare, per_group, summarize
+    from sim.config import RunConfig
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    t0 = time.perf_counter()
+    root = Path(keep)
+    doc = load_kept_grid(root)
+    rows = []
+    for i, c in enumerate(doc["configs"]):
+        where = f"{root / GRID_FILE}: configuration {i}"
+        try:
+            cfg = RunConfig.from_dict(c["run_config"], where=where)
+            spec = ModelSpec.model_validate(c["spec"])
+            runs = [_records(root / f) for f in c["runs"]]
+            trace_dir = root / c["trace"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise FlashsimError(f"{where}: {type(e).__name__}: {e}; keep the grid again") from None
+        if not runs or any(len(r) <= WARMUP_STEPS for r in runs):
+            raise FlashsimError(f"{where}: a real run has {WARMUP_STEPS} or fewer steps; nothing to compare")
+        sim = simulate(open_trace(trace_dir), spec, profile, cfg, fast=False)
+        rows.append({**{k: c[k] for k in ROW_KEYS}, "metrics": compare(runs[0], sim.tokens, runs[1:])})
+        if progress:
+            progress(len(rows), len(doc["configs"]), c["config"], rows[-1]["metrics"]["latency_s"]["error"])
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    report = summarize(rows)
+    report["per_mode"] = {m: summarize([r for r in rows if r["mode"] == m]) for m in modes}
+    report["per_group"] = per_group(rows)
+    report.update({"rescored_from": str(root), "validated_with_profile": doc.get("profile"), "modes": modes,
+                   "mode": "+".join(modes), "profile": profile.name, "tokens": doc.get("tokens"),
+                   "warmup_steps": WARMUP_STEPS, "quick": doc.get("quick"), "seed": doc.get("seed"),
+                   "repeats": doc.get("repeats"), "direct_io": all(r["direct_io"] for r in rows),
+                   "configs": rows, "wall_s": time.perf_counter() - t0})
+    return report

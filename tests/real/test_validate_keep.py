@@ -1,0 +1,161 @@
+"""`flashsim validate --keep DIR` and `--rescore DIR`: the kept grid's contract, rescoring by hand,
+bad input, and that a kept folder is whole or absent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from devices import load_profile
+from devices.errors import FlashsimError
+from real import validate_keep as K
+from sim.cli.main import main
+from sim.config import RunConfig
+from sim.engine import simulate
+from tests.real.conftest import tiny_spec
+from tests.real.test_validate import tiny_grids
+from traces.format import open_trace
+from traces.synthetic import synthesize
+
+pytest.importorskip("torch")
+
+
+def _sim_grid(tmp_path: Path, factors: tuple[float, ...]) -> tuple[list[tuple], list]:
+    """Replays as validate collects them, with 'real' runs made from one simulation: pass p's
+    latencies are the simulated ones x factors[p], everything else equal."""
+    spec = tiny_spec()
+    trace_dir = synthesize(tmp_path / "trace", spec, 12, 0, active_fraction=0.2, overlap=0.8, hot_skew=0.3,
+                           prompt_tokens=12, overwrite=True)
+    cfg = RunConfig().with_overrides(["prefetch=none", "seed=0"])
+    prof = load_profile("this-host")
+    sim = simulate(open_trace(trace_dir), spec, prof, cfg, fast=False)
+    runs = [[dataclasses.replace(t, latency_s=t.latency_s * f) for t in sim.tokens] for f in factors]
+    row = {"mode": "shape", "config": "shape: hand", "k": 0, "bundled": True, "prefetch": "none",
+           "budget_fraction": 0.5, "budget_bytes": 1 << 20, "direct_io": True}
+    return [(row, trace_dir, spec, cfg, runs, [1.0 + p for p in range(len(factors))])], sim.tokens
+
+
+def test_rescore_by_hand(tmp_path):
+    # real latency = the simulated x 1.2 in pass 0 and x 1.3 in pass 1: their mean is x 1.25, so the
+    # simulator's latency error is |1 - 1.25| / 1.25 = 0.2, their spread (1.3 - 1.2) / 1.2 = 1/12;
+    # every other metric is the simulator's own (error 0)
+    replays, _ = _sim_grid(tmp_path, (1.2, 1.3))
+    keep = K.write_kept_grid(tmp_path / "kept", replays, {"profile": "this-host", "tokens": 12, "quick": True,
+                                                          "seed": 0, "repeats": 2}, t0=0.5)
+    doc = json.loads((keep / "grid.json").read_text())
+    assert doc["version"] == K.KEEP_VERSION and doc["configs"][0]["run_times_s"] == [0.5, 1.5]
+    assert sorted(p.name for p in (keep / "config-000").iterdir()) == ["run-0.parquet", "run-1.parquet", "trace"]
+    rep = K.rescore(keep, load_profile("this-host"))
+    m = rep["configs"][0]["metrics"]
+    assert m["latency_s"]["error"] == pytest.approx(0.2)
+    assert m["latency_s"]["spread"] == pytest.approx(1 / 12)
+    assert m["io_s"]["error"] == 0.0 and m["bytes_read"]["error"] == 0.0
+    assert rep["n_configs"] == 1 and rep["latency_error_median"] == pytest.approx(0.2)
+    assert rep["rescored_from"] == str(keep) and rep["repeats"] == 2 and rep["per_group"][0]["n_configs"] == 1
+    # another profile is what the replay runs on: a disk half as fast reads twice as long
+    prof = load_profile("this-host")
+    table = prof.flash.read_table.model_copy(update={"bytes_per_s": [[b / 2 for b in row] for row in
+                                                                     prof.flash.read_table.bytes_per_s]})
+    slow = prof.model_copy(update={"flash": prof.flash.model_copy(update={"read_table": table})})
+    m2 = K.rescore(keep, slow)["configs"][0]["metrics"]
+    assert m2["io_s"]["sim"] > 1.5 * m["io_s"]["sim"] and m2["io_s"]["real"] == m["io_s"]["real"]
+
+
+def test_keep_and_rescore_through_the_cli(monkeypatch, tmp_path, capsys):
+    calls = tiny_grids(monkeypatch, tmp_path)
+    work, keep = tmp_path / "work", tmp_path / "kept"
+    work.mkdir()
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work),
+                 "--keep", str(keep)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kept"] == str(keep) and list(work.iterdir()) == [] and calls == [6]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".kept")) == []   # no temporary left
+    doc = K.load_kept_grid(keep)
+    assert [c["config"] for c in doc["configs"]] == [c["config"] for c in out["configs"]]
+    assert all(len(c["runs"]) == 2 for c in doc["configs"])
+    # rescoring on the same profile gives the same errors: the replay is deterministic, the real runs kept
+    assert main(["validate", "--rescore", str(keep), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert calls == [6]                  # nothing ran again
+    for a, b in zip(out["configs"], again["configs"], strict=True):
+        assert a["config"] == b["config"]
+        for metric, v in a["metrics"].items():
+            assert b["metrics"][metric]["error"] == pytest.approx(v["error"], abs=1e-12)
+            assert b["metrics"][metric]["real"] == pytest.approx(v["real"], rel=1e-12)
+    assert again["latency_error_median"] == pytest.approx(out["latency_error_median"])
+    assert set(again["per_mode"]) == {"shape", "model"} and "drift_corrected" not in again
+    assert main(["validate", "--rescore", str(keep)]) == 0
+    text = capsys.readouterr().out
+    assert f"rescored: the real runs kept in {keep} (2 per configuration" in text
+    assert "latency_s" in text and "group (sim - real" in text
+
+
+def test_keep_refuses_an_existing_folder_before_running(tmp_path, capsys):
+    (tmp_path / "kept").mkdir()
+    assert main(["validate", "--quick", "--keep", str(tmp_path / "kept")]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and err.count("\n") == 1
+    assert main(["validate", "--quick", "--keep", str(tmp_path / "no" / "kept")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--quick"], ["--repeats", "2"], ["--modes", "shape"], ["--tokens", "8"],
+                                  ["--keep", "x"], ["--check-every", "0"]])
+def test_rescore_refuses_options_of_a_run(tmp_path, capsys, flag):
+    assert main(["validate", "--rescore", str(tmp_path), *flag]) == 2
+    err = capsys.readouterr().err
+    assert "with --rescore" in err and flag[0] in err and "Traceback" not in err
+
+
+def test_rescore_bad_input_is_one_line(tmp_path, capsys):
+    replays, _ = _sim_grid(tmp_path, (1.0,))
+    keep = K.write_kept_grid(tmp_path / "kept", replays, {"repeats": 1}, t0=0.0)
+    grid = keep / "grid.json"
+    good = grid.read_text()
+
+    def err_of(*args: str) -> str:
+        assert main(["validate", "--rescore", *args]) == 2
+        e = capsys.readouterr().err
+        assert e.count("\n") == 1 and "Traceback" not in e
+        return e
+
+    assert "no grid.json" in err_of(str(tmp_path))
+    grid.write_text(good.replace('"version": 1', '"version": 99'))
+    assert "version 99" in err_of(str(keep))
+    grid.write_text("{not json")
+    assert "not readable JSON" in err_of(str(keep))
+    grid.write_text(json.dumps({"format": "something-else"}))
+    assert "not a kept validation grid" in err_of(str(keep))
+    grid.write_text(good)
+    (keep / "config-000" / "run-0.parquet").write_bytes(b"PAR1 truncated")
+    assert "not a readable Parquet file" in err_of(str(keep))
+    (keep / "config-000" / "run-0.parquet").unlink()
+    assert "run-0.parquet: missing" in err_of(str(keep))
+    doc = json.loads(good)
+    doc["configs"][0]["run_config"]["no_such_section"] = {}
+    grid.write_text(json.dumps(doc))
+    assert "configuration 0" in err_of(str(keep))
+
+
+def test_a_failed_keep_leaves_nothing(tmp_path, monkeypatch):
+    replays, _ = _sim_grid(tmp_path, (1.0, 1.0))
+    import pandas as pd
+
+    def boom(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", boom)
+    with pytest.raises(OSError):
+        K.write_kept_grid(tmp_path / "kept", replays, {}, t0=0.0)
+    assert not (tmp_path / "kept").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".kept")] == []
+
+
+def test_load_kept_grid_needs_configurations(tmp_path):
+    (tmp_path / "grid.json").write_text(json.dumps({"format": "flashsim-validate-keep", "version": K.KEEP_VERSION,
+                                                    "configs": []}))
+    with pytest.raises(FlashsimError, match="no configurations"):
+        K.load_kept_grid(tmp_path)
