@@ -42,14 +42,23 @@ def _mmap_ffn_s(store, budget_ffn: int, tokens: int) -> float:
     return float(np.median([r.seconds for r in recs[1:]]))
 
 
-def test_bench_validate_full_grid():
-    from real.validate import run_validation
+def test_bench_validate_full_grid(tmp_path):
+    import time
 
-    r = run_validation(load_profile("this-host"), quick=False)
+    from real.validate import run_validation
+    from real.validate_keep import rescore
+
+    profile = load_profile("this-host")
+    r = run_validation(profile, quick=False, keep=tmp_path / "kept")
     print(f"\nvalidate: {r['n_configs']} configs, latency error median {r['latency_error_median']:.1%} "
           f"p90 {r['latency_error_p90']:.1%} max {r['latency_error_max']:.1%}")
     for m, v in r["per_metric"].items():
         print(f"  {m:12s} median {v['median']:.1%}  p90 {v['p90']:.1%}  max {v['max']:.1%}")
+    t = time.perf_counter()
+    again = rescore(tmp_path / "kept", profile)
+    rescore_s = time.perf_counter() - t
+    print(f"rescore of the kept grid: {rescore_s:.1f} s against the validation's {r['wall_s']:.0f} s "
+          f"({r['wall_s'] / rescore_s:.0f}x); latency error median {again['latency_error_median']:.1%} (same runs, same profile)")
 
 
 def test_bench_smollm2_vs_mmap(tmp_path):
