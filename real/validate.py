@@ -330,8 +330,14 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         log.check()
         corrected = _drift_corrected(profile, log, replays, t0)
         if keep_path is not None:
-            write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick, "seed": seed,
-                                                 "repeats": repeats, "threads": threads, "modes": list(modes)}, t0)
+            try:
+                write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick,
+                                                     "seed": seed, "repeats": repeats, "threads": threads,
+                                                     "modes": list(modes)}, t0)
+            except OSError as e:    # the grid's report is worth more than the failed keep: say so, go on
+                print(f"WARNING: --keep {keep}: could not write it ({e.strerror or e}); nothing was kept, the report "
+                      "is complete", file=sys.stderr)
+                keep_path = None
     finally:
         tmp.cleanup()
     checks = [{**c, "t_s": round(c["t_s"] - t0, 1)} for c in log.checks]     # seconds into the validation

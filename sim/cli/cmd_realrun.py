@@ -23,6 +23,9 @@ from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
 from sim.cli.output import print_json, print_table
 
+# validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
+RUN_OPTIONS = ("quick", "tokens", "seed", "workdir", "threads", "modes", "repeats", "check_every", "keep")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("validate", help="run a grid of configurations on the real backend and report the "
@@ -49,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "this new folder, to score other profiles against them later (--rescore)")
     v.add_argument("--rescore", metavar="DIR", help="run nothing: replay a grid kept with --keep on --profile and "
                                                     "report its errors against the kept real runs (seconds, not minutes)")
-    v.set_defaults(func=_validate)
+    v.set_defaults(func=_validate, run_option_defaults={name: v.get_default(name) for name in RUN_OPTIONS})
 
 
 def register_real(rsub: argparse._SubParsersAction) -> None:
@@ -227,16 +230,11 @@ def _validate(args: argparse.Namespace) -> int:
     return print_validation(report, args.json, args.plot)
 
 
-# options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
-RUN_OPTIONS = {"quick": False, "tokens": None, "seed": 0, "workdir": None, "threads": None, "modes": "shape,model",
-               "repeats": 1, "check_every": None, "keep": None}
-
-
 def _rescore(args: argparse.Namespace) -> int:
     from devices import load_profile
     from real.validate_keep import rescore
 
-    given = [name for name, default in RUN_OPTIONS.items() if getattr(args, name) != default]
+    given = [name for name, default in args.run_option_defaults.items() if getattr(args, name) != default]
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise FlashsimError(f"{flag} with --rescore: a rescore runs nothing, it replays the kept grid as it ran; "

@@ -159,3 +159,21 @@ def test_load_kept_grid_needs_configurations(tmp_path):
                                                     "configs": []}))
     with pytest.raises(FlashsimError, match="no configurations"):
         K.load_kept_grid(tmp_path)
+
+
+def test_a_keep_that_cannot_be_written_warns_and_keeps_the_report(monkeypatch, tmp_path, capsys):
+    tiny_grids(monkeypatch, tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(K, "write_kept_grid", full)
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--modes", "shape", "--workdir", str(work),
+                 "--keep", str(tmp_path / "kept")]) == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert out["kept"] is None and out["n_configs"] == 2
+    assert "WARNING: --keep" in cap.err and "No space left on device" in cap.err and "report is complete" in cap.err
+    assert not (tmp_path / "kept").exists() and list(work.iterdir()) == []
