@@ -104,3 +104,23 @@ def test_cli_bad_inputs_exit_2(shape_setup, tmp_path, capsys):
     assert "trace" in err and "Traceback" not in err
     assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path),
                  "--set", "bundling.bundled=false", "--preset", "mmap"]) == 2
+
+
+def test_attention_sets_by_hand():
+    """A distinct attention set per layer up to ATTN_DISTINCT_BYTES, then as many as fit (>= 2)."""
+    from devices.model_spec import load_model
+    from real import validate as V
+    from real.shape_mode import ATTN_DISTINCT_BYTES, attention_sets
+
+    assert ATTN_DISTINCT_BYTES == 512 << 20
+    # validation shape: q 8 x 128, kv 4 x 128 over d_model 1024: (2 x 1024 x 1024 + 2 x 512 x 1024) x 4 B
+    # = 12 MiB per set, 42 fit in 512 MiB: all 8 layers get their own
+    assert attention_sets(V.validation_spec(False), 4) == 8
+    # Llama-2-7B: 4 x 4096 x 4096 per set, 128 MiB in fp16 (4 fit), 256 MiB in fp32 (2 fit)
+    seven = load_model("llama-2-7b")
+    assert attention_sets(seven, 2) == 4 and attention_sets(seven, 4) == 2
+    # never more sets than layers, and at least 2 when there are 2 layers or more
+    assert attention_sets(tiny_spec(n_layers=1), 4) == 1
+    # one set larger than the whole allowance: still 2, so no layer reads the set the previous one did
+    huge = seven.model_copy(update={"n_layers": 2, "d_model": 65536, "head_dim": 8192})
+    assert attention_sets(huge, 4) == 2
