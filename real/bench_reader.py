@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from devices.model_spec import ModelSpec
-from real.buffers import ALIGN_BYTES
+from real.buffers import round_up
 from real.cache import LayerCache
 from real.convert import write_shape_store
 from real.reader import BundleReader, ReadStats
@@ -115,7 +115,7 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     is exact in the disk's usual state; in its slow state short batches slow less than steady reads
     (bursts of 64 4 KiB reads 1.51x, steady reads 1.97x), so a depth measured there comes out low
     (0.17 against 0.35 ms for those bursts; unscaled it would be 0.86 ms)."""
-    chunk = -(-store.bundle_bytes // ALIGN_BYTES) * ALIGN_BYTES     # a bundle's read: its padded stride
+    chunk = round_up(store.bundle_bytes)     # a bundle's read: its padded stride
     steady_s = duration_s / 2 / (slices + 1)
     overhead, batch_s, table_s, state_med = [], [], [], []
     for q in depths:

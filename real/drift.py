@@ -161,13 +161,13 @@ def drift_warning(checks: dict[str, dict[str, Any]]) -> str | None:
     bad = []
     for what in RATIOS:
         measured = [(when, r) for when, c in checks.items() if _finite(r := c.get(what))]
-        off = [r for _, r in measured if abs(r - 1.0) > DRIFT_WARN]
+        off = [(when, r) for when, r in measured if abs(r - 1.0) > DRIFT_WARN]
         if len(off) <= WARN_LISTED:
-            bad += [f"{when} {what} {r:.2f}x" for when, r in measured if abs(r - 1.0) > DRIFT_WARN]
+            bad += [f"{when} {what} {r:.2f}x" for when, r in off]
         else:
+            lo, hi = min(r for _, r in off), max(r for _, r in off)
             med = float(np.median([r for _, r in measured]))
-            bad.append(f"{what} at {len(off)} of {len(measured)} checks ({min(off):.2f}-{max(off):.2f}x; "
-                       f"median of all {med:.2f}x)")
+            bad.append(f"{what} at {len(off)} of {len(measured)} checks ({lo:.2f}-{hi:.2f}x; median of all {med:.2f}x)")
     if not bad:
         return None
     return ("WARNING: the host is not as profiled (measured / profiled time: " + ", ".join(bad) + "); "

@@ -36,7 +36,7 @@ def attention_sets(spec: Any, dtype_bytes: int) -> int:
     kv = spec.n_kv_heads * spec.head_dim
     q = spec.n_heads * spec.head_dim
     set_bytes = (2 * q * spec.d_model + 2 * kv * spec.d_model) * dtype_bytes
-    return max(1, min(spec.n_layers, max(2, ATTN_DISTINCT_BYTES // max(set_bytes, 1))))
+    return min(spec.n_layers, max(2, ATTN_DISTINCT_BYTES // set_bytes))
 
 
 def shape_config(config: RunConfig) -> RunConfig:

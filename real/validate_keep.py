@@ -55,9 +55,9 @@ def check_keep_target(keep: str | Path) -> Path:
 def write_kept_grid(keep: Path, replays: list[tuple], settings: dict[str, Any], t0: float) -> Path:
     """Writes DIR from the validation's replays [(row, executed trace path, spec, run config, each
     pass's token records, each pass's perf_counter midpoint)]; returns DIR."""
-    import pandas as pd
+    from types import SimpleNamespace
 
-    from sim.records import TOKEN_COLUMNS
+    from real.records import write_records
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{keep.name}.", dir=keep.parent))
     try:
@@ -69,8 +69,7 @@ def write_kept_grid(keep: Path, replays: list[tuple], settings: dict[str, Any], 
             files = []
             for p, tokens in enumerate(runs):
                 name = f"{sub}/run-{p}.parquet"
-                pd.DataFrame([{c: getattr(t, c) for c in TOKEN_COLUMNS} for t in tokens],
-                             columns=list(TOKEN_COLUMNS)).to_parquet(tmp / name, index=False)
+                write_records(tmp / name, SimpleNamespace(tokens=tokens))
                 files.append(name)
             entries.append({"mode": row["mode"], "config": row["config"], "k": row["k"], "bundled": row["bundled"],
                             "prefetch": row["prefetch"], "budget_fraction": row["budget_fraction"],
