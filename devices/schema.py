@@ -148,6 +148,27 @@ class FlashSpec(_Strict):
                                                           "while the compute is framework code")
     framework_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_batch "
                                                            "while the compute is framework code")
+    # The op rhythm of each probe, and a third probe of long kernels (sim/components/compute.py
+    # `HostCpu.at`, compute.decoder=python). A Python decoder loop takes the interpreter lock back
+    # after every torch call; each time, a reader thread that woke meanwhile may hold it, so what a
+    # read batch costs the loop follows how often the loop re-takes the lock: its mean seconds per
+    # torch call. bench flash counts each probe's torch calls and times them (the tiny llama: a few
+    # us per call; the kernel GEMV: tens of us; the long GEMV: about a millisecond), and the
+    # simulator places a decoder loop between the three probes by its own seconds per call.
+    framework_probe_op_s: float | None = Field(default=None, gt=0, description="the framework probe's mean "
+                                               "seconds per torch call")
+    kernel_probe_op_s: float | None = Field(default=None, gt=0, description="the kernel probe's mean seconds "
+                                            "per torch call")
+    long_kernel_probe_op_s: float | None = Field(default=None, gt=0, description="the long-kernel probe's "
+                                                 "mean seconds per torch call")
+    long_kernel_compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute_lost_s_per_"
+                                                              "read while the compute is long kernels")
+    long_kernel_compute_lost_s_per_batch: float | None = Field(default=None, ge=0, description="compute_lost_s_"
+                                                               "per_batch while the compute is long kernels")
+    long_kernel_read_delay_s_per_read: float | None = Field(default=None, ge=0, description="read_delay_s_per_"
+                                                            "read while the compute is long kernels")
+    long_kernel_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_"
+                                                             "batch while the compute is long kernels")
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
@@ -234,6 +255,41 @@ class FlashSpec(_Strict):
                 raise ValueError(f"{name} needs host_cpu_s_per_read > 0 (a host whose CPU both computes and "
                                  "submits the reads)")
         return self
+
+    @model_validator(mode="after")
+    def _probe_rhythm(self) -> FlashSpec:
+        ops = [self.framework_probe_op_s, self.kernel_probe_op_s, self.long_kernel_probe_op_s]
+        long_terms = [self.long_kernel_compute_lost_s_per_read, self.long_kernel_compute_lost_s_per_batch,
+                      self.long_kernel_read_delay_s_per_read, self.long_kernel_read_delay_s_per_batch]
+        given = [x is not None for x in ops + long_terms]
+        if not any(given):
+            return self
+        if not all(given) or self.framework_compute_lost_s_per_read is None:
+            raise ValueError("framework_probe_op_s, kernel_probe_op_s, long_kernel_probe_op_s and the four "
+                             "long_kernel_* terms go together, with the framework_* terms (bench flash writes them all)")
+        if not ops[0] < ops[1] < ops[2]:  # type: ignore[operator]
+            raise ValueError("the probes' seconds per torch call must increase: framework_probe_op_s < "
+                             f"kernel_probe_op_s < long_kernel_probe_op_s, got {ops}")
+        if self.host_cpu_s_per_read == 0:
+            raise ValueError("the probe terms need host_cpu_s_per_read > 0 (a host whose CPU both computes and "
+                             "submits the reads)")
+        return self
+
+    def probe_points(self) -> list[tuple[float, float, float, float, float]] | None:
+        """The three probes as (seconds per torch call, compute lost per read, per batch, read delay
+        per read, per batch), by increasing seconds per call; None when the profile lacks them."""
+        if self.long_kernel_probe_op_s is None:
+            return None
+        k = [self.compute_lost_s_per_read, self.compute_lost_s_per_batch, self.read_delay_s_per_read,
+             self.read_delay_s_per_batch]
+        k = [x if x is not None else self.host_cpu_s_per_read for x in k]
+        fw = [self.framework_compute_lost_s_per_read, self.framework_compute_lost_s_per_batch,
+              self.framework_read_delay_s_per_read, self.framework_read_delay_s_per_batch]
+        fw = [b if b is not None else a for a, b in zip(k, fw)]
+        lk = [self.long_kernel_compute_lost_s_per_read, self.long_kernel_compute_lost_s_per_batch,
+              self.long_kernel_read_delay_s_per_read, self.long_kernel_read_delay_s_per_batch]
+        return [(self.framework_probe_op_s, *fw), (self.kernel_probe_op_s, *k),  # type: ignore[list-item]
+                (self.long_kernel_probe_op_s, *lk)]  # type: ignore[list-item]
 
     @property
     def shares_host_cpu(self) -> bool:

@@ -128,6 +128,8 @@ PROBE_CHUNK_BYTES = 16384     # near a bundle of a small model (12-24 KiB): the 
 PROBE_SLICES = 20
 PROBE_SLICE_S = 0.1
 PROBE_DIM = 1024              # the probe GEMV: 4 MiB of fp32 weights, a decode layer's projection
+PROBE_LONG_DIM = 4096         # the long-kernel probe: 64 MiB of fp32 weights, about 1 ms per torch call
+PROBE_KINDS = ("host", "framework", "long")   # the kernel probe (profile's plain terms), framework_, long_kernel_
 STAGED_CHUNK_BYTES = 4096     # staged reads: a padded row of an unaligned unit (SmolLM2 fp32: 2304 B)
 SEGMENT_CHUNK_BYTES = 65536   # segment cost: a run of 16 unbundled 4 KiB rows, read as one iovec and as 16
 STAGE_ROWS = 64               # destination rows of the staging copy (cycled)
@@ -398,14 +400,40 @@ def latency_4k_qd1(bf: BenchFile, duration_s: float, rng: np.random.Generator) -
             "reads": len(a)}
 
 
-def _compute_probe(threads: int, seed: int) -> Callable[[float], int]:
-    """A decode-like compute loop on `threads` threads: run(until_perf_counter) -> iterations."""
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((PROBE_DIM, PROBE_DIM), dtype=np.float32)
+class _CountCalls:
+    """Counts torch calls made from Python (a TorchFunctionMode) while active."""
+
+    def __init__(self, torch: Any):
+        class Mode(torch.overrides.TorchFunctionMode):
+            def __torch_function__(mode, func, types, args=(), kwargs=None):  # noqa: N805
+                self.calls += 1
+                return func(*args, **(kwargs or {}))
+
+        self.calls, self.mode = 0, Mode()
+
+
+def calls_per_iteration(probe: Callable[[float], int], duration_s: float = 0.05) -> float | None:
+    """Mean torch calls per iteration of a probe (None without torch): one short untimed run under
+    a counting mode (the probes' op rhythm: FlashSpec.framework_probe_op_s etc.)."""
     try:
         import torch
     except ImportError:
-        x = [rng.standard_normal(PROBE_DIM, dtype=np.float32)]
+        return None
+    counter = _CountCalls(torch)
+    with counter.mode:
+        n = probe(time.perf_counter() + duration_s)
+    return counter.calls / n if n and counter.calls else None
+
+
+def _compute_probe(threads: int, seed: int, dim: int = PROBE_DIM) -> Callable[[float], int]:
+    """A decode-like compute loop on `threads` threads: run(until_perf_counter) -> iterations
+    (a dim x dim GEMV and a normalisation per iteration)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((dim, dim), dtype=np.float32)
+    try:
+        import torch
+    except ImportError:
+        x = [rng.standard_normal(dim, dtype=np.float32)]
 
         def run_np(until: float) -> int:
             n = 0
@@ -417,7 +445,7 @@ def _compute_probe(threads: int, seed: int) -> Callable[[float], int]:
 
         return run_np
     torch.set_num_threads(threads)
-    wt, xt = torch.from_numpy(w), [torch.from_numpy(rng.standard_normal(PROBE_DIM, dtype=np.float32))]
+    wt, xt = torch.from_numpy(w), [torch.from_numpy(rng.standard_normal(dim, dtype=np.float32))]
 
     def run_torch(until: float) -> int:
         n = 0
@@ -465,9 +493,10 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
 
 def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
                   compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, int] | None = None,
-                  framework: bool = False, round_: int = 0) -> dict[str, Any] | None:
+                  kind: str = "host", round_: int = 0) -> dict[str, Any] | None:
     """One round of the host CPU probe: `slices` slices per batch size, each the compute alone |
     batches alone | both at once; returns the per-slice samples (None without a compute probe).
+    `kind` (PROBE_KINDS): the kernel GEMV ("host"), the tiny llama ("framework") or the long GEMV.
     Reads are issued as the real backend issues a prefetch: a background thread hands batches of B
     reads to a persistent pool of `in_flight` threads (the reader's own `_Workers`), one batch after
     another. Two batch sizes separate the per-batch cost (waking and collecting the pool's threads)
@@ -479,10 +508,14 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
     sizes = batch_reads or (2 * in_flight, 8 * in_flight)
     torch_threads = _torch_threads()
-    probe = _framework_probe(compute_threads, seed) if framework else _compute_probe(compute_threads, seed)
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"probe kind must be one of {PROBE_KINDS}, got {kind!r}")
+    probe = (_framework_probe(compute_threads, seed) if kind == "framework" else
+             _compute_probe(compute_threads, seed, PROBE_LONG_DIM if kind == "long" else PROBE_DIM))
     if probe is None:
         _restore_torch_threads(torch_threads)
         return None
+    calls = calls_per_iteration(probe)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0DE, round_]))
     # where the reads land: thread w takes its next slot of the huge-page region in turn, as the
     # grid's reads do and as a prefetch's reads land in cache rows (module doc, destinations)
@@ -561,7 +594,7 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
         _restore_torch_threads(torch_threads)
     return {"chunk_bytes": chunk, "in_flight": in_flight, "compute_threads": compute_threads, "slices": slices,
             "slice_s": slice_s, "batch_reads": list(sizes), "per": per, "it_alone": it_alone,
-            "load_average_1min": os.getloadavg()[0]}
+            "calls_per_iteration": calls, "load_average_1min": os.getloadavg()[0]}
 
 
 def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -592,8 +625,15 @@ def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                                         "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"],
                                         "delay_s": delay[n]}
                                for n in sizes},
-            "probe_iteration_s": float(np.median([x for r in rounds for x in r["it_alone"]])),
+            "probe_iteration_s": (it := float(np.median([x for r in rounds for x in r["it_alone"]]))),
+            # seconds per torch call (None without torch, or a round that could not count)
+            "op_s": it / calls if (calls := _median_calls(rounds)) else None,
             "load_average_1min": float(np.median([r["load_average_1min"] for r in rounds]))}
+
+
+def _median_calls(rounds: list[dict[str, Any]]) -> float | None:
+    calls = [r.get("calls_per_iteration") for r in rounds]
+    return float(np.median(calls)) if calls and all(c for c in calls) else None  # type: ignore[arg-type]
 
 
 def _torch_threads() -> int | None:
@@ -631,10 +671,10 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
             rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
-        for kind, framework in (("host", False), ("framework", True)):
+        for kind in PROBE_KINDS:
             raw = probe_samples(bf, chunk, q, slices=max(2, PROBE_SLICES // cfg.passes),
                                 slice_s=min(PROBE_SLICE_S, cfg.duration_s), compute_threads=cfg.compute_threads,
-                                seed=cfg.seed, framework=framework, round_=r)
+                                seed=cfg.seed, kind=kind, round_=r)
             if raw is not None:
                 rounds[kind].append(raw)
 
@@ -654,7 +694,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
         batches = plan = cold = index = None
         skipped = None
-        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", "index", "cold", "host", "framework")}
+        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", "index", "cold", *PROBE_KINDS)}
         with contextlib.ExitStack() as stack:
             try:
                 store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
@@ -702,8 +742,9 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         if progress:
             progress("batch overhead")
         host = probe_summary(rounds["host"]) if rounds["host"] else None
-        if host is not None and rounds["framework"]:
-            host["framework"] = probe_summary(rounds["framework"])
+        for kind in PROBE_KINDS[1:]:
+            if host is not None and rounds[kind]:
+                host[kind] = probe_summary(rounds[kind])
     finally:
         bf.close()
     return {
@@ -838,6 +879,14 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         if host.get("framework"):
             extra.update({f"framework_{k}": sig4(host["framework"][k]) for k in keys})
             source += "; the framework_ terms with a tiny transformers llama as the compute"
+        long = host.get("long")
+        if host.get("framework") and long and all(p.get("op_s") for p in (host, host["framework"], long)) \
+                and host["framework"]["op_s"] < host["op_s"] < long["op_s"]:
+            extra.update({f"long_kernel_{k}": sig4(long[k]) for k in keys})
+            extra.update({"framework_probe_op_s": sig4(host["framework"]["op_s"]), "kernel_probe_op_s": sig4(host["op_s"]),
+                          "long_kernel_probe_op_s": sig4(long["op_s"])})
+            source += (f"; the long_kernel_ terms with a {PROBE_LONG_DIM} x {PROBE_LONG_DIM} fp32 GEMV as the compute; "
+                       "each probe's seconds per torch call counted with a TorchFunctionMode")
         source += (f"; host CPU per read and compute lost per read measured at {format_bytes(host['chunk_bytes'])} x "
                    f"{host['in_flight']} in flight, batches of {host['batch_reads']} reads, with a "
                    f"{host['compute_threads']}-thread compute probe "

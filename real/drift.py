@@ -64,7 +64,9 @@ RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values())
 AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer", "cache_index_s_per_evicted",
                   "host_cpu_s_per_read", "compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read",
                   "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
-                  "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch")
+                  "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch",
+                  "long_kernel_compute_lost_s_per_read", "long_kernel_compute_lost_s_per_batch",
+                  "long_kernel_read_delay_s_per_read", "long_kernel_read_delay_s_per_batch")
 
 
 def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5

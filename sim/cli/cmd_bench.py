@@ -183,11 +183,19 @@ def host_cpu_line(host: dict[str, Any] | None) -> str:
     if not host:
         return "host CPU probe: not run (--no-host-cpu or imported results)"
     us = 1e6
+
+    def terms(h: dict[str, Any]) -> str:
+        call = f" at {h['op_s'] * us:.1f} us per torch call" if h.get("op_s") else ""
+        return (f"compute lost {h['compute_lost_s_per_read'] * us:.1f} us/read + "
+                f"{h['compute_lost_s_per_batch'] * 1e3:.3f} ms/batch; read delay {h['read_delay_s_per_read'] * us:.1f} "
+                f"us/read + {h['read_delay_s_per_batch'] * 1e3:.3f} ms/batch{call}")
+
+    others = "".join(f"; {name}: {terms(host[kind])}" for kind, name in (("framework", "tiny llama"),
+                                                                          ("long", "long GEMV")) if host.get(kind))
     return (f"host CPU probe ({format_bytes(host['chunk_bytes'])} x {host['in_flight']} in flight, batches of "
             f"{'/'.join(map(str, host['batch_reads']))} reads, {host['compute_threads']}-thread compute, load "
-            f"{host['load_average_1min']:.1f}): CPU {host['cpu_s_per_read'] * us:.1f} us/read; compute lost "
-            f"{host['compute_lost_s_per_read'] * us:.1f} us/read + {host['compute_lost_s_per_batch'] * 1e3:.3f} ms/batch; "
-            f"read delay {host['read_delay_s_per_read'] * us:.1f} us/read + {host['read_delay_s_per_batch'] * 1e3:.3f} ms/batch")
+            f"{host['load_average_1min']:.1f}): CPU {host['cpu_s_per_read'] * us:.1f} us/read; GEMV: {terms(host)}"
+            + others)
 
 
 def _int(text: str, what: str) -> int:

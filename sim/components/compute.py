@@ -47,6 +47,7 @@ constant (`flashsim bench flash` measures both; docs/validation.md has the numbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,14 @@ import numpy as np
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 
+# Torch calls per layer of the real backend's Python decoder loop (compute.decoder=python), counted
+# with a TorchFunctionMode (tests/real/test_loop_ops.py counts them again): the FFN step
+# (real/backend.py `RealExecutor.ffn`) 22; the attention, norms and residuals around it 22 in shape
+# mode's stand-in (compute.framework=kernels) and 69 in a transformers llama layer with model mode's
+# FFN module (hf: 68.6 on average, counted with transformers 5.24; a few calls run on some steps only).
+# `HostCpu.at` places the loop by its seconds per call.
+LOOP_FFN_OPS = 22
+LOOP_ATTENTION_OPS = {"kernels": 22, "hf": 69}
 ATTENTION_KERNELS = 8
 FFN_BASE_KERNELS = 3
 PREDICTOR_KERNELS = 3
@@ -84,6 +93,9 @@ class HostCpu:
     fw_lost_s_per_batch: float | None = None
     fw_delay_s_per_read: float | None = None
     fw_delay_s_per_batch: float | None = None
+    # (seconds per torch call, lost per read, lost per batch, delay per read, delay per batch) of the
+    # profile's three probes, by increasing seconds per call: a Python decoder loop's terms (`at`)
+    probes: tuple[tuple[float, float, float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("lost_s_per_read", "lost_s_per_batch", "delay_s_per_read", "delay_s_per_batch"):
@@ -94,9 +106,10 @@ class HostCpu:
     def of(cls, profile: DeviceProfile, python_loop: bool = False) -> HostCpu | None:
         """The profile's host CPU model, or None when its reads cost the compute nothing.
 
-        `python_loop` (run config `compute.decoder=python`): a Python layer loop drives the kernels,
-        so every phase contends with the reads as framework code does: the framework constants
-        stand in for the kernel ones (where the profile has them)."""
+        `python_loop` (run config `compute.decoder=python`): a Python layer loop drives the kernels.
+        With the profile's three probes (`FlashSpec.probe_points`) its terms follow its seconds per
+        torch call (`at`); without them the framework constants stand in for the kernel ones (where
+        the profile has them), as for framework code."""
         f = profile.flash
         if not f.shares_host_cpu:
             return None
@@ -106,24 +119,47 @@ class HostCpu:
         k = [lost, f.compute_lost_s_per_batch, delay, f.read_delay_s_per_batch]
         fw = [f.framework_compute_lost_s_per_read, f.framework_compute_lost_s_per_batch,
               f.framework_read_delay_s_per_read, f.framework_read_delay_s_per_batch]
-        if python_loop:
+        probes = tuple(f.probe_points() or ()) if python_loop else ()
+        if python_loop and not probes:
             k = [b if b is not None else a for a, b in zip(k, fw)]
-        return cls(cpu, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3])
+        return cls(cpu, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes)
 
-    def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0) -> float:
+    def at(self, op_s: float) -> tuple[float, float, float, float]:
+        """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that
+        spends `op_s` seconds per torch call: linear in log(op_s) between the two probes around it,
+        the nearest probe's outside them (module doc, "A Python decoder loop")."""
+        pts = self.probes
+        if op_s <= pts[0][0]:
+            return pts[0][1:]
+        for lo, hi in zip(pts, pts[1:]):
+            if op_s < hi[0]:
+                w = math.log(op_s / lo[0]) / math.log(hi[0] / lo[0])
+                return tuple(a + w * (b - a) for a, b in zip(lo[1:], hi[1:]))  # type: ignore[return-value]
+        return pts[-1][1:]
+
+    def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0, op_s: float = 0.0) -> float:
         """The share of full speed the compute keeps while a batch of `nreads` runs for service_s;
-        `framework`: the share of the compute that is framework code (0 = kernels only)."""
+        `framework`: the share of the compute that is framework code (0 = kernels only); `op_s`: a
+        Python loop's seconds per torch call (with the probes, it decides and `framework` is unused)."""
         if service_s <= 0:
             return 1.0
-        k = nreads * self.lost_s_per_read + self.lost_s_per_batch
-        if framework > 0:
-            fw = nreads * self.fw_lost_s_per_read + self.fw_lost_s_per_batch  # type: ignore[operator]
-            k += framework * (fw - k)
+        if op_s > 0 and self.probes:
+            lost_r, lost_b, _, _ = self.at(op_s)
+            k = nreads * lost_r + lost_b
+        else:
+            k = nreads * self.lost_s_per_read + self.lost_s_per_batch
+            if framework > 0:
+                fw = nreads * self.fw_lost_s_per_read + self.fw_lost_s_per_batch  # type: ignore[operator]
+                k += framework * (fw - k)
         share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 
-    def delay_s(self, nreads: float, framework: float = 0.0) -> float:
-        """How much longer a batch of `nreads` takes while the compute runs (framework share as above)."""
+    def delay_s(self, nreads: float, framework: float = 0.0, op_s: float = 0.0) -> float:
+        """How much longer a batch of `nreads` takes while the compute runs (framework share and
+        seconds per torch call as above)."""
+        if op_s > 0 and self.probes:
+            _, _, delay_r, delay_b = self.at(op_s)
+            return nreads * delay_r + delay_b
         k = nreads * self.delay_s_per_read + self.delay_s_per_batch
         if framework > 0:
             fw = nreads * self.fw_delay_s_per_read + self.fw_delay_s_per_batch  # type: ignore[operator]
@@ -152,6 +188,8 @@ class ComputeModel:
                  framework: str = "hf", decoder: str = "python"):
         self.spec, self.profile = spec, profile
         self.python_loop = decoder == "python"   # compute.decoder: how reads contend with it (HostCpu.of)
+        # torch calls per layer of that loop (0: a compiled loop), which place it among the probes
+        self.loop_ops_per_layer = LOOP_FFN_OPS + LOOP_ATTENTION_OPS[framework] if self.python_loop else 0
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s

@@ -127,8 +127,8 @@ class FlashDevice:
         self._min_share = min_share
         self._segments: deque[tuple[float, float, float]] = deque()   # (start, end, share left)
         self.host: HostCpu | None = None
-        # (start, end, CPU share left to kernels, ... to framework code)
-        self._cpu_segments: deque[tuple[float, float, float, float]] = deque()
+        # (start, end, reads): the share each leaves to a compute depends on the compute (HostCpu)
+        self._cpu_segments: deque[tuple[float, float, float]] = deque()
         self.host_cpu_extra_s: dict[int, float] = {}    # step -> service added by the reads' CPU work
 
     def enable_host_cpu(self, host: HostCpu | None) -> None:
@@ -136,22 +136,22 @@ class FlashDevice:
         self.host = host
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
-               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), framework: float = 0.0) -> float:
+               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), framework: float = 0.0,
+               op_s: float = 0.0) -> float:
         """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
         before it needs a prefetch (a batch waits for the compute at most that long); `framework`:
-        the framework-code share of that compute (HostCpu)."""
+        the framework-code share of that compute; `op_s`: its seconds per torch call (HostCpu)."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
         host = self.host
         if host is not None and nreads > 0:
             if tag == "prefetch":   # the decoder computes while it runs: its CPU work waits for the compute's
-                extra = host.delay_s(nreads, framework)
+                extra = host.delay_s(nreads, framework, op_s)
                 if extra > overlap_s:
                     extra = overlap_s
                 service_s += extra
                 self.host_cpu_extra_s[step] = self.host_cpu_extra_s.get(step, 0.0) + extra
             if service_s > 0:
-                self._cpu_segments.append((start, start + service_s, host.cpu_share(nreads, service_s),
-                                           host.cpu_share(nreads, service_s, 1.0)))
+                self._cpu_segments.append((start, start + service_s, nreads))
         end = start + service_s
         self.free_at_s = end
         self.busy_s += service_s
@@ -162,15 +162,17 @@ class FlashDevice:
             self.log.append(FlashBatch(tag, step, layer, int(nbytes), int(nreads), now_s, start, end))
         return end
 
-    def cpu_segments_after(self, t_s: float, framework: float = 0.0) -> list[tuple[float, float, float]]:
+    def cpu_segments_after(self, t_s: float, framework: float = 0.0,
+                           op_s: float = 0.0) -> list[tuple[float, float, float]]:
         """Scheduled batches (start, end, CPU share left to a compute whose framework-code share is
-        `framework`) ending after t_s."""
+        `framework` and, for a Python loop, whose seconds per torch call are `op_s`) ending after t_s."""
         seg = self._cpu_segments
         while seg and seg[0][1] <= t_s:
             seg.popleft()
-        if framework <= 0:
-            return [(a, b, k) for a, b, k, _ in seg]
-        return [(a, b, k + framework * (fw - k)) for a, b, k, fw in seg]
+        if not seg:
+            return []
+        share = self.host.cpu_share  # type: ignore[union-attr]
+        return [(a, b, share(n, b - a, framework, op_s)) for a, b, n in seg]
 
     def segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
         """Scheduled transfers (start, end, DRAM share left) ending after t_s (older ones dropped)."""

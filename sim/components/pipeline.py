@@ -72,6 +72,8 @@ class Decoder:
         csegs = flash.cpu_segments_after
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
         fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
+        loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: not placed)
+        lop = 0.0                                  # its seconds per call in the current layer
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
         lookahead = self.trigger == "previous-layer"
@@ -86,9 +88,9 @@ class Decoder:
             stall = comp = mgmt = 0.0
             af, am, ao = attn_f[s], attn_m[s], attn_o[s]
             a_tot = (af if af > am else am) + ao
-            if lookahead and p.pf_s[s, 0] > 0:
+            if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
-                                   a_tot)
+                                   a_tot, 0.0, lop)
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -100,6 +102,11 @@ class Decoder:
                     c_next = cells[layer + 1] if layer + 1 < L else None
                 st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl = c
                 now = env.now
+                # the layer's compute without contention: what a prefetch overlaps, and (over the
+                # loop's torch calls) the Python loop's seconds per call
+                ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
+                if loop_ops:
+                    lop = ov / loop_ops
                 # 1. streamed attention weights
                 if st > 0:
                     end = submit(now, st, st_b, st_r, "stream", s, layer)
@@ -115,7 +122,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0))
+                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0, lop))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -141,11 +148,10 @@ class Decoder:
                 # attention): the decoder issues one batch per layer, and the batches in the device's
                 # queue share its compute, so a step's batches together can wait at most for the
                 # step's compute (delta), and a lookahead batch is needed after one layer anyway.
-                ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
                 f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               f_ov)
+                                               f_ov, lop)
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -162,7 +168,7 @@ class Decoder:
                 if host and flash.free_at_s > t_ffn and d_mg + d_ffn > 0:
                     # both are CPU work: stretch them as one block (the prefetch issued just before
                     # would otherwise land wholly on the short row copy) and keep their proportions
-                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn)) / (d_mg + d_ffn)
+                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn, 0.0, lop)) / (d_mg + d_ffn)
                     d_mg, d_ffn = d_mg * f, d_ffn * f
                     t_f = t_ffn + d_mg
                 if d_mg > 0:
@@ -182,10 +188,10 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   f_ov)
+                                                   f_ov, lop)
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov)
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop)
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
             if self.finish_step is not None:
@@ -204,7 +210,7 @@ class Decoder:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
             if host and flash.free_at_s > now:
-                d = stretch(now, d, csegs(now, min(fw_h / d, 1.0) if d > 0 else 0.0))
+                d = stretch(now, d, csegs(now, min(fw_h / d, 1.0) if d > 0 else 0.0, lop))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)

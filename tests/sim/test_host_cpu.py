@@ -87,7 +87,10 @@ def base_profile() -> DeviceProfile:
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
               "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
               "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer",
-              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s"):
+              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s",
+              "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
+              "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
+              "long_kernel_read_delay_s_per_batch"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)
 
@@ -319,3 +322,74 @@ def test_segmented_reads_pay_each_extra_destination_segment(gated_trace, base_pr
         assert tb.io_s - ta.io_s == pytest.approx(1e-4 * (rows - ta.reads_issued), abs=1e-12)
         extra += rows - ta.reads_issued
     assert (extra > 0) == segmented
+
+
+PROBES = dict(framework_probe_op_s=4e-6, kernel_probe_op_s=3e-5, long_kernel_probe_op_s=1e-3,
+              long_kernel_compute_lost_s_per_read=5e-6, long_kernel_compute_lost_s_per_batch=1e-4,
+              long_kernel_read_delay_s_per_read=0.0, long_kernel_read_delay_s_per_batch=0.0)
+HOST = dict(host_cpu_s_per_read=1e-5, compute_lost_s_per_read=2e-5, compute_lost_s_per_batch=0.0,
+            read_delay_s_per_read=3e-6, read_delay_s_per_batch=1e-4, framework_compute_lost_s_per_read=3e-5,
+            framework_compute_lost_s_per_batch=4e-4, framework_read_delay_s_per_read=8e-6,
+            framework_read_delay_s_per_batch=3e-4)
+
+
+def test_python_loop_terms_follow_its_seconds_per_torch_call(m1) -> None:
+    """With the three probes, a Python loop's terms are the probes' linear in log(seconds per call),
+    the nearest probe's outside them; the framework share no longer applies."""
+    prof = _with_host(m1, **HOST, **PROBES)
+    assert prof.flash.probe_points() == [(4e-6, 3e-5, 4e-4, 8e-6, 3e-4), (3e-5, 2e-5, 0.0, 3e-6, 1e-4),
+                                         (1e-3, 5e-6, 1e-4, 0.0, 0.0)]
+    py, native = HostCpu.of(prof, python_loop=True), HostCpu.of(prof)
+    assert not native.probes and len(py.probes) == 3
+    assert py.at(1e-6) == py.at(4e-6) == (3e-5, 4e-4, 8e-6, 3e-4)
+    assert py.at(1.0) == (5e-6, 1e-4, 0.0, 0.0)
+    assert py.at(3e-5) == (2e-5, 0.0, 3e-6, 1e-4)
+    # the geometric mean of two probes' seconds per call: halfway between their terms
+    assert py.at((4e-6 * 3e-5) ** 0.5) == pytest.approx((2.5e-5, 2e-4, 5.5e-6, 2e-4))
+    assert py.at((3e-5 * 1e-3) ** 0.5) == pytest.approx((1.25e-5, 5e-5, 1.5e-6, 5e-5))
+    op = (3e-5 * 1e-3) ** 0.5
+    assert py.cpu_share(100, 0.01, 0.0, op) == pytest.approx(1 - (100 * 1.25e-5 + 5e-5) / 0.01)     # 0.87
+    assert py.cpu_share(100, 0.01, 1.0, op) == py.cpu_share(100, 0.01, 0.0, op)
+    assert py.delay_s(100, 0.0, op) == pytest.approx(100 * 1.5e-6 + 5e-5)
+    assert py.cpu_share(100, 0.01) == native.cpu_share(100, 0.01)          # no seconds per call: the kernels'
+    flash = FlashDevice()
+    flash.enable_host_cpu(py)
+    end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, op_s=op)
+    assert end == pytest.approx(0.01 + 100 * 1.5e-6 + 5e-5)
+    (a, b, share), = flash.cpu_segments_after(0.0, 0.0, 4e-6)
+    assert share == pytest.approx(1 - (100 * 3e-5 + 4e-4) / end)
+
+
+def test_probe_terms_validation(m1) -> None:
+    _with_host(m1, **HOST, **PROBES)
+    with pytest.raises(ValidationError, match="go together"):
+        _with_host(m1, **HOST, **{**PROBES, "long_kernel_probe_op_s": None})
+    no_fw = {k: v for k, v in HOST.items() if not k.startswith("framework_")}
+    with pytest.raises(ValidationError, match="go together"):
+        _with_host(m1, **no_fw, **PROBES)
+    with pytest.raises(ValidationError, match="must increase"):
+        _with_host(m1, **HOST, **{**PROBES, "kernel_probe_op_s": 2e-3})
+    assert _with_host(m1, **HOST).flash.probe_points() is None
+
+
+def test_a_loop_with_shorter_calls_loses_more_to_prefetch(small_trace, base_profile) -> None:
+    """The same run on profiles whose probes differ only in their seconds per call: the loop sits
+    nearer the framework probe when the probes' calls are longer, and loses more; with every probe
+    at the kernel terms the Python loop equals a compiled loop under the kernel terms."""
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0", "compute.framework=kernels"])
+    near_long = _with_host(base_profile, **HOST, **{**PROBES, "framework_probe_op_s": 1e-9,
+                                                    "kernel_probe_op_s": 2e-9, "long_kernel_probe_op_s": 3e-9})
+    near_fw = _with_host(base_profile, **HOST, **{**PROBES, "framework_probe_op_s": 10.0,
+                                                  "kernel_probe_op_s": 20.0, "long_kernel_probe_op_s": 30.0})
+    a = _means(simulate(small_trace, None, near_long, cfg, fast=False))
+    b = _means(simulate(small_trace, None, near_fw, cfg, fast=False))
+    assert b["latency_s"] > a["latency_s"] and b["io_s"] > a["io_s"]
+    flat = {**PROBES, "long_kernel_compute_lost_s_per_read": 2e-5, "long_kernel_compute_lost_s_per_batch": 0.0,
+            "long_kernel_read_delay_s_per_read": 3e-6, "long_kernel_read_delay_s_per_batch": 1e-4,
+            "kernel_probe_op_s": 1e-4, "long_kernel_probe_op_s": 1e-3}   # the long probe at the kernel terms
+    # probes at femtoseconds per call: every layer's loop lies past the long probe
+    slow_calls = {k: (v if not k.endswith("probe_op_s") else v * 1e-9) for k, v in flat.items()}
+    py = _means(simulate(small_trace, None, _with_host(base_profile, **HOST, **slow_calls), cfg, fast=False))
+    native = _means(simulate(small_trace, None, _with_host(base_profile, **HOST),
+                             cfg.with_overrides(["compute.decoder=native"]), fast=False))
+    assert py == pytest.approx(native)
