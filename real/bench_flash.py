@@ -82,9 +82,14 @@ sizes splits each effect into a per-batch and a per-read part (clipped at 0):
   * cpu_s_per_read: CPU time per read, batches alone;
   * compute_lost_s_per_read / _per_batch: the probe's lost time;
   * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs.
-The probe runs twice: with the GEMV compute (kernels, which release the interpreter lock) and
+The probe runs three times: with the GEMV compute (kernels, which release the interpreter lock),
 with decode steps of a tiny transformers llama (framework code, which holds it: the profile's
-framework_* terms). The second interferes 3-4x more here (compute lost 16-19 vs 5 us per read).
+framework_* terms; it interferes 3-4x more here, compute lost 16-19 vs 5 us per read) and with a
+PROBE_LONG_DIM-wide GEMV (long kernels, about 1 ms per torch call: long_kernel_*). Each probe's
+torch calls per iteration are counted once (a TorchFunctionMode, untimed), so the profile keeps
+its seconds per call (`*_probe_op_s`): a Python decoder loop re-takes the interpreter lock after
+every call, and the simulator places a loop between the probes by its own seconds per call
+(sim/components/compute.py, "A Python decoder loop").
 Without torch the probe is NumPy. The load average is recorded with the numbers.
 """
 

@@ -43,7 +43,7 @@ from sim.workload import TraceView
 PLAN_CHUNK_STEPS = 256
 
 SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_plan_s", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
-             "pf_reads", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
+             "pf_reads", "pf_plan_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
              "computed", "needed", "correct", "hits", "before", "after", "peak")
 S_FIELDS = ("head_read_s", "head_read_bytes", "head_reads", "mass_num", "mass_den", "rec_num", "rec_den",
             "cache_bytes", "dram_bytes", "budget_bytes")
@@ -212,8 +212,10 @@ class Planner:
             n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            pf_s = self._reads_s(pc, n_pf) + self._plan_time_s(lp.prefetch_next, n_pf)
+            plan = np.broadcast_to(self._plan_time_s(lp.prefetch_next, n_pf), n_pf.shape)
+            pf_s = self._reads_s(pc, n_pf) + plan
             a.pf_s[tgt[ok], layer] = pf_s[ok]
+            a.pf_plan_s[tgt[ok], layer] = plan[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = n_pf[ok]
         n_comp = bitsets.count(lp.computed)

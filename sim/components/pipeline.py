@@ -19,7 +19,9 @@ submits the reads (`plan.host_cpu`, from the profile's `flash.host_cpu_s_per_rea
 compute phase is also stretched by the CPU the reads in flight take (`FlashDevice.cpu_segments_after`),
 and prefetch batches take longer by their own CPU time (added to the step's io_s). Both effects
 use the framework-code constants in proportion to the framework share of the phase (attention and
-lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels).
+lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels); a Python
+decoder loop on a profile with the three host-CPU probes instead takes them at its layer's seconds
+per torch call (`HostCpu.at`: the layer's compute without contention over the loop's calls).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
@@ -47,7 +49,7 @@ class Decoder:
     # Per-(step, layer) plan columns the loop reads, in tuple order.
     CELL = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
             "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s",
-            "dem_plan_s")
+            "dem_plan_s", "pf_plan_s")
 
     def __init__(self, env: simpy.Environment, plan: PlanArrays, flash: FlashDevice, trigger: str,
                  unified: bool, recorder: Recorder, plan_cell: Callable[[int, int], None] | None = None,
@@ -90,7 +92,7 @@ class Decoder:
             a_tot = (af if af > am else am) + ao
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
-                                   a_tot, 0.0, lop)
+                                   a_tot, 0.0, lop, p.pf_plan_s[s, 0])
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -100,7 +102,7 @@ class Decoder:
                 else:
                     c = cells[layer]
                     c_next = cells[layer + 1] if layer + 1 < L else None
-                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl = c
+                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp = c
                 now = env.now
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
                 # loop's torch calls) the Python loop's seconds per call
@@ -151,7 +153,7 @@ class Decoder:
                 f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               f_ov, lop)
+                                               f_ov, lop, c_next[16])
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -188,10 +190,11 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   f_ov, lop)
+                                                   f_ov, lop, n_pf[16])
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop)
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop,
+                                               p.pf_plan_s[s + 1, layer])
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
             if self.finish_step is not None:

@@ -133,10 +133,13 @@ def _without(profile, *fields: str):  # type: ignore[no-untyped-def]
     return DeviceProfile.model_validate(data)
 
 
+PROBE_FIELDS = ("framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s",
+                "long_kernel_compute_lost_s_per_read", "long_kernel_compute_lost_s_per_batch",
+                "long_kernel_read_delay_s_per_read", "long_kernel_read_delay_s_per_batch")
 HOST_CPU_FIELDS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read",
                    "compute_lost_s_per_batch", "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
                    "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
-                   "framework_read_delay_s_per_batch")
+                   "framework_read_delay_s_per_batch", *PROBE_FIELDS)
 
 
 def test_bench_host_cpu_terms(tmp_path):
@@ -170,6 +173,7 @@ def test_bench_host_cpu_terms(tmp_path):
                                                      compute_lost_s_per_batch=f.compute_lost_s_per_batch,
                                                      read_delay_s_per_read=0.0),
                 "+ read_delay_s_per_read (full)": base,
+                "full - the loop's seconds per call": _without(base, *PROBE_FIELDS),
                 "full - compute after a read wait": _without(base, "cold_batch_reads", "cold_compute_s",
                                                             "framework_cold_compute_s"),
                 "full - cache index work": _without(base, "cache_index_s_per_layer", "cache_index_s_per_evicted")}

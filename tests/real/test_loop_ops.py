@@ -5,6 +5,8 @@ with a TorchFunctionMode in shape mode and in model mode, per layer as the diffe
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -68,7 +70,7 @@ def test_shape_mode_loop(tmp_path, monkeypatch):
                                              dtype="fp32"))
         trace = open_trace(shape_trace_like(store.spec, tmp_path / f"t{n_layers}", steps, seed=2))
         cfg = RunConfig().with_overrides(CFG)
-        runs[n_layers] = _count(lambda: run_shape(store, trace, load_profile("this-host"), cfg, seed=0), monkeypatch)
+        runs[n_layers] = _count(partial(run_shape, store, trace, load_profile("this-host"), cfg, seed=0), monkeypatch)
     total, ffn = _per_layer(runs, steps)
     assert ffn == LOOP_FFN_OPS
     assert total - ffn == LOOP_ATTENTION_OPS["kernels"]
@@ -91,7 +93,7 @@ def test_model_mode_loop(tmp_path, monkeypatch):
         store = open_store(convert_state_dict(model.state_dict(), spec, tmp_path / f"m{n_layers}", dtype="fp32"))
         ref = prepare(model, spec, store, ids, keep_fraction=0.5, workdir=tmp_path / f"w{n_layers}")
         cfg = RunConfig().with_overrides(CFG)
-        runs[n_layers] = _count(lambda: run_prepared(ref, model, spec, store, load_profile("this-host"), cfg),
+        runs[n_layers] = _count(partial(run_prepared, ref, model, spec, store, load_profile("this-host"), cfg),
                                 monkeypatch)
     total, ffn = _per_layer(runs, steps)
     assert ffn == LOOP_FFN_OPS

@@ -393,3 +393,26 @@ def test_a_loop_with_shorter_calls_loses_more_to_prefetch(small_trace, base_prof
     native = _means(simulate(small_trace, None, _with_host(base_profile, **HOST),
                              cfg.with_overrides(["compute.decoder=native"]), fast=False))
     assert py == pytest.approx(native)
+
+
+def test_a_python_loop_loses_the_prefetch_planning(small_trace, base_profile) -> None:
+    """A prefetch's planning (flash.plan_s_per_batch / _per_neuron: NumPy on the reader's thread,
+    holding the interpreter lock) is compute a Python loop loses whole; a compiled loop, none."""
+    py, native = HostCpu(1e-5, 2e-5, 5e-6, python_loop=True), HostCpu(1e-5, 2e-5, 5e-6)
+    assert py.cpu_share(100, 0.01, plan_s=1e-3) == pytest.approx(1 - (100 * 2e-5 + 1e-3) / 0.01)    # 0.7
+    assert native.cpu_share(100, 0.01, plan_s=1e-3) == native.cpu_share(100, 0.01)
+    flash = FlashDevice()
+    flash.enable_host_cpu(py)
+    end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, plan_s=1e-3)
+    (a, b, share), = flash.cpu_segments_after(0.0)
+    assert share == pytest.approx(1 - (100 * 2e-5 + 1e-3) / end)
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0", "compute.framework=kernels"])
+    host = _with_host(base_profile, **HOST)
+    planned = _with_host(base_profile, **HOST, plan_s_per_batch=2e-4)
+    runs = {(loop, p): _means(simulate(small_trace, None, prof, cfg.with_overrides([f"compute.decoder={loop}"]),
+                                       fast=False))
+            for loop in ("python", "native") for p, prof in (("no", host), ("yes", planned))}
+    # the planning delays the prefetch's landing either way (pf_s); only the Python loop also loses it
+    d_py = runs["python", "yes"]["compute_s"] - runs["python", "no"]["compute_s"]
+    d_native = runs["native", "yes"]["compute_s"] - runs["native", "no"]["compute_s"]
+    assert d_py > 0 and d_py > d_native   # (a later landing can even shorten the overlap under native)
