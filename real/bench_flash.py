@@ -498,10 +498,12 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
 
 def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
                   compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, int] | None = None,
-                  kind: str = "host", round_: int = 0) -> dict[str, Any] | None:
+                  kind: str = "host", round_: int = 0,
+                  probe: Callable[[float], int] | None = None) -> dict[str, Any] | None:
     """One round of the host CPU probe: `slices` slices per batch size, each the compute alone |
     batches alone | both at once; returns the per-slice samples (None without a compute probe).
-    `kind` (PROBE_KINDS): the kernel GEMV ("host"), the tiny llama ("framework") or the long GEMV.
+    `kind` (PROBE_KINDS): the kernel GEMV ("host"), the tiny llama ("framework") or the long GEMV;
+    `probe`: any other compute, run(until_perf_counter) -> iterations (kind is then unused).
     Reads are issued as the real backend issues a prefetch: a background thread hands batches of B
     reads to a persistent pool of `in_flight` threads (the reader's own `_Workers`), one batch after
     another. Two batch sizes separate the per-batch cost (waking and collecting the pool's threads)
@@ -515,8 +517,9 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
     torch_threads = _torch_threads()
     if kind not in PROBE_KINDS:
         raise ValueError(f"probe kind must be one of {PROBE_KINDS}, got {kind!r}")
-    probe = (_framework_probe(compute_threads, seed) if kind == "framework" else
-             _compute_probe(compute_threads, seed, PROBE_LONG_DIM if kind == "long" else PROBE_DIM))
+    if probe is None:
+        probe = (_framework_probe(compute_threads, seed) if kind == "framework" else
+                 _compute_probe(compute_threads, seed, PROBE_LONG_DIM if kind == "long" else PROBE_DIM))
     if probe is None:
         _restore_torch_threads(torch_threads)
         return None
