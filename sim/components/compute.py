@@ -58,7 +58,12 @@ short calls are what place it near the framework probe). Measured on the real lo
 neuron resident (docs/validation.md, twelfth round), the loss per 64-read batch fell from
 1.7-2.0 ms at d_model 256 (8 us per call) to 0.45-0.57 ms at a 7B layer (340 us), and the GEMV
 probes at the same seconds per call lost the same. A profile without the three probes charges a
-Python loop the framework terms everywhere (the model before).
+Python loop the framework terms everywhere (the model before). A Python loop also loses a
+prefetch's planning whole (`flash.plan_s_per_batch` + `plan_s_per_neuron` x neurons: NumPy on the
+reader's thread, holding the interpreter lock; `cpu_share`'s plan_s): batches of 53 neurons
+through real.reader cost the all-resident loop 1.34 ms against 0.93 ms for the same raw reads,
+with about 0.32 ms of planning per batch (twelfth round). A compiled loop (decoder=native) runs on
+while the planning holds the lock.
 """
 
 from __future__ import annotations

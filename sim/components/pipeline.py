@@ -21,7 +21,8 @@ and prefetch batches take longer by their own CPU time (added to the step's io_s
 use the framework-code constants in proportion to the framework share of the phase (attention and
 lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels); a Python
 decoder loop on a profile with the three host-CPU probes instead takes them at its layer's seconds
-per torch call (`HostCpu.at`: the layer's compute without contention over the loop's calls).
+per torch call (`HostCpu.at`: the layer's compute without contention over the loop's calls), and
+loses each overlapping prefetch's planning (`pf_plan_s`, which the batch's service time includes).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
