@@ -275,21 +275,29 @@ class FlashSpec(_Strict):
                              "submits the reads)")
         return self
 
+    def host_cpu_terms(self, probe: str = "kernel") -> tuple[float, float, float, float]:
+        """(compute lost per read, per batch, read delay per read, per batch) measured with a probe:
+        "kernel" (per read default host_cpu_s_per_read), "framework" (each default the kernel's) or
+        "long" (long_kernel_*: only with the probes, see `probe_points`)."""
+        k = (self.compute_lost_s_per_read if self.compute_lost_s_per_read is not None else self.host_cpu_s_per_read,
+             self.compute_lost_s_per_batch,
+             self.read_delay_s_per_read if self.read_delay_s_per_read is not None else self.host_cpu_s_per_read,
+             self.read_delay_s_per_batch)
+        if probe == "kernel":
+            return k
+        prefix = {"framework": "framework_", "long": "long_kernel_"}[probe]
+        own = [getattr(self, prefix + name) for name in ("compute_lost_s_per_read", "compute_lost_s_per_batch",
+                                                         "read_delay_s_per_read", "read_delay_s_per_batch")]
+        return tuple(b if b is not None else a for a, b in zip(k, own))  # type: ignore[return-value]
+
     def probe_points(self) -> list[tuple[float, float, float, float, float]] | None:
         """The three probes as (seconds per torch call, compute lost per read, per batch, read delay
         per read, per batch), by increasing seconds per call; None when the profile lacks them."""
         if self.long_kernel_probe_op_s is None:
             return None
-        k = [self.compute_lost_s_per_read, self.compute_lost_s_per_batch, self.read_delay_s_per_read,
-             self.read_delay_s_per_batch]
-        k = [x if x is not None else self.host_cpu_s_per_read for x in k]
-        fw = [self.framework_compute_lost_s_per_read, self.framework_compute_lost_s_per_batch,
-              self.framework_read_delay_s_per_read, self.framework_read_delay_s_per_batch]
-        fw = [b if b is not None else a for a, b in zip(k, fw)]
-        lk = [self.long_kernel_compute_lost_s_per_read, self.long_kernel_compute_lost_s_per_batch,
-              self.long_kernel_read_delay_s_per_read, self.long_kernel_read_delay_s_per_batch]
-        return [(self.framework_probe_op_s, *fw), (self.kernel_probe_op_s, *k),  # type: ignore[list-item]
-                (self.long_kernel_probe_op_s, *lk)]  # type: ignore[list-item]
+        return [(op_s, *self.host_cpu_terms(probe)) for op_s, probe in  # type: ignore[misc]
+                ((self.framework_probe_op_s, "framework"), (self.kernel_probe_op_s, "kernel"),
+                 (self.long_kernel_probe_op_s, "long"))]
 
     @property
     def shares_host_cpu(self) -> bool:

@@ -405,7 +405,7 @@ def latency_4k_qd1(bf: BenchFile, duration_s: float, rng: np.random.Generator) -
             "reads": len(a)}
 
 
-class _CountCalls:
+class TorchCallCounter:
     """Counts torch calls made from Python (a TorchFunctionMode) while active."""
 
     def __init__(self, torch: Any):
@@ -424,7 +424,7 @@ def calls_per_iteration(probe: Callable[[float], int], duration_s: float = 0.05)
         import torch
     except ImportError:
         return None
-    counter = _CountCalls(torch)
+    counter = TorchCallCounter(torch)
     with counter.mode:
         n = probe(time.perf_counter() + duration_s)
     return counter.calls / n if n and counter.calls else None

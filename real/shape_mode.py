@@ -17,6 +17,7 @@ from DRAM. Hidden vectors are RMS-normalised between layers so fp16 never overfl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from devices.schema import DeviceProfile
@@ -48,45 +49,55 @@ def shape_config(config: RunConfig) -> RunConfig:
 
 def run_shape(store: Any, trace: Trace, profile: DeviceProfile, config: RunConfig, *, seed: int = 0,
               device: str = "cpu", threads: int | None = None) -> RealRun:
-    import torch
-
     ex = RealExecutor(store, trace, profile, shape_config(config), device=device, threads=threads)
     try:
-        F = torch.nn.functional
-        spec, dt = store.spec, ex.tdtype
-        gen = torch.Generator().manual_seed(seed)
-
-        def rand(*shape: int) -> Any:
-            return (torch.randn(*shape, generator=gen) * SHAPE_WEIGHT_STD).to(dt).to(ex.tdev)
-
-        d, kv, qd = spec.d_model, spec.n_kv_heads * spec.head_dim, spec.n_heads * spec.head_dim
-        n_sets = attention_sets(spec, torch.empty((), dtype=dt).element_size())
-        sets = [(rand(qd, d), rand(kv, d), rand(kv, d), rand(d, qd)) for _ in range(n_sets)]
-        head = rand(spec.vocab_size, d)
-        x0 = torch.randn(1, d, generator=gen).to(dt).to(ex.tdev)
-        outs = []
-        for s in range(ex.n_steps):
-            ex.begin_step(s)
-            h = x0
-            for layer in range(spec.n_layers):
-                wq, wk, wv, wo = sets[layer % n_sets]
-                q = F.linear(h, wq)
-                _k, _v = F.linear(h, wk), F.linear(h, wv)
-                h = h + F.linear(q, wo)
-                h = _rms(h)
-                h = h + ex.ffn(layer, h)
-                h = _rms(h)
-            logits = F.linear(h, head)
-            outs.append(float(logits.float().abs().sum()))
-            ex.end_step()
+        step, n_sets = decode_step(ex, seed)
+        outs = [step(s) for s in range(ex.n_steps)]
         run = ex.finish()
     except BaseException:
         ex.close()
         raise
     run.notes.append(f"shape mode: random weights; attention stand-in (q/k/v/o GEMVs, {n_sets} distinct weight "
-                     f"sets over {spec.n_layers} layers)")
+                     f"sets over {ex.spec.n_layers} layers)")
     run.outputs = outs
     return run
+
+
+def decode_step(ex: RealExecutor, seed: int) -> tuple[Callable[[int], float], int]:
+    """Shape mode's model on the executor `ex` (random resident weights from `seed`): (step(s) ->
+    the logits' absolute sum, running decode step s from ex.begin_step to ex.end_step; the number of
+    distinct attention weight sets, `attention_sets`)."""
+    import torch
+
+    F = torch.nn.functional
+    spec, dt = ex.spec, ex.tdtype
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> Any:
+        return (torch.randn(*shape, generator=gen) * SHAPE_WEIGHT_STD).to(dt).to(ex.tdev)
+
+    d, kv, qd = spec.d_model, spec.n_kv_heads * spec.head_dim, spec.n_heads * spec.head_dim
+    n_sets = attention_sets(spec, torch.empty((), dtype=dt).element_size())
+    sets = [(rand(qd, d), rand(kv, d), rand(kv, d), rand(d, qd)) for _ in range(n_sets)]
+    head = rand(spec.vocab_size, d)
+    x0 = torch.randn(1, d, generator=gen).to(dt).to(ex.tdev)
+
+    def step(s: int) -> float:
+        ex.begin_step(s)
+        h = x0
+        for layer in range(spec.n_layers):
+            wq, wk, wv, wo = sets[layer % n_sets]
+            q = F.linear(h, wq)
+            _k, _v = F.linear(h, wk), F.linear(h, wv)
+            h = h + F.linear(q, wo)
+            h = _rms(h)
+            h = h + ex.ffn(layer, h)
+            h = _rms(h)
+        out = float(F.linear(h, head).float().abs().sum())
+        ex.end_step()
+        return out
+
+    return step, n_sets
 
 
 def _rms(h: Any) -> Any:

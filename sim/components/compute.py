@@ -137,16 +137,11 @@ class HostCpu:
         f = profile.flash
         if not f.shares_host_cpu:
             return None
-        cpu = f.host_cpu_s_per_read
-        lost = f.compute_lost_s_per_read if f.compute_lost_s_per_read is not None else cpu
-        delay = f.read_delay_s_per_read if f.read_delay_s_per_read is not None else cpu
-        k = [lost, f.compute_lost_s_per_batch, delay, f.read_delay_s_per_batch]
-        fw = [f.framework_compute_lost_s_per_read, f.framework_compute_lost_s_per_batch,
-              f.framework_read_delay_s_per_read, f.framework_read_delay_s_per_batch]
+        k, fw = f.host_cpu_terms("kernel"), f.host_cpu_terms("framework")
         probes = tuple(f.probe_points() or ()) if python_loop else ()
         if python_loop and not probes:
-            k = [b if b is not None else a for a, b in zip(k, fw)]
-        return cls(cpu, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes, python_loop)
+            k = fw
+        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes, python_loop)
 
     def at(self, op_s: float) -> tuple[float, float, float, float]:
         """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that

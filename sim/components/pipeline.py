@@ -75,7 +75,7 @@ class Decoder:
         csegs = flash.cpu_segments_after
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
         fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
-        loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: not placed)
+        loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: a compiled one)
         lop = 0.0                                  # its seconds per call in the current layer
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"

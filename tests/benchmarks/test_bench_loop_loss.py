@@ -1,9 +1,10 @@
 """What a prefetch's read batches cost the real decoder loop, by the model's shape, next to the
 simulator's terms for that loop (sim/components/compute.py `HostCpu.at`, docs/validation.md twelfth
-round). The loop runs shape mode's layer (attention stand-in + the backend's FFN step) with every
-neuron resident (`hybrid`, fraction 1.0: no reads of its own) while batches of 64 reads run back to
-back at the profile's depth on a background thread (`bench flash`'s probe), and each torch call is
-counted; the three probes run under the same batches. Printed, not asserted."""
+round). The loop runs shape mode's decode step (`real.shape_mode.decode_step`: attention stand-in,
+the backend's FFN step, lm_head) with every neuron resident (`hybrid`, fraction 1.0: no reads of
+its own) while batches of 64 reads run back to back at the profile's depth on a background thread
+(`bench flash`'s probe), and each torch call is counted; the three probes run under the same
+batches. Printed, not asserted."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ SLICES = 8
 
 
 def _loop(tmp_path, d: int, d_ff: int, layers: int, dtype: str):  # type: ignore[no-untyped-def]
-    """run(until) -> tokens of the all-resident loop, and the loop's seconds per torch call."""
+    """run(until) -> tokens of the all-resident loop (shape mode's decode step), the loop's seconds
+    per torch call and its calls per layer."""
     from real.backend import RealExecutor
     from real.bench_flash import calls_per_iteration
     from real.convert import write_shape_store
-    from real.shape_mode import _rms, attention_sets, shape_config, shape_trace_like
+    from real.shape_mode import decode_step, shape_config, shape_trace_like
     from real.store import open_store
     from traces.format import open_trace
 
@@ -43,26 +45,14 @@ def _loop(tmp_path, d: int, d_ff: int, layers: int, dtype: str):  # type: ignore
     cfg = RunConfig().with_overrides(["residency=hybrid", "hybrid.fraction=1.0", "predictor=oracle", "prefetch=none",
                                       "workload.prompt_tokens=0", "memory.dram_budget_bytes=12GiB"])
     ex = RealExecutor(store, trace, load_profile("this-host"), shape_config(cfg), threads=1)
-    F, gen, spec = torch.nn.functional, torch.Generator().manual_seed(0), store.spec
-    kv, qd = spec.n_kv_heads * spec.head_dim, spec.n_heads * spec.head_dim
-    rand = lambda *s: (torch.randn(*s, generator=gen) * 0.02).to(ex.tdtype)  # noqa: E731
-    sets = [(rand(qd, d), rand(kv, d), rand(kv, d), rand(d, qd))
-            for _ in range(attention_sets(spec, torch.empty((), dtype=ex.tdtype).element_size()))]
-    x0, step = torch.randn(1, d, generator=gen).to(ex.tdtype), [0]
+    step, _ = decode_step(ex, 0)
+    next_step = [0]
 
     def token() -> None:
-        if step[0] == ex.n_steps:        # every neuron resident: the steps can run again
-            ex.step, step[0] = -1, 0
-        ex.begin_step(step[0])
-        step[0] += 1
-        h = x0
-        for layer in range(spec.n_layers):
-            wq, wk, wv, wo = sets[layer % len(sets)]
-            q = F.linear(h, wq)
-            F.linear(h, wk), F.linear(h, wv)
-            h = _rms(h + F.linear(q, wo))
-            h = _rms(h + ex.ffn(layer, h))
-        ex.end_step()
+        if next_step[0] == ex.n_steps:        # every neuron resident: the steps can run again
+            ex.step, next_step[0] = -1, 0
+        step(next_step[0])
+        next_step[0] += 1
 
     def run(until: float) -> int:
         n = 0
@@ -72,9 +62,7 @@ def _loop(tmp_path, d: int, d_ff: int, layers: int, dtype: str):  # type: ignore
                 n += 1
         return n
 
-    with torch.no_grad():
-        for _ in range(3):
-            token()
+    run(time.perf_counter() + 0.05)          # warm-up
     t0 = time.perf_counter()
     n = run(t0 + 0.5)
     token_s = (time.perf_counter() - t0) / n

@@ -12,7 +12,7 @@ import pytest
 
 from devices import load_profile
 from devices.model_spec import ModelSpec
-from real.bench_flash import _CountCalls
+from real.bench_flash import TorchCallCounter
 from sim.components.compute import LOOP_ATTENTION_OPS, LOOP_FFN_OPS
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
@@ -28,7 +28,7 @@ def _count(fn, monkeypatch) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     each step's begin_step to its end_step, so building the model and the run is not."""
     from real.backend import RealExecutor
 
-    counter, seen = _CountCalls(torch), {"step": 0, "ffn": 0, "open": None}
+    counter, seen = TorchCallCounter(torch), {"step": 0, "ffn": 0, "open": None}
     begin, end, ffn = RealExecutor.begin_step, RealExecutor.end_step, RealExecutor.ffn
 
     def begin_step(self, step):  # type: ignore[no-untyped-def]
