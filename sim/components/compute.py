@@ -50,11 +50,18 @@ may hold it: what a batch costs the loop follows how often it re-takes the lock,
 torch call. bench flash measures the four terms with three probes of very different rhythm (a
 tiny transformers llama, a few us per call: the framework_* terms; a 1024-wide GEMV, tens of us:
 the plain terms; a 4096-wide GEMV, about 1 ms: long_kernel_*) and counts each probe's calls. A
-layer's seconds per call are its compute without contention over the loop's calls per layer
-(LOOP_FFN_OPS + LOOP_ATTENTION_OPS, counted); `HostCpu.at` takes the terms linear in
-log(seconds per call) between the two probes around it, the nearest probe's outside them, in
-every phase of the layer (the framework share then adds nothing: a transformers layer's many
-short calls are what place it near the framework probe). Measured on the real loop with every
+phase's seconds per call are its compute without contention over the loop's calls in that phase
+(counted: LOOP_ATTENTION_OPS in the attention, LOOP_FFN_OPS in the FFN step with the memory
+management); `HostCpu.at` takes the terms linear in log(seconds per call) between the two probes
+around it, the nearest probe's outside them (the framework share then adds nothing: a
+transformers layer's many short calls are what place it near the framework probe). Per phase,
+not per layer (thirteenth round): a batch costs the loop what the code it overlaps loses, and a
+delta prefetch, issued at a layer's end, runs mostly during the next layer's attention. In
+SmolLM2's transformers layer that is 69 calls of about 7 us (0.5 ms), against 22 of about 50 us
+in the FFN step and 20 us over the layer; in a real model-mode run a 4-5 ms prefetch batch of
+about 125 reads stretched the attention after it from about 0.6 ms to 5.5-6.5 ms, which the
+layer's rhythm priced at about half. A batch's own delay (`delay_s`) takes the layer's seconds per
+call: it spans both phases. Measured on the real loop with every
 neuron resident (docs/validation.md, twelfth round), the loss per 64-read batch fell from
 1.7-2.0 ms at d_model 256 (8 us per call) to 0.45-0.57 ms at a 7B layer (340 us), and the GEMV
 probes at the same seconds per call lost the same. A profile without the three probes charges a
@@ -212,7 +219,8 @@ class ComputeModel:
         self.spec, self.profile = spec, profile
         self.python_loop = decoder == "python"   # compute.decoder: how reads contend with it (HostCpu.of)
         # torch calls per layer of that loop (0: a compiled loop), which place it among the probes
-        self.loop_ops_per_layer = LOOP_FFN_OPS + LOOP_ATTENTION_OPS[framework] if self.python_loop else 0
+        self.loop_attention_ops = LOOP_ATTENTION_OPS[framework] if self.python_loop else 0
+        self.loop_ops_per_layer = LOOP_FFN_OPS + self.loop_attention_ops if self.python_loop else 0
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s

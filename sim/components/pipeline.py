@@ -20,9 +20,11 @@ compute phase is also stretched by the CPU the reads in flight take (`FlashDevic
 and prefetch batches take longer by their own CPU time (added to the step's io_s). Both effects
 use the framework-code constants in proportion to the framework share of the phase (attention and
 lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels); a Python
-decoder loop on a profile with the three host-CPU probes instead takes them at its layer's seconds
-per torch call (`HostCpu.at`: the layer's compute without contention over the loop's calls), and
-loses each overlapping prefetch's planning (`pf_plan_s`, which the batch's service time includes).
+decoder loop on a profile with the three host-CPU probes instead takes them at the seconds per
+torch call of the phase that runs (`HostCpu.at`): the attention's compute without contention over
+the attention's calls, the memory management and FFN's over the FFN step's, and for a batch's own
+delay the whole layer's (a batch spans both phases); it also loses each overlapping prefetch's
+planning (`pf_plan_s`, which the batch's service time includes).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
@@ -76,7 +78,8 @@ class Decoder:
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
         fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
         loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: a compiled one)
-        lop = 0.0                                  # its seconds per call in the current layer
+        attn_ops = p.loop_attention_ops            # ... of them in the attention phase
+        lop = lop_a = lop_f = 0.0                  # its seconds per call: the layer's, the attention's, the FFN step's
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
         lookahead = self.trigger == "previous-layer"
@@ -106,10 +109,12 @@ class Decoder:
                 st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp = c
                 now = env.now
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
-                # loop's torch calls) the Python loop's seconds per call
+                # loop's torch calls) the Python loop's seconds per call, in the layer and in each phase
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
                 if loop_ops:
                     lop = ov / loop_ops
+                    lop_a = a_tot / attn_ops
+                    lop_f = (ov - a_tot) / (loop_ops - attn_ops)
                 # 1. streamed attention weights
                 if st > 0:
                     end = submit(now, st, st_b, st_r, "stream", s, layer)
@@ -125,7 +130,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0, lop))
+                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0, lop_a))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -171,7 +176,7 @@ class Decoder:
                 if host and flash.free_at_s > t_ffn and d_mg + d_ffn > 0:
                     # both are CPU work: stretch them as one block (the prefetch issued just before
                     # would otherwise land wholly on the short row copy) and keep their proportions
-                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn, 0.0, lop)) / (d_mg + d_ffn)
+                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn, 0.0, lop_f)) / (d_mg + d_ffn)
                     d_mg, d_ffn = d_mg * f, d_ffn * f
                     t_f = t_ffn + d_mg
                 if d_mg > 0:

@@ -416,3 +416,42 @@ def test_a_python_loop_loses_the_prefetch_planning(small_trace, base_profile) ->
     d_py = runs["python", "yes"]["compute_s"] - runs["python", "no"]["compute_s"]
     d_native = runs["native", "yes"]["compute_s"] - runs["native", "no"]["compute_s"]
     assert d_py > 0 and d_py > d_native   # (a later landing can even shorten the overlap under native)
+
+
+def test_each_phase_of_a_python_loop_takes_its_own_seconds_per_call(small_trace, base_profile, monkeypatch) -> None:
+    """A Python loop's attention is placed among the probes by the attention's compute over its calls
+    (69 in a transformers layer), its memory management and FFN by theirs over the FFN step's 22; a
+    compiled loop passes no seconds per call at all."""
+    import numpy as np
+
+    from sim.components.compute import LOOP_ATTENTION_OPS, LOOP_FFN_OPS
+    from sim.engine import build
+
+    seen: list[float] = []
+    orig = FlashDevice.cpu_segments_after
+
+    def spy(self, t_s, framework=0.0, op_s=0.0):  # type: ignore[no-untyped-def]
+        seen.append(op_s)
+        return orig(self, t_s, framework, op_s)
+
+    monkeypatch.setattr(FlashDevice, "cpu_segments_after", spy)
+    # a lookahead prefetch is issued at the FFN's start: it overlaps the FFN and the next attention
+    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0", "compute.framework=hf",
+                                                           "prefetch=lookahead"])
+    sim = build(small_trace, None, _with_host(base_profile, **HOST, **PROBES), cfg)
+    sim.run(fast=False)
+    p = sim.planner.arr
+    a_tot = np.maximum(p.attn.flop_s, p.attn.mem_s) + p.attn.ovh_s                      # [S]
+    ffn = (p.mgmt_mem_s + p.mgmt_ovh_s + p.ffn_gather_s + np.maximum(p.ffn_flop_s, p.ffn_mem_s) + p.ffn_ovh_s)
+    attention = a_tot / LOOP_ATTENTION_OPS["hf"]
+    ffn_step = ffn / LOOP_FFN_OPS                                                          # [S, L]
+    layer = (ffn + a_tot[:, None]) / (LOOP_ATTENTION_OPS["hf"] + LOOP_FFN_OPS)           # the lm_head's
+    allowed = np.concatenate([attention, ffn_step.ravel(), layer.ravel()])
+    assert seen and all(np.isclose(allowed, op).any() for op in seen)
+    assert any(np.isclose(attention, op).any() for op in seen)                   # the attention's own rhythm ...
+    assert any(np.isclose(ffn_step.ravel(), op).any() for op in seen)            # ... and the FFN step's
+    assert not np.allclose(attention[:, None], ffn_step, rtol=0.05)                # two different rhythms
+    seen.clear()
+    build(small_trace, None, _with_host(base_profile, **HOST, **PROBES), cfg.with_overrides(["compute.decoder=native"])
+          ).run(fast=False)
+    assert seen and set(seen) == {0.0}
