@@ -83,7 +83,7 @@ class ComputeParams:
         "python", "python: a Python layer loop drives the kernels (the real backend, both modes: policy "
                   "bookkeeping, cache indexing and the FFN's small ops between kernels hold the interpreter "
                   "lock), so on a host whose reads share the CPU its interference constants follow its "
-                  "seconds per torch call between the profile's three probes (flash.*_probe_op_s; without "
+                  "seconds per torch call, phase by phase, between the profile's three probes (flash.*_probe_op_s; without "
                   "them the flash.framework_* constants in every phase) and it loses a prefetch's planning; "
                   "native: a compiled loop, whose kernel phases use the kernel constants "
                   "(flash.compute_lost_s_per_read ...) and only the framework share of a phase the framework ones")

@@ -57,8 +57,8 @@ around it, the nearest probe's outside them (the framework share then adds nothi
 transformers layer's many short calls are what place it near the framework probe). Per phase,
 not per layer (thirteenth round): a batch costs the loop what the code it overlaps loses, and a
 delta prefetch, issued at a layer's end, runs mostly during the next layer's attention. In
-SmolLM2's transformers layer that is 69 calls of about 7 us (0.5 ms), against 22 of about 50 us
-in the FFN step and 20 us over the layer; in a real model-mode run a 4-5 ms prefetch batch of
+SmolLM2's transformers layer that is 69 calls of 7.5 us (520 us), against 22 of 58 us in the FFN
+step and 19.8 us over the layer; in a real model-mode run a 4-5 ms prefetch batch of
 about 125 reads stretched the attention after it from about 0.6 ms to 5.5-6.5 ms, which the
 layer's rhythm priced at about half. A batch's own delay (`delay_s`) takes the layer's seconds per
 call: it spans both phases. Measured on the real loop with every
