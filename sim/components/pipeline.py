@@ -23,8 +23,9 @@ lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kerne
 decoder loop on a profile with the three host-CPU probes instead takes them at the seconds per
 torch call of the phase that runs (`HostCpu.at`): the attention's compute without contention over
 the attention's calls, the memory management and FFN's over the FFN step's, and for a batch's own
-delay the whole layer's (a batch spans both phases); it also loses each overlapping prefetch's
-planning (`pf_plan_s`, which the batch's service time includes).
+delay and the lm_head the whole layer's (a batch spans both phases; the lm_head's calls are not
+counted); it also loses each overlapping prefetch's planning (`pf_plan_s`, which the batch's
+service time includes).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
