@@ -171,16 +171,16 @@ class HostCpu:
         `plan_s`: the reader's planning of the batch, lost whole by a Python loop."""
         if service_s <= 0:
             return 1.0
-        held = plan_s if self.python_loop else 0.0
         if op_s > 0 and self.probes:
             lost_r, lost_b, _, _ = self.at(op_s)
-            k = nreads * lost_r + lost_b + held
+            k = nreads * lost_r + lost_b
         else:
             k = nreads * self.lost_s_per_read + self.lost_s_per_batch
             if framework > 0:
                 fw = nreads * self.fw_lost_s_per_read + self.fw_lost_s_per_batch  # type: ignore[operator]
                 k += framework * (fw - k)
-            k += held
+        if self.python_loop:
+            k += plan_s
         share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 

@@ -80,6 +80,7 @@ class Decoder:
         fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
         loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: a compiled one)
         attn_ops = p.loop_attention_ops            # ... of them in the attention phase
+        ffn_ops = loop_ops - attn_ops              # ... and in the FFN step
         lop = lop_a = lop_f = 0.0                  # its seconds per call: the layer's, the attention's, the FFN step's
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
@@ -112,10 +113,10 @@ class Decoder:
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
                 # loop's torch calls) the Python loop's seconds per call, in the layer and in each phase
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
-                if loop_ops:
+                if host and loop_ops:
                     lop = ov / loop_ops
                     lop_a = a_tot / attn_ops
-                    lop_f = (ov - a_tot) / (loop_ops - attn_ops)
+                    lop_f = (ov - a_tot) / ffn_ops
                 # 1. streamed attention weights
                 if st > 0:
                     end = submit(now, st, st_b, st_r, "stream", s, layer)
