@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
 from devices.errors import FlashsimError, unknown_name
+from devices.kernel_table import KernelTable
 from devices.loading import validate_file
 
 SCHEMA_VERSION = 1
@@ -59,6 +60,46 @@ class MemorySpec(_Strict):
         return self
 
 
+SPARSE_FFN_KERNELS = ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s")
+
+
+class SparseFfnTable(_Strict):
+    """One dtype's sparse-FFN kernels on gathered cache rows: seconds per call [i][j] at d_model[i]
+    and neurons[j] computed (devices/kernel_table.py interpolates; real/bench_sparse_ffn.py measures).
+    gather_s: k cache rows (gate | up | down, 4 KiB-aligned) into the scratch; input_gemv_s: ONE
+    GEMV (gate or up) on a strided view of the gathered rows; transpose_s: the down segment's
+    transposed copy [k, d] -> [d, k]; down_gemv_s: the down GEMV on that copy."""
+
+    d_model: list[int]
+    neurons: list[int]
+    gather_s: list[list[float]]
+    input_gemv_s: list[list[float]]
+    transpose_s: list[list[float]]
+    down_gemv_s: list[list[float]]
+
+    @model_validator(mode="after")
+    def _check(self) -> SparseFfnTable:
+        for k in SPARSE_FFN_KERNELS:
+            try:
+                self.kernel(k)
+            except ValueError as e:
+                raise ValueError(f"{k}: {e}") from None
+        return self
+
+    def kernel(self, name: str) -> KernelTable:
+        """The table of one of SPARSE_FFN_KERNELS."""
+        return KernelTable(tuple(self.d_model), tuple(self.neurons), tuple(tuple(r) for r in getattr(self, name)))
+
+
+class SparseFfnSpec(_Strict):
+    """The sparse FFN's kernels measured per dtype over model widths and computed neurons; where a
+    run's dtype has a table it replaces the single rates (gather_bytes_per_s, the GEMV rate,
+    transpose_bytes_per_s) in the FFN phase."""
+
+    tables: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], SparseFfnTable]
+    source: str
+
+
 class ComputeSpec(_Strict):
     """Effective throughput of the unit that runs the FFN (matrix-vector products, decode)."""
 
@@ -74,6 +115,8 @@ class ComputeSpec(_Strict):
                                      "rotary bookkeeping); charged when the run config's compute.framework is hf")
     framework_token_s: float = Field(default=0.0, ge=0, description="per decode step, the framework's work outside "
                                      "the layers (masks, positions, embedding call)")
+    sparse_ffn: SparseFfnSpec | None = Field(default=None, description="the sparse FFN's kernels per dtype over "
+                                             "(d_model, neurons) (`flashsim bench compute`); None = the single rates")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
     source: str

@@ -46,7 +46,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
-from real.cache import GATHER_ROW_PAD_BYTES, gather_rows
+from real.cache import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
 from sim import bitsets
 from sim.config import RunConfig
 from sim.policies.base import CapacityError
@@ -150,6 +150,7 @@ class RealExecutor:
         from real.device import HostScratch
 
         self._gather = HostScratch(self.dev)   # the gathered rows (pinned on CUDA)
+        self._down_t = TransposeScratch(self.torch, self.tdev)   # the down rows, transposed
         self.times = StepTimes()
         self.step = -1
         self.t_clock = 0.0
@@ -349,7 +350,8 @@ class RealExecutor:
         k = len(comp_ids)
         scratch = self._gather.get(max(k, cache.capacity), cache.row_stride_bytes + GATHER_ROW_PAD_BYTES)
         rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], scratch, self.tdtype)
-        w = self.seg_bytes // rows_t.element_size()
+        es = rows_t.element_size()
+        w = self.seg_bytes // es
         segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
         xs = x.to(self.tdtype)
         if self.dev.kind != "cpu":
@@ -361,10 +363,11 @@ class RealExecutor:
         else:
             up, down = segs
             h = _act(torch, self.spec.ffn_kind, F.linear(xs, up))
-        # down: one contiguous [d, k] copy, then the same GEMV kernel (F.linear) HF's dense
-        # down_proj uses; `h @ down` on the row layout accumulates in another order (SmolLM2
-        # logits then differ from HF by ~1.4e-4 instead of <= 1e-4). The copy is k*d elements.
-        y = F.linear(h, down.T.contiguous())
+        # down: one contiguous [d, k] copy (a preallocated one past 32 MiB: real.cache.TransposeScratch),
+        # then the same GEMV kernel (F.linear) HF's dense down_proj uses; `h @ down` on the row
+        # layout accumulates in another order (SmolLM2 logits then differ from HF by ~1.4e-4
+        # instead of <= 1e-4). The copy is k*d elements.
+        y = F.linear(h, self._down_t.transposed(down, k, w, es))
         return y.to(x.dtype).to(x.device)
 
 

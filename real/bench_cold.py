@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from real.cache import LayerCache, gather_rows, gather_scratch
+from real.cache import LayerCache, TransposeScratch, gather_rows, gather_scratch
 from real.reader import BundleReader
 from real.store import WeightStore
 
@@ -49,6 +49,7 @@ def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
     rows = rng.integers(0, 64, (n, 3 * d * 4), dtype=np.uint8)    # small bytes: finite fp32 values
     slots = np.sort(rng.choice(n, k, replace=False))
     scratch = gather_scratch(k, rows.shape[1])
+    down_t = TransposeScratch(torch)
     x = torch.randn(1, d, generator=g)
 
     def layer() -> Any:
@@ -57,7 +58,7 @@ def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
         r = gather_rows(rows, slots, scratch, torch.float32)
         act = F.silu(F.linear(h, r[:, :d])) * F.linear(h, r[:, d:2 * d])
-        return h + F.linear(act, r[:, 2 * d:3 * d].T.contiguous())
+        return h + F.linear(act, down_t.transposed(r[:, 2 * d:3 * d], k, d, 4))
 
     return layer
 

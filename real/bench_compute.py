@@ -35,6 +35,9 @@
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
+* Sparse-FFN kernel table (torch): the real backend's gather, gate/up GEMV on the gathered rows,
+  transposed down copy and down GEMV, per dtype over a grid of widths and computed neurons
+  (real/bench_sparse_ffn.py: one measured rate per kernel was 1.7x off at a 7B fp16 layer).
 Every figure is the median over repetitions (at least 5, for at least `min_time_s` in total); the
 JSON also gives the minima, whose gap to the medians shows contention from other work on the host.
 """
@@ -50,8 +53,9 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
-from real.cache import gather_rows, gather_scratch
+from real.cache import TransposeScratch, gather_rows, gather_scratch
 from real.profile_writer import sig4
 
 DENSE_SHAPE = (11008, 4096)
@@ -167,7 +171,9 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         t_op = _median_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"torch {torch.__version__}"
         extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
-                 "transpose": _transpose_rate(torch, rng, min_time_s)}
+                 "transpose": _transpose_rate(torch, rng, min_time_s),
+                 "sparse_ffn": sparse_ffn_table(torch, dtypes, quick=quick, seed=seed,
+                                                min_time_s=0.05 if quick else 0.2)}
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
             extra["framework_overhead"] = fw_overhead
@@ -255,7 +261,8 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> 
     scratch = gather_scratch(k, rows.shape[1])
     turn = itertools.cycle(range(GATHER_SETS))
     gathered = [gather_rows(rows, slots[i], scratch, torch.float32).clone()[:, 2 * d:3 * d] for i in range(2)]
-    t = _median_s(lambda: gathered[next(turn) % 2].T.contiguous(), min_time_s)
+    dst = TransposeScratch(torch)
+    t = _median_s(lambda: dst.transposed(gathered[next(turn) % 2], k, d, 4), min_time_s)
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 
 
@@ -270,6 +277,11 @@ def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.nda
         "gathered_gemv_s": t_gather + t_mv, "gathered_gemv_flops_per_s": 2.0 * rows * K / (t_gather + t_mv),
         "gathered_compute_only_flops_per_s": 2.0 * rows * K / t_mv,
     }
+
+
+def sig4_rows(table: list[list[float]]) -> list[list[float]]:
+    """A table's values to four significant figures (as the profile's other numbers)."""
+    return [[sig4(x) for x in row] for row in table]
 
 
 def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, float]:
@@ -306,6 +318,16 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = sig4(result["transpose"]["bytes_per_s"])
         how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))
+    if "sparse_ffn" in result:
+        tables = result["sparse_ffn"]
+        first = next(iter(tables.values()))
+        compute["sparse_ffn"] = {
+            "tables": {k: {a: (sig4_rows(b) if isinstance(b[0], list) else b) for a, b in v.items()}
+                       for k, v in tables.items()},
+            "source": f"{prefix}: the real backend's sparse-FFN kernels (gather, gate/up GEMV on the gathered "
+                      f"rows, transposed down copy, down GEMV) per dtype at d_model {first['d_model']} x neurons "
+                      f"{first['neurons']} (real/bench_sparse_ffn.py); `{command}`"}
+        how.append("sparse-FFN kernel table per dtype")
     if "framework_overhead" in result:
         compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
         compute["framework_token_s"] = sig4(result["framework_overhead"]["token_s"])

@@ -251,3 +251,41 @@ def gather_rows(rows: np.ndarray, slots: np.ndarray, scratch: np.ndarray, dtype:
     es = out.element_size()
     torch.index_select(src, 0, torch.from_numpy(np.asarray(slots, np.int64)), out=out[:k, : w // es])
     return out[:k]
+
+
+# the transposed down copy goes into a preallocated scratch from this size on (TransposeScratch)
+TRANSPOSE_SCRATCH_MIN_BYTES = 8 << 20
+
+
+class TransposeScratch:
+    """The sparse FFN's transposed down copy ([k, d] -> [d, k], contiguous), into a preallocated
+    destination when it is large.
+
+    `seg.T.contiguous()` allocates the destination on every layer of every token. A large block is
+    not reliably handed back by glibc's heap: from 32 MiB on (its mmap threshold's ceiling) every
+    allocation is a fresh mapping, and below that the heap's top may have been trimmed in between,
+    so the pages fault again on first write. After the backend's gather, a [4096, 2048] fp32 copy
+    took 50.7 ms that way against 10.6 ms into this scratch, and the same 16 MiB fp16 copy 7.5, 24
+    or 39 ms from one measurement to the next (fourteenth round). Up to 8 MiB both ways took the
+    same time (SmolLM2 and the validation shapes: 0.25 ms for 409 x 1024 fp32), so smaller copies
+    keep `contiguous()` and the decoder loop makes the same torch calls as before
+    (sim/components/compute.py LOOP_FFN_OPS). Same elements, same order either way: `copy_` is the
+    kernel `contiguous()` runs."""
+
+    def __init__(self, torch: Any, device: Any = None):
+        self.torch, self.device = torch, device
+        self.flat: Any = None
+        self._elems, self._dtype = 0, None
+
+    def transposed(self, seg: Any, k: int, d: int, elem_bytes: int) -> Any:
+        """seg [k, d] (any strides, elements of elem_bytes) as a contiguous [d, k] tensor; from the
+        scratch (valid until the next call) from TRANSPOSE_SCRATCH_MIN_BYTES on."""
+        n = k * d
+        if n * elem_bytes < TRANSPOSE_SCRATCH_MIN_BYTES:
+            return seg.T.contiguous()
+        if self.flat is None or self._elems < n or self._dtype != seg.dtype:
+            self.flat = self.torch.empty(n, dtype=seg.dtype, device=self.device or seg.device)
+            self._elems, self._dtype = n, seg.dtype
+        out = self.torch.as_strided(self.flat, (d, k), (k, 1))
+        out.copy_(seg.T)
+        return out

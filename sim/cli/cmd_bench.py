@@ -222,6 +222,18 @@ def _progress(total: int, quiet: bool) -> Any:
 
 
 # ---- compute -------------------------------------------------------------------------------------------
+def _print_sparse_ffn(tables: dict) -> None:  # type: ignore[type-arg]
+    """The sparse-FFN kernel table at its largest width's middle neuron count, per dtype."""
+    first = next(iter(tables.values()))
+    i, j = len(first["d_model"]) - 1, len(first["neurons"]) // 2
+    d, k = first["d_model"][i], first["neurons"][j]
+    rows = [[dt, *(f"{v[key][i][j] * 1e3:.3f}" for key in ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s"))]
+            for dt, v in tables.items()]
+    print(f"sparse FFN kernels at d_model {d}, {k} neurons (ms per call; full table: --json or the profile):")
+    print_table(["dtype", "gather", "gate/up GEMV", "transposed copy", "down GEMV"], rows, align="lrrrr")
+
+
+
 def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench
@@ -252,6 +264,8 @@ def _compute(args: argparse.Namespace) -> int:
     mem = result["memory"]
     print(f"DRAM copy: {format_rate(mem['memcpy_bytes_per_s'])} copied = {format_rate(mem['stream_copy_bytes_per_s'])} "
           f"traffic; per-op overhead {result['op_overhead_s'] * 1e6:.2f} us")
+    if "sparse_ffn" in result:
+        _print_sparse_ffn(result["sparse_ffn"])
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
     return 0

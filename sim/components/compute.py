@@ -16,6 +16,17 @@ Kernel counts (each pays one `op_overhead_s`, a launch/dispatch cost):
   sparse, predictor 3 (two low-rank GEMVs and the top selection), lm_head 3 (final norm, GEMV,
   embedding lookup), memory management 1 (one batched row copy per layer when rows move).
 
+**The sparse FFN's measured kernels** (profiles with `compute.sparse_ffn`, fourteenth round). One
+rate per kernel, measured at one size and in fp32, does not carry to other widths and dtypes: on
+this host fp16 GEMVs over the gathered rows' strided views stream at a third of fp32's rate, and
+the transposed down copy slows as it grows (a Llama-2-7B fp16 layer's sparse FFN: 10.6 ms real,
+6.3 ms from the single rates). `flashsim bench compute` measures the backend's own kernels per
+dtype over a grid of widths and computed neurons (devices/kernel_table.py interpolates); where the
+run's dtype has a table, a sparse FFN costs its gather (scaled by the run's row bytes) + transposed
+copy as the gather term and (matrices - 1) gate/up GEMVs + the down GEMV as the memory term (DMA
+contention still slows the weights' streaming), with op_overhead_s only for the norm, activation
+and residual (the measured calls include their own dispatch and per-row work).
+
 **Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
 decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
 other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
@@ -81,7 +92,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from devices.model_spec import ModelSpec
-from devices.schema import DeviceProfile
+from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
 # Torch calls per layer of the real backend's Python decoder loop (compute.decoder=python), counted
 # with a TorchFunctionMode (tests/real/test_loop_ops.py counts them again): the FFN step
@@ -96,6 +107,8 @@ FFN_BASE_KERNELS = 3
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
 MGMT_KERNELS = 1
+# the cache rows' alignment in the sparse-FFN kernel table (real/bench_sparse_ffn.py STORE_ALIGN)
+TABLE_ROW_ALIGN_BYTES = 4096
 # A DMA stream can never take the whole DRAM bandwidth from compute: floor the remaining share.
 MIN_BANDWIDTH_SHARE = 0.05
 # Reads in flight never starve the compute completely: the OS scheduler gives every runnable thread
@@ -235,6 +248,15 @@ class ComputeModel:
         # a cached neuron's DRAM row (the layout's dram_bytes_per_neuron: padded on a padded store),
         # what the gather and the cache's row moves copy
         self.row_bytes = int(row_bytes) if row_bytes else spec.ffn_neuron_bytes
+        # the sparse FFN's kernels measured at this model's width and dtype (None: the single rates)
+        sf = profile.compute.sparse_ffn
+        table = sf.tables.get(spec.dtype) if sf is not None else None
+        self.sparse_kernels = None if table is None else {
+            k: table.kernel(k).curve(spec.d_model) for k in SPARSE_FFN_KERNELS}
+        # the table's cache rows: three segments, 4 KiB-aligned (real/bench_sparse_ffn.py); a gather
+        # copies bytes, so this model's rows take their share of that time
+        table_row = -(-3 * spec.d_model * spec.dtype_bytes // TABLE_ROW_ALIGN_BYTES) * TABLE_ROW_ALIGN_BYTES
+        self.gather_row_scale = self.row_bytes / table_row
 
     def attention(self, n_tokens: np.ndarray, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray,
                   predictor_flops_per_token: float = 0.0, predictor_bytes: int = 0) -> Phase:
@@ -263,6 +285,8 @@ class ComputeModel:
         flops = 2.0 * n * c * s.ffn_matrices * s.d_model
         nbytes = c * s.ffn_neuron_bytes
         sparse = (c > 0) & (c < s.d_ff) & gathers
+        if self.sparse_kernels is not None and np.any(sparse):
+            return self._ffn_measured(c, flops, nbytes, sparse)
         # the gather copies whole cache rows; the down rows are then transposed into a [d_model, c] matrix
         gather = c * self.row_bytes / self.gather_bytes_per_s
         if self.transpose_bytes_per_s:
@@ -273,6 +297,25 @@ class ComputeModel:
         rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
                      kernels * self.op_s + rows * self.row_s)
+
+    def _ffn_measured(self, c: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, sparse: np.ndarray) -> Phase:
+        """`ffn` where the profile measured this dtype's sparse-FFN kernels (compute.sparse_ffn):
+        sparse entries take the table's times at (d_model, c), dense ones the single rates. The
+        GEMVs stream weights (the memory term, slowed by DMA contention); the gather and the
+        transposed copy are the gather term. The table's times include the kernels' dispatch and
+        per-row work, so only the norm, activation and residual pay op_overhead_s."""
+        s, k = self.spec, self.sparse_kernels
+        assert k is not None
+        gemv = (s.ffn_matrices - 1) * k["input_gemv_s"](c) + k["down_gemv_s"](c)
+        copy = k["gather_s"](c) * self.gather_row_scale + k["transpose_s"](c)
+        dense_rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
+        dense_kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices, 0)
+        z = np.zeros_like(c)
+        return Phase(flops / self.flops_per_s,
+                     np.where(sparse, gemv, nbytes / self.dram_bytes_per_s),
+                     np.where(sparse, copy, z),
+                     np.where(sparse, FFN_BASE_KERNELS * self.op_s,
+                              dense_kernels * self.op_s + dense_rows * self.row_s))
 
     def cold_s(self, demand_reads: np.ndarray) -> np.ndarray:
         """Extra compute of a layer whose decoder waited for a demand batch of that many reads: its

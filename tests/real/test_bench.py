@@ -170,6 +170,17 @@ def test_bench_compute_records_threads(tmp_path, capsys):
     assert res["threads"] == 1 and torch.get_num_threads() == before        # restored afterwards
     compute, _ = compute_sections(res, "2026-01-01", "flashsim bench compute --threads 1", "x")
     assert compute["threads"] == 1 and "1 threads" in compute["source"]
+    # the sparse FFN's kernel table, per dtype, on the quick grid; every time measured (> 0)
+    tables = compute["sparse_ffn"]["tables"]
+    assert set(tables) == {"fp32", "fp16", "bf16"} and "bench_sparse_ffn" in compute["sparse_ffn"]["source"]
+    from real.bench_sparse_ffn import KERNELS, QUICK_D_MODEL, QUICK_NEURONS
+
+    for t in tables.values():
+        assert t["d_model"] == list(QUICK_D_MODEL) and t["neurons"] == list(QUICK_NEURONS)
+        assert all(x > 0 for k in KERNELS for row in t[k] for x in row)
+    from devices.schema import ComputeSpec
+
+    assert ComputeSpec.model_validate(compute).sparse_ffn is not None
     with pytest.raises(FlashsimError, match="must be >= 1"):
         run_compute_bench(quick=True, threads=0)
     with pytest.raises(FlashsimError, match="needs torch"):
@@ -182,7 +193,7 @@ def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
     assert main(["bench", "compute", "--quick", "--threads", "1", "--out", str(out), "--name", "one"]) == 0
     assert "1 threads" in capsys.readouterr().out
     prof = load_profile(out)
-    assert prof.compute.threads == 1
+    assert prof.compute.threads == 1 and prof.compute.sparse_ffn is not None
     assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
     assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
     err = capsys.readouterr().err

@@ -163,3 +163,23 @@ def test_keep_only_evicts_the_resident_neurons_outside_the_mask():
         np.testing.assert_array_equal(c.occupied()[c.slot_of[n], :ROW], row_of(n, 0))
     assert c.keep_only(keep).rows_moved == 0 and c.n == 3
     assert c.keep_only(np.zeros(N, bool)).rows_moved == 0 and c.n == 0      # dropping all moves nothing
+
+
+def test_transpose_scratch_is_the_contiguous_copy_in_reused_memory(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import real.cache as rc
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(40, 3 * 24 + 16, generator=g)        # gathered rows, padded: strided segments
+    ts = rc.TransposeScratch(torch)
+    small = ts.transposed(rows[:, 48:72], 40, 24, 4)          # below the threshold: contiguous()
+    assert ts.flat is None and small.is_contiguous() and torch.equal(small, rows[:, 48:72].T.contiguous())
+    monkeypatch.setattr(rc, "TRANSPOSE_SCRATCH_MIN_BYTES", 64)     # every copy below is "large"
+    a = ts.transposed(rows[:, 48:72], 40, 24, 4)
+    assert a.is_contiguous() and a.shape == (24, 40) and torch.equal(a, rows[:, 48:72].T.contiguous())
+    ptr = ts.flat.data_ptr()
+    b = ts.transposed(rows[:30, 24:48], 30, 24, 4)            # smaller: the same memory
+    assert ts.flat.data_ptr() == ptr and b.is_contiguous() and torch.equal(b, rows[:30, 24:48].T.contiguous())
+    h = torch.randn(50, 30, generator=g).to(torch.float16)
+    c = ts.transposed(h, 50, 30, 2)                           # larger, another dtype: grown
+    assert c.dtype == torch.float16 and ts.flat.numel() == 1500 and torch.equal(c, h.T.contiguous())

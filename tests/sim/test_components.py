@@ -113,9 +113,9 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     spec = load_model("smollm2-135m").with_dtype("fp32")
     prof = load_profile("this-host")
     base = prof.model_copy(update={"compute": prof.compute.model_copy(
-        update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None})})
+        update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None, "sparse_ffn": None})})
     terms = prof.model_copy(update={"compute": prof.compute.model_copy(
-        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10})})
+        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10, "sparse_ffn": None})})
     a, b = ComputeModel(spec, base), ComputeModel(spec, terms, row_bytes=8192)
     n, c = np.array([1.0]), np.array([[384.0]])
     f0, f1 = a.ffn(n, c), b.ffn(n, c)
@@ -176,3 +176,44 @@ def test_rows_moved_is_the_expected_holes_below_the_new_end() -> None:
     # d (n - d) / n: nothing deleted, 4 of 10, all 10, 5 of 20, and an empty cache
     got = rows_moved(np.array([0, 4, 10, 5, 0]), np.array([10, 10, 10, 20, 0]))
     assert got.tolist() == pytest.approx([0.0, 2.4, 0.0, 3.75, 0.0])
+
+
+def _with_table(prof, tables):
+    from devices.schema import SparseFfnSpec, SparseFfnTable
+
+    spec = None if tables is None else SparseFfnSpec(
+        tables={k: SparseFfnTable(**v) for k, v in tables.items()}, source="a test table")
+    return prof.model_copy(update={"compute": prof.compute.model_copy(update={"sparse_ffn": spec})})
+
+
+def test_compute_sparse_ffn_from_the_measured_kernel_table() -> None:
+    """Where the profile measured the run's dtype, a sparse FFN costs the table's kernels at the
+    model's width (hand-computed for SmolLM2 fp32, d_model 576, on a table with a row at 576); dense
+    entries, and dtypes without a table, keep the single rates."""
+    spec = load_model("smollm2-135m").with_dtype("fp32")
+    prof = load_profile("this-host")
+    table = {"d_model": [576, 1152], "neurons": [100, 400],
+             "gather_s": [[1e-4, 4e-4], [2e-4, 8e-4]], "input_gemv_s": [[2e-5, 5e-5], [4e-5, 1e-4]],
+             "transpose_s": [[3e-5, 2.7e-4], [6e-5, 5e-4]], "down_gemv_s": [[1e-5, 4e-5], [2e-5, 8e-5]]}
+    plain = ComputeModel(spec, _with_table(prof, None), row_bytes=8192)
+    cm = ComputeModel(spec, _with_table(prof, {"fp32": table}), row_bytes=8192)
+    n, c = np.array([1.0]), np.array([[100.0, 200.0, spec.d_ff, 0.0]])
+    f, f0 = cm.ffn(n, c), plain.ffn(n, c)
+    row_scale = 8192 / 8192          # the table's rows: 3 x 576 x 4 B = 6912, 4 KiB-aligned: 8192
+    assert f.gather_s[0, 0] == pytest.approx(1e-4 * row_scale + 3e-5)
+    assert f.mem_s[0, 0] == pytest.approx(2 * 2e-5 + 1e-5)               # gate + up, down
+    assert f.ovh_s[0, 0] == pytest.approx(3 * prof.compute.op_overhead_s)   # norm, activation, residual
+    assert f.flop_s[0, 0] == pytest.approx(f0.flop_s[0, 0])
+    # k = 200, halfway in log k: geometric means
+    assert f.gather_s[0, 1] == pytest.approx(np.sqrt(1e-4 * 4e-4) + np.sqrt(3e-5 * 2.7e-4))
+    assert f.mem_s[0, 1] == pytest.approx(2 * np.sqrt(2e-5 * 5e-5) + np.sqrt(1e-5 * 4e-5))
+    for ph in ("flop_s", "mem_s", "gather_s", "ovh_s"):      # dense and empty: the single rates
+        assert getattr(f, ph)[0, 2:] == pytest.approx(getattr(f0, ph)[0, 2:])
+    # an unpadded cache row (6912 B) gathers its share of the table's 8192 B rows
+    assert ComputeModel(spec, _with_table(prof, {"fp32": table})).ffn(n, c).gather_s[0, 0] == pytest.approx(
+        1e-4 * 6912 / 8192 + 3e-5)
+    # a model in a dtype the table lacks: the single rates
+    fp16 = load_model("smollm2-135m").with_dtype("fp16")
+    a = ComputeModel(fp16, _with_table(prof, {"fp32": table})).ffn(n, c)
+    b = ComputeModel(fp16, _with_table(prof, None)).ffn(n, c)
+    assert a.total_s() == pytest.approx(b.total_s())
