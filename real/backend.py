@@ -363,7 +363,7 @@ class RealExecutor:
         else:
             up, down = segs
             h = _act(torch, self.spec.ffn_kind, F.linear(xs, up))
-        # down: one contiguous [d, k] copy (a preallocated one past 32 MiB: real.cache.TransposeScratch),
+        # down: one contiguous [d, k] copy (from 8 MiB on a preallocated one: real.cache.TransposeScratch),
         # then the same GEMV kernel (F.linear) HF's dense down_proj uses; `h @ down` on the row
         # layout accumulates in another order (SmolLM2 logits then differ from HF by ~1.4e-4
         # instead of <= 1e-4). The copy is k*d elements.

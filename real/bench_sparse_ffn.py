@@ -22,8 +22,8 @@ AlignedBuffer (the neuron cache's memory) of CACHE_SLACK x k rows, a seeded rand
 gathered with `real.cache.gather_rows` into a `gather_scratch`, after an untimed sweep that evicts
 the CPU caches (as a layer's other work does between two of its FFNs); then the two input GEMVs
 (`F.linear` on the strided views), the transposed copy (real.cache.TransposeScratch, as the backend)
-and the down GEMV, each timed on its own. The
-medians of at least MIN_REPS repetitions are kept.
+and the down GEMV, each timed on its own. The medians of at least MIN_REPS repetitions (after one
+warm-up) are kept.
 """
 
 from __future__ import annotations

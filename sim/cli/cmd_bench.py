@@ -233,7 +233,6 @@ def _print_sparse_ffn(tables: dict) -> None:  # type: ignore[type-arg]
     print_table(["dtype", "gather", "gate/up GEMV", "transposed copy", "down GEMV"], rows, align="lrrrr")
 
 
-
 def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench

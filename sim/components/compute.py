@@ -285,8 +285,6 @@ class ComputeModel:
         flops = 2.0 * n * c * s.ffn_matrices * s.d_model
         nbytes = c * s.ffn_neuron_bytes
         sparse = (c > 0) & (c < s.d_ff) & gathers
-        if self.sparse_kernels is not None and np.any(sparse):
-            return self._ffn_measured(c, flops, nbytes, sparse)
         # the gather copies whole cache rows; the down rows are then transposed into a [d_model, c] matrix
         gather = c * self.row_bytes / self.gather_bytes_per_s
         if self.transpose_bytes_per_s:
@@ -295,27 +293,24 @@ class ComputeModel:
         kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices + sparse, 0)
         # output rows: c per input-side matrix (gate, up), d_model for the down projection
         rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
-        return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
-                     kernels * self.op_s + rows * self.row_s)
+        ph = Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
+                   kernels * self.op_s + rows * self.row_s)
+        if self.sparse_kernels is not None and np.any(sparse):
+            ph = self._measured_sparse(ph, c, sparse)
+        return ph
 
-    def _ffn_measured(self, c: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, sparse: np.ndarray) -> Phase:
-        """`ffn` where the profile measured this dtype's sparse-FFN kernels (compute.sparse_ffn):
-        sparse entries take the table's times at (d_model, c), dense ones the single rates. The
-        GEMVs stream weights (the memory term, slowed by DMA contention); the gather and the
-        transposed copy are the gather term. The table's times include the kernels' dispatch and
-        per-row work, so only the norm, activation and residual pay op_overhead_s."""
+    def _measured_sparse(self, ph: Phase, c: np.ndarray, sparse: np.ndarray) -> Phase:
+        """`ph` with its sparse entries priced from the profile's measured kernels at (d_model, c)
+        (compute.sparse_ffn); dense entries keep the single rates. The GEMVs stream weights (the
+        memory term, slowed by DMA contention); the gather and the transposed copy are the gather
+        term. The table's times include the kernels' dispatch and per-row work, so only the norm,
+        activation and residual pay op_overhead_s."""
         s, k = self.spec, self.sparse_kernels
         assert k is not None
         gemv = (s.ffn_matrices - 1) * k["input_gemv_s"](c) + k["down_gemv_s"](c)
         copy = k["gather_s"](c) * self.gather_row_scale + k["transpose_s"](c)
-        dense_rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
-        dense_kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices, 0)
-        z = np.zeros_like(c)
-        return Phase(flops / self.flops_per_s,
-                     np.where(sparse, gemv, nbytes / self.dram_bytes_per_s),
-                     np.where(sparse, copy, z),
-                     np.where(sparse, FFN_BASE_KERNELS * self.op_s,
-                              dense_kernels * self.op_s + dense_rows * self.row_s))
+        return Phase(ph.flop_s, np.where(sparse, gemv, ph.mem_s), np.where(sparse, copy, ph.gather_s),
+                     np.where(sparse, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
 
     def cold_s(self, demand_reads: np.ndarray) -> np.ndarray:
         """Extra compute of a layer whose decoder waited for a demand batch of that many reads: its
