@@ -20,6 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the table's cache rows: one neuron's gate | up | down, 4 KiB-aligned as a padded store's bundle
+TABLE_ROW_ALIGN_BYTES = 4096
+
+
+def table_row_bytes(d_model: int, dtype_bytes: int) -> int:
+    """The bytes of one cache row the table was measured on (real/bench_sparse_ffn.py)."""
+    return -(-3 * d_model * dtype_bytes // TABLE_ROW_ALIGN_BYTES) * TABLE_ROW_ALIGN_BYTES
+
 
 @dataclass(frozen=True)
 class KernelTable:

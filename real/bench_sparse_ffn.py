@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.kernel_table import table_row_bytes
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
 
@@ -45,7 +46,6 @@ QUICK_NEURONS = (64, 1024)
 CACHE_SLACK = 1.5       # the cache holds 1.5 k rows; a random k of them are gathered
 MIN_REPS = 3
 EVICT_BYTES = 64 << 20  # swept before each gather, as bench compute's gather (twice this host's L3)
-STORE_ALIGN = 4096      # a padded store's bundle alignment: the cache rows' stride
 KERNELS = ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s")
 
 
@@ -62,7 +62,7 @@ def sparse_ffn_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
         es = torch.empty((), dtype=tdt).element_size()
         table = {k: [[0.0] * len(ks) for _ in ds] for k in KERNELS}
         for i, d in enumerate(ds):
-            row_bytes = -(-3 * d * es // STORE_ALIGN) * STORE_ALIGN
+            row_bytes = table_row_bytes(d, es)
             for j, k in enumerate(ks):
                 n = int(k * CACHE_SLACK)
                 mem = AlignedBuffer(n * row_bytes)

@@ -91,6 +91,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from devices.kernel_table import table_row_bytes
 from devices.model_spec import ModelSpec
 from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
@@ -107,8 +108,6 @@ FFN_BASE_KERNELS = 3
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
 MGMT_KERNELS = 1
-# the cache rows' alignment in the sparse-FFN kernel table (real/bench_sparse_ffn.py STORE_ALIGN)
-TABLE_ROW_ALIGN_BYTES = 4096
 # A DMA stream can never take the whole DRAM bandwidth from compute: floor the remaining share.
 MIN_BANDWIDTH_SHARE = 0.05
 # Reads in flight never starve the compute completely: the OS scheduler gives every runnable thread
@@ -253,10 +252,8 @@ class ComputeModel:
         table = sf.tables.get(spec.dtype) if sf is not None else None
         self.sparse_kernels = None if table is None else {
             k: table.kernel(k).curve(spec.d_model) for k in SPARSE_FFN_KERNELS}
-        # the table's cache rows: three segments, 4 KiB-aligned (real/bench_sparse_ffn.py); a gather
-        # copies bytes, so this model's rows take their share of that time
-        table_row = -(-3 * spec.d_model * spec.dtype_bytes // TABLE_ROW_ALIGN_BYTES) * TABLE_ROW_ALIGN_BYTES
-        self.gather_row_scale = self.row_bytes / table_row
+        # a gather copies bytes: this model's cache rows take their share of the table's rows' time
+        self.gather_row_scale = self.row_bytes / table_row_bytes(spec.d_model, spec.dtype_bytes)
 
     def attention(self, n_tokens: np.ndarray, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray,
                   predictor_flops_per_token: float = 0.0, predictor_bytes: int = 0) -> Phase:
