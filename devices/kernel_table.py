@@ -1,8 +1,9 @@
-"""Measured kernel times over a grid of (d_model, computed neurons): the sparse FFN's table.
+"""Measured kernel times over a grid of (width, rows): the sparse FFN's and the dense GEMV's tables.
 
-`KernelTable` holds one kernel's seconds per call t[i][j] at d_model[i] and neurons[j] (measured by
-`flashsim bench compute`, real/bench_sparse_ffn.py) and answers t(d, k) for any width and any
-number of computed neurons:
+`KernelTable` holds one kernel's seconds per call t[i][j] at width d[i] and rows k[j] (measured by
+`flashsim bench compute`) and answers t(d, k) for any width and any number of rows. The sparse
+FFN's kernels (real/bench_sparse_ffn.py) are tabled over d_model x computed neurons; a dense GEMV
+(real/bench_dense_gemv.py) over in_features x out_features:
 
 * inside the grid: piecewise linear in (log d, log k) on log t, in two separable steps. Between two
   measured points a kernel's time grows as a power of its size, which is what a cache-size or an
@@ -31,22 +32,24 @@ def table_row_bytes(d_model: int, dtype_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class KernelTable:
-    """t[i][j] seconds at d_model[i], neurons[j]."""
+    """t[i][j] seconds at d_model[i], neurons[j] (the width and the rows; `axes` names them in
+    errors: ("in_features", "out_features") for a dense GEMV)."""
 
     d_model: tuple[int, ...]
     neurons: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
+    axes: tuple[str, str] = ("d_model", "neurons")
 
     def __post_init__(self) -> None:
         d = np.asarray(self.d_model, float)
         k = np.asarray(self.neurons, float)
         t = np.asarray(self.seconds, float)
-        for name, a in (("d_model", d), ("neurons", k)):
+        for name, a in zip(self.axes, (d, k)):
             if a.ndim != 1 or len(a) < 1 or np.any(a < 1) or np.any(np.diff(a) <= 0):
                 raise ValueError(f"{name} must be >= 1 and strictly increasing")
         if t.shape != (len(d), len(k)):
-            raise ValueError(f"a kernel's seconds must have {len(d)} rows (d_model) of {len(k)} values (neurons), "
-                             f"got shape {t.shape}")
+            raise ValueError(f"a kernel's seconds must have {len(d)} rows ({self.axes[0]}) of {len(k)} values "
+                             f"({self.axes[1]}), got shape {t.shape}")
         if not np.all(np.isfinite(t)) or np.any(t <= 0):
             raise ValueError("a kernel's seconds must be finite and > 0")
         object.__setattr__(self, "_log_d", np.log(d))
@@ -66,6 +69,11 @@ class KernelTable:
     def seconds_at(self, d_model: float, neurons: np.ndarray) -> np.ndarray:
         """Seconds per call at width `d_model` for each count in `neurons` (any shape; 0 -> 0)."""
         return self.curve(d_model)(neurons)
+
+    def transposed(self) -> KernelTable:
+        """The same kernel with the axes swapped: t'(k, d) = t(d, k). Inside the grid and beyond it the
+        two answer alike (the interpolation is bilinear in logs; the edge rules are per axis)."""
+        return KernelTable(self.neurons, self.d_model, tuple(zip(*self.seconds)), axes=(self.axes[1], self.axes[0]))
 
     def curve(self, d_model: float) -> KernelCurve:
         """The kernel at one width, as a function of the neurons computed (evaluated many times)."""

@@ -100,6 +100,38 @@ class SparseFfnSpec(_Strict):
     source: str
 
 
+class DenseGemvTable(_Strict):
+    """One dtype's dense GEMV y = W x (one token, W [out_features, in_features] streamed from DRAM):
+    seconds per call [i][j] at in_features[i] and out_features[j] (devices/kernel_table.py
+    interpolates; real/bench_dense_gemv.py measures)."""
+
+    in_features: list[int]
+    out_features: list[int]
+    gemv_s: list[list[float]]
+
+    @model_validator(mode="after")
+    def _check(self) -> DenseGemvTable:
+        try:
+            self.table()
+        except ValueError as e:
+            raise ValueError(f"gemv_s: {e}") from None
+        return self
+
+    def table(self) -> KernelTable:
+        """The KernelTable over (width = in_features, rows = out_features)."""
+        return KernelTable(tuple(self.in_features), tuple(self.out_features), tuple(tuple(r) for r in self.gemv_s),
+                           axes=("in_features", "out_features"))
+
+
+class DenseGemvSpec(_Strict):
+    """Dense GEMVs measured per dtype over both matrix sizes; where a run's dtype has a table it
+    replaces the single rates (the GEMV rate, gemv_row_s) for the attention projections, the
+    lm_head and a dense FFN's matrices."""
+
+    tables: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], DenseGemvTable]
+    source: str
+
+
 class ComputeSpec(_Strict):
     """Effective throughput of the unit that runs the FFN (matrix-vector products, decode)."""
 
@@ -117,6 +149,8 @@ class ComputeSpec(_Strict):
                                      "the layers (masks, positions, embedding call)")
     sparse_ffn: SparseFfnSpec | None = Field(default=None, description="the sparse FFN's kernels per dtype over "
                                              "(d_model, neurons) (`flashsim bench compute`); None = the single rates")
+    dense_gemv: DenseGemvSpec | None = Field(default=None, description="dense GEMV seconds per dtype over (in_features, "
+                                             "out_features) (`flashsim bench compute`); None = the single rates")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
     source: str

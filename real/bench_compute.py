@@ -38,6 +38,8 @@
 * Sparse-FFN kernel table (torch): the real backend's gather, gate/up GEMV on the gathered rows,
   transposed down copy and down GEMV, per dtype over a grid of widths and computed neurons
   (real/bench_sparse_ffn.py: one measured rate per kernel was 1.7x off at a 7B fp16 layer).
+* Dense GEMV table (torch): y = W x per dtype over in_features x out_features, weights streamed
+  from DRAM (real/bench_dense_gemv.py: in fp16 and bf16 the single rate was 0.4-2.3x off by shape).
 Every figure is the median over repetitions (at least 5, for at least `min_time_s` in total); the
 JSON also gives the minima, whose gap to the medians shows contention from other work on the host.
 """
@@ -53,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from real.bench_dense_gemv import dense_gemv_table
 from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
@@ -173,7 +176,9 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
                  "transpose": _transpose_rate(torch, rng, min_time_s),
                  "sparse_ffn": sparse_ffn_table(torch, dtypes, quick=quick, seed=seed,
-                                                min_time_s=0.05 if quick else 0.2)}
+                                                min_time_s=0.05 if quick else 0.2),
+                 "dense_gemv": dense_gemv_table(torch, dtypes, quick=quick, seed=seed,
+                                                min_time_s=0.01 if quick else 0.04)}
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
             extra["framework_overhead"] = fw_overhead
@@ -328,6 +333,16 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
                       f"rows, transposed down copy, down GEMV) per dtype at d_model {first['d_model']} x neurons "
                       f"{first['neurons']} (real/bench_sparse_ffn.py); `{command}`"}
         how.append("sparse-FFN kernel table per dtype")
+    if "dense_gemv" in result:
+        tables = result["dense_gemv"]
+        first = next(iter(tables.values()))
+        compute["dense_gemv"] = {
+            "tables": {k: {a: (sig4_rows(b) if isinstance(b[0], list) else b) for a, b in v.items()}
+                       for k, v in tables.items()},
+            "source": f"{prefix}: dense GEMVs (one token, weights streamed from DRAM) per dtype at in_features "
+                      f"{first['in_features']} x out_features {first['out_features']} (real/bench_dense_gemv.py); "
+                      f"`{command}`"}
+        how.append("dense GEMV table per dtype")
     if "framework_overhead" in result:
         compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
         compute["framework_token_s"] = sig4(result["framework_overhead"]["token_s"])

@@ -233,6 +233,18 @@ def _print_sparse_ffn(tables: dict) -> None:  # type: ignore[type-arg]
     print_table(["dtype", "gather", "gate/up GEMV", "transposed copy", "down GEMV"], rows, align="lrrrr")
 
 
+def _print_dense_gemv(tables: dict) -> None:  # type: ignore[type-arg]
+    """The dense GEMV table's largest out_features, per dtype and in_features, as streaming rates."""
+    first = next(iter(tables.values()))
+    j, m = len(first["out_features"]) - 1, first["out_features"][-1]
+    from devices.model_spec import DTYPE_BITS
+
+    rows = [[dt, *(format_rate(m * k * DTYPE_BITS[dt] / 8 / v["gemv_s"][i][j]) for i, k in enumerate(v["in_features"]))]
+            for dt, v in tables.items()]
+    print(f"dense GEMV [{m}, in_features] streaming rate (full table: --json or the profile):")
+    print_table(["dtype", *(str(k) for k in first["in_features"])], rows, align="l" + "r" * len(first["in_features"]))
+
+
 def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench
@@ -265,6 +277,8 @@ def _compute(args: argparse.Namespace) -> int:
           f"traffic; per-op overhead {result['op_overhead_s'] * 1e6:.2f} us")
     if "sparse_ffn" in result:
         _print_sparse_ffn(result["sparse_ffn"])
+    if "dense_gemv" in result:
+        _print_dense_gemv(result["dense_gemv"])
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
     return 0

@@ -91,7 +91,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from devices.kernel_table import table_row_bytes
+from devices.kernel_table import KernelTable, table_row_bytes
 from devices.model_spec import ModelSpec
 from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
@@ -223,6 +223,22 @@ class Phase:
         return self.gather_s + np.maximum(self.flop_s, self.mem_s) + self.ovh_s
 
 
+class DenseGemvs:
+    """A model's dense GEMVs priced from a measured table (profile compute.dense_gemv, one token,
+    weights streamed from DRAM, dispatch and per-row work included): the attention's four
+    projections and the lm_head per call; a dense FFN's input-side [c, d_model] and down
+    [d_model, c] GEMVs as functions of its c rows."""
+
+    def __init__(self, spec: ModelSpec, table: KernelTable):
+        d, q, kv = spec.d_model, spec.q_dim, spec.kv_dim
+        at = table.seconds_at
+        self.attention_s = float(at(d, np.array([q]))[0] + 2 * at(d, np.array([kv]))[0] + at(q, np.array([d]))[0])
+        self.attention_weight_bytes = (2 * q * d + 2 * kv * d) * spec.weight_bits / 8   # the rest: biases
+        self.head_s = float(at(d, np.array([spec.vocab_size]))[0])
+        self.input_s = table.curve(d)                   # [c, d]: c output rows of width d_model
+        self.down_s = table.transposed().curve(d)       # [d, c]: d_model output rows of width c
+
+
 class ComputeModel:
     """Phase costs for one model (as stored) on one device."""
 
@@ -254,6 +270,11 @@ class ComputeModel:
             k: table.kernel(k).curve(spec.d_model) for k in SPARSE_FFN_KERNELS}
         # a gather copies bytes: this model's cache rows take their share of the table's rows' time
         self.gather_row_scale = self.row_bytes / table_row_bytes(spec.d_model, spec.dtype_bytes)
+        # dense GEMVs measured at this dtype over both matrix sizes (None: the single rates); the
+        # bias bytes of the projections are streamed at the DRAM rate beside them
+        dg = profile.compute.dense_gemv
+        dense = dg.tables.get(spec.dtype) if dg is not None else None
+        self.dense_gemv = None if dense is None else DenseGemvs(spec, dense.table())
 
     def attention(self, n_tokens: np.ndarray, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray,
                   predictor_flops_per_token: float = 0.0, predictor_bytes: int = 0) -> Phase:
@@ -266,8 +287,12 @@ class ComputeModel:
         nbytes = s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
         nbytes = nbytes + predictor_bytes
         kernels = ATTENTION_KERNELS + (PREDICTOR_KERNELS if predictor_flops_per_token > 0 else 0)
-        rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         z = np.zeros_like(n)
+        g = self.dense_gemv
+        if g is not None:   # the four projections from the table (their dispatch and rows included)
+            mem = g.attention_s + (nbytes - g.attention_weight_bytes) / self.dram_bytes_per_s
+            return Phase(flops / self.flops_per_s, mem, z, z + (kernels - 4) * self.op_s + self.layer_fw_s)
+        rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + kernels * self.op_s + rows * self.row_s + self.layer_fw_s)
 
@@ -292,6 +317,12 @@ class ComputeModel:
         rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
         ph = Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
                    kernels * self.op_s + rows * self.row_s)
+        g = self.dense_gemv
+        if g is not None and not np.all(sparse):   # contiguous [c, d] and [d, c] matrices: the table
+            dense = (c > 0) & ~sparse
+            mem = (s.ffn_matrices - 1) * g.input_s(c) + g.down_s(c)
+            ph = Phase(ph.flop_s, np.where(dense, mem, ph.mem_s), ph.gather_s,
+                       np.where(dense, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
         if self.sparse_kernels is not None and np.any(sparse):
             ph = self._measured_sparse(ph, c, sparse)
         return ph
@@ -332,6 +363,10 @@ class ComputeModel:
         flops = np.full_like(n, 2.0 * n_sequences * s.vocab_size * s.d_model)
         nbytes = head_bytes + s.final_norm_bytes + n * s.d_model * s.dtype_bytes
         z = np.zeros_like(n)
+        g = self.dense_gemv
+        if g is not None:   # the lm_head GEMV [vocab, d_model] from the table (tied: the embedding's)
+            mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s
+            return Phase(flops / self.flops_per_s, mem, z, z + (HEAD_KERNELS - 1) * self.op_s + self.token_fw_s)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s + self.token_fw_s)
 

@@ -76,3 +76,18 @@ def test_a_bad_table_in_a_profile_is_a_one_line_error(tmp_path) -> None:
     with pytest.raises(FlashsimError) as e:
         load_profile(path)
     assert "transpose_s" in str(e.value) and "\n" not in str(e.value)
+
+
+@given(st.floats(1, 1e5), st.floats(1, 1e5))
+def test_transposed_answers_alike(d: float, k: float) -> None:
+    # bilinear in logs inside the grid, per-axis rules outside it: the order of the two steps is moot
+    a = TABLE.seconds_at(d, np.array([k]))[0]
+    b = TABLE.transposed().seconds_at(k, np.array([d]))[0]
+    assert a == pytest.approx(b, rel=1e-9)
+
+
+def test_a_bad_dense_gemv_table_names_its_axis(tmp_path) -> None:
+    data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
+    data["compute"]["dense_gemv"]["tables"]["fp16"]["out_features"] = [512, 128, 2048, 8192, 16384]
+    with pytest.raises(Exception, match="gemv_s: out_features must be"):
+        DeviceProfile.model_validate(data)

@@ -181,6 +181,15 @@ def test_bench_compute_records_threads(tmp_path, capsys):
     from devices.schema import ComputeSpec
 
     assert ComputeSpec.model_validate(compute).sparse_ffn is not None
+    # the dense GEMV table likewise
+    from real.bench_dense_gemv import QUICK_IN_FEATURES, QUICK_OUT_FEATURES
+
+    dense = compute["dense_gemv"]
+    assert set(dense["tables"]) == {"fp32", "fp16", "bf16"} and "bench_dense_gemv" in dense["source"]
+    for t in dense["tables"].values():
+        assert t["in_features"] == list(QUICK_IN_FEATURES) and t["out_features"] == list(QUICK_OUT_FEATURES)
+        assert all(x > 0 for row in t["gemv_s"] for x in row)
+    assert ComputeSpec.model_validate(compute).dense_gemv is not None
     with pytest.raises(FlashsimError, match="must be >= 1"):
         run_compute_bench(quick=True, threads=0)
     with pytest.raises(FlashsimError, match="needs torch"):
@@ -193,7 +202,7 @@ def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
     assert main(["bench", "compute", "--quick", "--threads", "1", "--out", str(out), "--name", "one"]) == 0
     assert "1 threads" in capsys.readouterr().out
     prof = load_profile(out)
-    assert prof.compute.threads == 1 and prof.compute.sparse_ffn is not None
+    assert prof.compute.threads == 1 and prof.compute.sparse_ffn is not None and prof.compute.dense_gemv is not None
     assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
     assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
     err = capsys.readouterr().err

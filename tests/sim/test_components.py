@@ -113,9 +113,9 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     spec = load_model("smollm2-135m").with_dtype("fp32")
     prof = load_profile("this-host")
     base = prof.model_copy(update={"compute": prof.compute.model_copy(
-        update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None, "sparse_ffn": None})})
+        update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None, "sparse_ffn": None, "dense_gemv": None})})
     terms = prof.model_copy(update={"compute": prof.compute.model_copy(
-        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10, "sparse_ffn": None})})
+        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10, "sparse_ffn": None, "dense_gemv": None})})
     a, b = ComputeModel(spec, base), ComputeModel(spec, terms, row_bytes=8192)
     n, c = np.array([1.0]), np.array([[384.0]])
     f0, f1 = a.ffn(n, c), b.ffn(n, c)
@@ -217,3 +217,57 @@ def test_compute_sparse_ffn_from_the_measured_kernel_table() -> None:
     a = ComputeModel(fp16, _with_table(prof, {"fp32": table})).ffn(n, c)
     b = ComputeModel(fp16, _with_table(prof, None)).ffn(n, c)
     assert a.total_s() == pytest.approx(b.total_s())
+
+
+def _with_dense(prof, tables):
+    from devices.schema import DenseGemvSpec, DenseGemvTable
+
+    spec = None if tables is None else DenseGemvSpec(
+        tables={k: DenseGemvTable(**v) for k, v in tables.items()}, source="a test table")
+    return prof.model_copy(update={"compute": prof.compute.model_copy(update={"dense_gemv": spec,
+                                                                               "sparse_ffn": None})})
+
+
+def test_compute_dense_gemvs_from_the_measured_table() -> None:
+    """Where the profile measured the run's dtype, the attention's projections, the lm_head and a
+    dense FFN's matrices cost the table's GEMVs at their shapes (hand-computed for SmolLM2 fp32:
+    d_model 576, q 576, k/v 192, d_ff 1536, vocab 49152, tied; every shape on a grid point); the
+    rest of each phase's bytes stream at the DRAM rate; the table's calls carry their own dispatch
+    and rows, so only the other kernels pay op_overhead_s. Sparse FFNs keep their pricing."""
+    spec = load_model("smollm2-135m").with_dtype("fp32")
+    prof = load_profile("this-host")
+    t = {(576, 192): 2e-5, (576, 576): 5e-5, (576, 1536): 1.2e-4, (576, 49152): 4e-3,
+         (1536, 192): 5e-5, (1536, 576): 1.1e-4, (1536, 1536): 3e-4, (1536, 49152): 9e-3}
+    ins, outs = [576, 1536], [192, 576, 1536, 49152]
+    table = {"in_features": ins, "out_features": outs, "gemv_s": [[t[(i, o)] for o in outs] for i in ins]}
+    plain = ComputeModel(spec, _with_dense(prof, None))
+    cm = ComputeModel(spec, _with_dense(prof, {"fp32": table}))
+    bw, op = prof.memory.bandwidth_bytes_per_s, prof.compute.op_overhead_s
+    n = np.array([1.0])
+    att, att0 = (m.attention(n, np.array([10]), np.array([10]), np.array([True])) for m in (cm, plain))
+    weights = (2 * 576 * 576 + 2 * 192 * 576) * 4
+    assert att.mem_s[0] == pytest.approx(2 * 5e-5 + 2 * 2e-5 + (att0.mem_s[0] * bw - weights) / bw)
+    assert att.ovh_s[0] == pytest.approx(4 * op + prof.compute.framework_layer_s)   # 8 kernels less the 4 GEMVs
+    assert att.flop_s[0] == pytest.approx(att0.flop_s[0])
+    head, head0 = cm.head(1, n), plain.head(1, n)
+    assert head.mem_s[0] == pytest.approx(4e-3 + (head0.mem_s[0] * bw - spec.embedding_bytes) / bw)
+    assert head.ovh_s[0] == pytest.approx(2 * op + prof.compute.framework_token_s)
+    # a dense FFN: gate and up [1536, 576], down [576, 1536]; a sparse one keeps the single rates
+    c = np.array([[float(spec.d_ff), 100.0, 0.0]])
+    f, f0 = cm.ffn(n, c), plain.ffn(n, c)
+    assert f.mem_s[0, 0] == pytest.approx(2 * 1.2e-4 + 1.1e-4) and f.ovh_s[0, 0] == pytest.approx(3 * op)
+    for ph in ("flop_s", "mem_s", "gather_s", "ovh_s"):
+        assert getattr(f, ph)[0, 1:] == pytest.approx(getattr(f0, ph)[0, 1:])
+    # a contiguous FFN of 1000 rows (not gathered): halfway-ish in log rows, the table's interpolant
+    g = cm.ffn(n, np.array([[1000.0]]), gathers=False)
+    x = np.log(1000 / 576) / np.log(1536 / 576)
+    inp = np.exp(np.log(5e-5) + x * np.log(1.2e-4 / 5e-5))
+    down = np.exp(np.log(5e-5) + x * np.log(1.1e-4 / 5e-5))   # [576, c]: width c between 576 and 1536
+    assert g.mem_s[0, 0] == pytest.approx(2 * inp + down)
+    # a dtype the table lacks: the single rates
+    fp16 = load_model("smollm2-135m").with_dtype("fp16")
+    a = ComputeModel(fp16, _with_dense(prof, {"fp32": table}))
+    b = ComputeModel(fp16, _with_dense(prof, None))
+    assert a.attention(n, np.array([10]), np.array([10]), np.array([True])).total_s() == pytest.approx(
+        b.attention(n, np.array([10]), np.array([10]), np.array([True])).total_s())
+    assert a.head(1, n).total_s() == pytest.approx(b.head(1, n).total_s())

@@ -1,0 +1,77 @@
+"""`flashsim bench compute`'s table of dense GEMVs: seconds per call of y = W x for one token, W
+[out_features, in_features] resident in DRAM, per dtype, over a grid of both sizes.
+
+Why a table, not one rate per dtype. The profile's `gemv_flops_per_s` comes from one shape (a
+Llama-2-7B FFN matrix, [11008, 4096]) and `gemv_row_s` from two fp32 shapes; the attention
+projections, the lm_head and a dense FFN are priced from them. On this host's CPU (one thread,
+fifteenth round) that holds in fp32 (the measured shapes within 0-18%), not in the dtypes the CPU
+has no arithmetic for, where torch's kernel converts as it goes and its speed follows the shape:
+  * fp16: a [4096, 11008] GEMV (a dense Llama-2-7B down projection) took 7.6 ms, [11008, 4096] of
+    the same bytes 4.3 ms, and the single rate priced both at 3.2-3.9 ms; small matrices
+    ([1536, 576], SmolLM2's FFN) ran at twice the single rate's speed;
+  * bf16: every shape ran at 1.8-2.3x the single rate's speed.
+
+Each point times `F.linear(x, W)` back to back over as many distinct W (filled once, with constant
+values: a GEMV's time does not depend on them) as make EVICT_BYTES (twice this host's last-level
+cache), so that every call streams its weights from DRAM, as a decode does layer after layer: the
+conditions the single rates were measured in, so only the shape's own effect is new. (An untimed
+sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
+code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
+covers where a run has such a wait.) A cell is the median over PASSES passes through the whole
+grid of each pass's median of at least MIN_REPS calls (after one warm-up): on this host a cell
+measured twice a minute apart moved by up to 20%. A point's matrices are freed before the next point's are allocated; the largest (16384 x
+16384 fp32) takes 1 GiB.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+# the grid: in_features (model widths 576 .. 8192 and a 7B's d_ff 11008 as the down GEMV's width)
+# x out_features (a GQA k/v projection's 128-256 rows .. a vocabulary's tens of thousands; beyond
+# the largest, the table's edge rate per element: a GEMV that big streams)
+IN_FEATURES = (512, 1024, 2048, 4096, 8192, 16384)
+OUT_FEATURES = (128, 512, 2048, 8192, 16384)
+QUICK_IN_FEATURES = (512, 2048)
+QUICK_OUT_FEATURES = (128, 2048)
+MIN_REPS = 3
+PASSES = 3       # whole-grid passes; a cell's median over them (the host's state drifts over seconds)
+EVICT_BYTES = 64 << 20
+
+
+def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, seed: int = 0,
+                     min_time_s: float = 0.04, passes: int = PASSES) -> dict[str, Any]:
+    """{dtype: {in_features, out_features, gemv_s ([i][j] seconds at in_features[i],
+    out_features[j])}}, measured with torch on the CPU on the current thread setting: per cell, the
+    median over `passes` passes through the whole grid of each pass's median call."""
+    ks, ms = (QUICK_IN_FEATURES, QUICK_OUT_FEATURES) if quick else (IN_FEATURES, OUT_FEATURES)
+    runs = {name: np.zeros((passes, len(ks), len(ms))) for name in dtypes}
+    for p in range(passes):
+        for name, tdt in dtypes.items():
+            for i, k in enumerate(ks):
+                x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(tdt)
+                for j, m in enumerate(ms):
+                    runs[name][p, i, j] = _median_call_s(torch, tdt, m, k, x, min_time_s)
+    return {name: {"in_features": list(ks), "out_features": list(ms),
+                   "gemv_s": np.median(r, axis=0).tolist()} for name, r in runs.items()}
+
+
+def _median_call_s(torch: Any, tdt: Any, m: int, k: int, x: Any, min_time_s: float) -> float:
+    """One cell: the median F.linear call over distinct [m, k] matrices of EVICT_BYTES in all."""
+    F = torch.nn.functional
+    es = torch.empty((), dtype=tdt).element_size()
+    ws = [torch.empty(m, k, dtype=tdt).fill_(0.02) for _ in range(-(-EVICT_BYTES // (m * k * es)))]
+    times: list[float] = []
+    t_all = time.perf_counter()
+    with torch.no_grad():
+        while len(times) < MIN_REPS + 1 or time.perf_counter() - t_all < min_time_s:
+            w = ws[len(times) % len(ws)]
+            t0 = time.perf_counter()
+            F.linear(x, w)
+            times.append(time.perf_counter() - t0)
+            if len(times) > 10000:
+                break
+    return float(np.median(times[1:]))   # the first call: warm-up
