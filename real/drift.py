@@ -223,8 +223,8 @@ class DriftLog:
 def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0,
                      reads: dict[int, float] | None = None) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
-    and its batch overhead and segment cost x disk (the check times the first two together); the GEMV FLOP rates / cpu and
-    gemv_row_s x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
+    and its batch overhead and segment cost x disk (the check times the first two together); the GEMV FLOP rates / cpu,
+    gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
     `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
     chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
     of / disk. Nothing else changes."""
@@ -254,4 +254,10 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
             flash[key] = [v * after_io for v in flash[key]]
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
+    # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)
+    for t in compute.get("dense_gemv", {}).get("tables", {}).values():
+        t["gemv_s"] = [[v * cpu for v in row] for row in t["gemv_s"]]
+    for t in compute.get("sparse_ffn", {}).get("tables", {}).values():
+        for key in ("input_gemv_s", "down_gemv_s"):
+            t[key] = [[v * cpu for v in row] for row in t[key]]
     return type(profile).model_validate(data)

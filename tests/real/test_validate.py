@@ -431,6 +431,13 @@ def test_profile_at_drift_scales_what_the_check_measured():
     assert np.allclose(np.array(q.flash.batch_overhead_s), np.array(p.flash.batch_overhead_s) * 1.25)
     assert all(q.compute.gemv_flops_per_s[k] == pytest.approx(v / 0.8) for k, v in p.compute.gemv_flops_per_s.items())
     assert q.compute.gemv_row_s == pytest.approx(p.compute.gemv_row_s * 0.8)
+    for dt, t in p.compute.dense_gemv.tables.items():
+        assert np.allclose(q.compute.dense_gemv.tables[dt].gemv_s, np.array(t.gemv_s) * 0.8)
+    for dt, t in p.compute.sparse_ffn.tables.items():
+        u = q.compute.sparse_ffn.tables[dt]
+        assert np.allclose(u.input_gemv_s, np.array(t.input_gemv_s) * 0.8)
+        assert np.allclose(u.down_gemv_s, np.array(t.down_gemv_s) * 0.8)
+        assert u.gather_s == t.gather_s and u.transpose_s == t.transpose_s   # copies: not the GEMV check's
     assert q.compute.gather_bytes_per_s == p.compute.gather_bytes_per_s and q.memory == p.memory
     assert q.flash.plan_s_per_batch == p.flash.plan_s_per_batch
     assert q.flash.cold_compute_s == p.flash.cold_compute_s
