@@ -27,6 +27,15 @@ copy as the gather term and (matrices - 1) gate/up GEMVs + the down GEMV as the 
 contention still slows the weights' streaming), with op_overhead_s only for the norm, activation
 and residual (the measured calls include their own dispatch and per-row work).
 
+**Dense GEMVs measured per shape** (profiles with `compute.dense_gemv`, fifteenth round). The
+single GEMV rate comes from one [11008, 4096] matrix; in fp16 and bf16 this CPU converts as it
+goes and its speed follows the shape (fp16 [4096, 11008]: 7.6 ms real, 3.2 ms from the rate;
+[49152, 576]: 3.3 against 6.7). `flashsim bench compute` times F.linear per dtype over
+in_features x out_features with the weights streamed from DRAM; where the run's dtype has a table,
+the attention's four projections, the lm_head and a dense FFN's matrices cost the table's calls in
+the memory term (their dispatch and per-row work included, so no gemv_row_s and no op_overhead_s
+for them), the rest of the phase's bytes at the DRAM rate.
+
 **Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
 decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
 other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
