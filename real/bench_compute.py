@@ -297,6 +297,14 @@ def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, float]:
             "stream_copy_bytes_per_s": 2.0 * nbytes / t}
 
 
+def _table_section(tables: dict[str, Any], prefix: str, command: str, what: str) -> dict[str, Any]:
+    """A kernel table's profile section: per dtype, the axes as measured and the seconds at 4
+    significant digits, and its source."""
+    return {"tables": {k: {a: (sig4_rows(b) if isinstance(b[0], list) else b) for a, b in v.items()}
+                       for k, v in tables.items()},
+            "source": f"{prefix}: {what}; `{command}`"}
+
+
 def compute_sections(result: dict[str, Any], date: str, command: str,
                      old_memory_source: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(compute section, memory updates) of the profile from a bench result."""
@@ -324,24 +332,19 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
         compute["transpose_bytes_per_s"] = sig4(result["transpose"]["bytes_per_s"])
         how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))
     if "sparse_ffn" in result:
-        tables = result["sparse_ffn"]
-        first = next(iter(tables.values()))
-        compute["sparse_ffn"] = {
-            "tables": {k: {a: (sig4_rows(b) if isinstance(b[0], list) else b) for a, b in v.items()}
-                       for k, v in tables.items()},
-            "source": f"{prefix}: the real backend's sparse-FFN kernels (gather, gate/up GEMV on the gathered "
-                      f"rows, transposed down copy, down GEMV) per dtype at d_model {first['d_model']} x neurons "
-                      f"{first['neurons']} (real/bench_sparse_ffn.py); `{command}`"}
+        first = next(iter(result["sparse_ffn"].values()))
+        compute["sparse_ffn"] = _table_section(
+            result["sparse_ffn"], prefix, command,
+            "the real backend's sparse-FFN kernels (gather, gate/up GEMV on the gathered rows, transposed down "
+            f"copy, down GEMV) per dtype at d_model {first['d_model']} x neurons {first['neurons']} "
+            "(real/bench_sparse_ffn.py)")
         how.append("sparse-FFN kernel table per dtype")
     if "dense_gemv" in result:
-        tables = result["dense_gemv"]
-        first = next(iter(tables.values()))
-        compute["dense_gemv"] = {
-            "tables": {k: {a: (sig4_rows(b) if isinstance(b[0], list) else b) for a, b in v.items()}
-                       for k, v in tables.items()},
-            "source": f"{prefix}: dense GEMVs (one token, weights streamed from DRAM) per dtype at in_features "
-                      f"{first['in_features']} x out_features {first['out_features']} (real/bench_dense_gemv.py); "
-                      f"`{command}`"}
+        first = next(iter(result["dense_gemv"].values()))
+        compute["dense_gemv"] = _table_section(
+            result["dense_gemv"], prefix, command,
+            f"dense GEMVs (one token, weights streamed from DRAM) per dtype at in_features {first['in_features']} "
+            f"x out_features {first['out_features']} (real/bench_dense_gemv.py)")
         how.append("dense GEMV table per dtype")
     if "framework_overhead" in result:
         compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
