@@ -19,8 +19,8 @@ sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slo
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
 covers where a run has such a wait.) A cell is the median over PASSES passes through the whole
 grid of each pass's median of at least MIN_REPS calls (after one warm-up): on this host a cell
-measured twice a minute apart moved by up to 20%. A point's matrices are freed before the next point's are allocated; the largest (16384 x
-16384 fp32) takes 1 GiB.
+measured twice a minute apart moved by up to 20%. A cell's matrices are freed before the next
+cell's are allocated; the largest (16384 x 16384 fp32) takes 1 GiB.
 """
 
 from __future__ import annotations

@@ -223,8 +223,9 @@ class DriftLog:
 def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0,
                      reads: dict[int, float] | None = None) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
-    and its batch overhead and segment cost x disk (the check times the first two together); the GEMV FLOP rates / cpu,
-    gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
+    and its batch overhead and segment cost x disk (the check times the first two together); the
+    GEMV FLOP rates / cpu, gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's
+    cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
     `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
     chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
     of / disk. Nothing else changes."""
