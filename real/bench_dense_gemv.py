@@ -4,12 +4,13 @@
 Why a table, not one rate per dtype. The profile's `gemv_flops_per_s` comes from one shape (a
 Llama-2-7B FFN matrix, [11008, 4096]) and `gemv_row_s` from two fp32 shapes; the attention
 projections, the lm_head and a dense FFN are priced from them. On this host's CPU (one thread,
-fifteenth round) that holds in fp32 (the measured shapes within 0-18%), not in the dtypes the CPU
-has no arithmetic for, where torch's kernel converts as it goes and its speed follows the shape:
+fifteenth round) that holds in fp32 (matrices of 16 MiB and more within 0-7%), not in the dtypes
+the CPU has no arithmetic for, where torch's kernel converts as it goes and its speed follows the
+shape:
   * fp16: a [4096, 11008] GEMV (a dense Llama-2-7B down projection) took 7.6 ms, [11008, 4096] of
-    the same bytes 4.3 ms, and the single rate priced both at 3.2-3.9 ms; small matrices
-    ([1536, 576], SmolLM2's FFN) ran at twice the single rate's speed;
-  * bf16: every shape ran at 1.8-2.3x the single rate's speed.
+    the same bytes 4.3 ms, and the single rate priced both at 3.2-3.9 ms; a small matrix
+    ([1536, 576], SmolLM2's FFN) takes 0.12 ms in the table against 0.21 ms from the rate;
+  * bf16: every matrix of 16 MiB and more ran at 1.9-2.3x the single rate's speed.
 
 Each point times `F.linear(x, W)` back to back over as many distinct W (filled once, with constant
 values: a GEMV's time does not depend on them) as make EVICT_BYTES (twice this host's last-level
