@@ -113,6 +113,7 @@ from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 LOOP_FFN_OPS = 22
 LOOP_ATTENTION_OPS = {"kernels": 22, "hf": 69}
 ATTENTION_KERNELS = 8
+ATTENTION_GEMVS = 4     # of those kernels: the q, k, v and o projections
 FFN_BASE_KERNELS = 3
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
@@ -240,10 +241,13 @@ class DenseGemvs:
 
     def __init__(self, spec: ModelSpec, table: KernelTable):
         d, q, kv = spec.d_model, spec.q_dim, spec.kv_dim
-        at = table.seconds_at
-        self.attention_s = float(at(d, np.array([q]))[0] + 2 * at(d, np.array([kv]))[0] + at(q, np.array([d]))[0])
+
+        def gemv_s(out_features: int, in_features: int) -> float:
+            return float(table.seconds_at(in_features, np.array([out_features], np.float64))[0])
+
+        self.attention_s = gemv_s(q, d) + 2 * gemv_s(kv, d) + gemv_s(d, q)
         self.attention_weight_bytes = (2 * q * d + 2 * kv * d) * spec.weight_bits / 8   # the rest: biases
-        self.head_s = float(at(d, np.array([spec.vocab_size]))[0])
+        self.head_s = gemv_s(spec.vocab_size, d)
         self.input_s = table.curve(d)                   # [c, d]: c output rows of width d_model
         self.down_s = table.transposed().curve(d)       # [d, c]: d_model output rows of width c
 
@@ -300,7 +304,8 @@ class ComputeModel:
         g = self.dense_gemv
         if g is not None:   # the four projections from the table (their dispatch and rows included)
             mem = g.attention_s + (nbytes - g.attention_weight_bytes) / self.dram_bytes_per_s
-            return Phase(flops / self.flops_per_s, mem, z, z + (kernels - 4) * self.op_s + self.layer_fw_s)
+            return Phase(flops / self.flops_per_s, mem, z,
+                         z + (kernels - ATTENTION_GEMVS) * self.op_s + self.layer_fw_s)
         rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + kernels * self.op_s + rows * self.row_s + self.layer_fw_s)
@@ -327,8 +332,8 @@ class ComputeModel:
         ph = Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
                    kernels * self.op_s + rows * self.row_s)
         g = self.dense_gemv
-        if g is not None and not np.all(sparse):   # contiguous [c, d] and [d, c] matrices: the table
-            dense = (c > 0) & ~sparse
+        dense = (c > 0) & ~sparse
+        if g is not None and np.any(dense):   # contiguous [c, d] and [d, c] matrices: the table
             mem = (s.ffn_matrices - 1) * g.input_s(c) + g.down_s(c)
             ph = Phase(ph.flop_s, np.where(dense, mem, ph.mem_s), ph.gather_s,
                        np.where(dense, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
@@ -338,7 +343,7 @@ class ComputeModel:
 
     def _measured_sparse(self, ph: Phase, c: np.ndarray, sparse: np.ndarray) -> Phase:
         """`ph` with its sparse entries priced from the profile's measured kernels at (d_model, c)
-        (compute.sparse_ffn); dense entries keep the single rates. The GEMVs stream weights (the
+        (compute.sparse_ffn); the other entries keep `ph`'s prices. The GEMVs stream weights (the
         memory term, slowed by DMA contention); the gather and the transposed copy are the gather
         term. The table's times include the kernels' dispatch and per-row work, so only the norm,
         activation and residual pay op_overhead_s."""
@@ -373,8 +378,8 @@ class ComputeModel:
         nbytes = head_bytes + s.final_norm_bytes + n * s.d_model * s.dtype_bytes
         z = np.zeros_like(n)
         g = self.dense_gemv
-        if g is not None:   # the lm_head GEMV [vocab, d_model] from the table (tied: the embedding's)
-            mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s
+        if g is not None:   # the lm_head GEMV [vocab, d_model] from the table (tied: the embedding's),
+            mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s   # one of the HEAD_KERNELS
             return Phase(flops / self.flops_per_s, mem, z, z + (HEAD_KERNELS - 1) * self.op_s + self.token_fw_s)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s + self.token_fw_s)
