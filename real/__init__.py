@@ -14,7 +14,8 @@ Modules (units: bytes as int, seconds as float, rates in bytes/s and FLOP/s):
 * `bench_flash` / `bench_compute` / `fio_import` / `profile_writer`: microbenchmarks that write a
   DeviceProfile (the `devices/schema.py` schema) with provenance; `bench_reader` (the reader's own
   costs around its reads, the cache index work) and `bench_cold` (compute after a read wait) time
-  the real code on a small store for bench flash.
+  the real code on a small store for bench flash; `bench_io` (the bench file and its read
+  primitives) and `bench_host_cpu` (how reads and compute slow each other) are bench flash's parts.
 * `drift`: the host against its profile right now (validate's checks at its start, every few
   seconds between real runs, and at its end).
 * `device`: the small, named device-specific part (CPU here; CUDA / Jetson pinned buffers).

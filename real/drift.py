@@ -27,7 +27,7 @@ run, so each run sits between two checks, for a host whose state flips within se
   the same small store's file, over the table's time for them. This disk's drift depends on the
   read size: small reads deep in the queue switch between two rates for seconds to a minute (4 KiB
   x 32: 0.49-1.01x one profile 2.5 s apart, 16 KiB x 32 0.96-1.67x) while 64 KiB and larger stay
-  within a few percent (docs/validation.md, seventh round), so one ratio cannot correct the whole
+  within a few percent (docs/validation-history.md, seventh round), so one ratio cannot correct the whole
   table. `profile_at_drift` scales each table row by these ratios interpolated in log2 of the
   chunk size (the nearest measured size's ratio beyond them).
 
@@ -104,7 +104,7 @@ def read_ratios(profile: Any, path: Path, rng: np.random.Generator,
     size at the profile's max_in_flight (`bench flash`'s loop on the file at `path`, direct I/O
     where the filesystem allows it); {} when the profile has no read table or the file is in RAM
     (a validation on tmpfs: nothing of the disk to measure)."""
-    from real.bench_flash import BenchFile, random_read_bytes_per_s
+    from real.bench_io import BenchFile, random_read_bytes_per_s
     from real.fsinfo import RAM_FILESYSTEMS, filesystem_type
 
     flash = profile.flash

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
-from real.bench_flash import BenchFile, random_read_bytes_per_s
+from real.bench_io import BenchFile, random_read_bytes_per_s
 from real.cache import LayerCache
 from real.convert import write_shape_store
 from real.reader import BundleReader

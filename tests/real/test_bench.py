@@ -123,9 +123,9 @@ def test_fio_jobfile_has_the_grid():
 
 
 def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
-    import real.bench_flash as bf
+    import real.bench_io as bio
 
-    monkeypatch.setattr(bf, "filesystem_type", lambda p: "tmpfs")
+    monkeypatch.setattr(bio, "filesystem_type", lambda p: "tmpfs")
     assert main(_quick_flash(tmp_path, "--no-write")) == 2
     assert "on tmpfs, which is RAM, not flash" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -390,7 +390,7 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
     not one reused buffer: after a short point, slot k of thread k and later slots hold file bytes."""
     import numpy as np
 
-    from real.bench_flash import DEST_BYTES, BenchFile, random_read_bytes_per_s
+    from real.bench_io import DEST_BYTES, BenchFile, random_read_bytes_per_s
 
     bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
     try:
@@ -410,7 +410,8 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
 def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
     """The host CPU probe's batches land where the grid's reads land (each thread's next slot of the
     region), not in one reused buffer per thread: its terms are then measured on the same transfers."""
-    from real.bench_flash import BenchFile, probe_samples
+    from real.bench_host_cpu import probe_samples
+    from real.bench_io import BenchFile
 
     bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
     try:
@@ -451,7 +452,7 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
 def test_probe_summary_pools_the_rounds_slices_by_hand():
     """The host CPU probe's rounds (one after each sweep) are pooled slice by slice: medians over
     all slices of all rounds, then the line through the two batch sizes (64 and 256 reads)."""
-    from real.bench_flash import probe_summary
+    from real.bench_host_cpu import probe_summary
 
     def rnd(alone, both, lost, cpu, it):
         return {"chunk_bytes": 16384, "in_flight": 32, "compute_threads": 1, "slices": 2, "slice_s": 0.1,

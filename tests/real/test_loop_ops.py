@@ -12,7 +12,7 @@ import pytest
 
 from devices import load_profile
 from devices.model_spec import ModelSpec
-from real.bench_flash import TorchCallCounter
+from real.bench_host_cpu import TorchCallCounter
 from sim.components.compute import LOOP_ATTENTION_OPS, LOOP_FFN_OPS
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
