@@ -78,7 +78,7 @@ STORE_SETTINGS = {"dtype": "fp32", "layout": "both", "alignment": "padded", "fil
 
 def validation_spec(quick: bool) -> ModelSpec:
     """A small llama shape, stored fp32 (rows of 4 KiB: no padding in either layout; fp32 because
-    PyTorch's CPU fp16 GEMV kernels are 2-20x slower than fp32 on this host, see docs/validation.md)."""
+    PyTorch's CPU fp16 GEMV kernels are 2-20x slower than fp32 on this host, see docs/validation-history.md)."""
     return ModelSpec(name="validate-shape", family="llama", n_layers=4 if quick else 8, d_model=1024,
                      d_ff=2048, dtype="fp32", n_heads=8, n_kv_heads=4, head_dim=128, vocab_size=4096, ffn_kind="swiglu")
 

@@ -52,7 +52,7 @@ RAM and cross PCIe.
 **Host CPU shared by compute and I/O** (`HostCpu`, profiles with `flash.host_cpu_s_per_read` > 0).
 On a CPU-only host the reads are submitted and completed by threads on the same cores (and, in
 Python, under the same interpreter lock) as the compute. Two effects, each with its measured
-constant (`flashsim bench flash` measures both; docs/validation.md has the numbers):
+constant (`flashsim bench flash` measures both; docs/validation-history.md has the numbers):
   * a read batch that runs while the compute runs needs CPU per read that the compute holds: its
     service time grows by n_reads x `read_delay_s_per_read` (default `host_cpu_s_per_read`; reads
     alone are timed by the read table, which bench flash measured with the same threads, so their
@@ -82,7 +82,7 @@ step and 19.8 us over the layer; in a real model-mode run a 4-5 ms prefetch batc
 about 125 reads stretched the attention after it from about 0.6 ms to 5.5-6.5 ms, which the
 layer's rhythm priced at about half. A batch's own delay (`delay_s`) takes the layer's seconds per
 call: it spans both phases. Measured on the real loop with every
-neuron resident (docs/validation.md, twelfth round), the loss per 64-read batch fell from
+neuron resident (docs/validation-history.md, twelfth round), the loss per 64-read batch fell from
 1.7-2.0 ms at d_model 256 (8 us per call) to 0.45-0.57 ms at a 7B layer (340 us), and the GEMV
 probes at the same seconds per call lost the same. A profile without the three probes charges a
 Python loop the framework terms everywhere (the model before). A Python loop also loses a
