@@ -175,8 +175,10 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The configurations grouped by mode x bundling x prefetch (the windows and budgets pooled),
     in grid order: per group the signed median latency and I/O errors (the direction the model is
     off in: a group whose sign holds over grids is the model's, one that flips with the host's
-    state at calibration is the host's), the |latency error| median and p90, and the median
-    |drift-corrected| error where the rows have one."""
+    state at calibration is the host's) with the signed latency error's quartiles, the signed
+    median compute error (with a prefetch in flight the real side's compute includes the decoder's
+    waits on the prefetch thread, so there it is not the simulator's quantity), the |latency error|
+    median and p90, and the median |drift-corrected| error where the rows have one."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["mode"], r["bundled"], r["prefetch"]), []).append(r)
@@ -186,7 +188,9 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g = {"mode": mode, "bundled": bundled, "prefetch": prefetch, "n_configs": len(rs),
              "latency_signed_median": float(np.median(lat)), "latency_error_median": float(np.median(np.abs(lat))),
              "latency_error_p90": float(np.percentile(np.abs(lat), 90)),
-             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs]))}
+             "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75)),
+             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs])),
+             "compute_signed_median": float(np.median([signed_error(r["metrics"]["compute_s"]) for r in rs]))}
         dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]
         g["drift_corrected_median"] = float(np.median(dc)) if dc else None
         out.append(g)

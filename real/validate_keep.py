@@ -20,6 +20,10 @@ Rescoring replays each executed trace on the given profile, compares as `validat
 (real.validate.compare: the mean over the passes, their spread as the noise floor) and reports the
 same summary, per mode and per group. It has no drift correction: the host checks measured the host
 against the profile validate ran with, not against the one rescored.
+
+`rescore_many` scores one profile on several kept grids: each grid's summary, the spread of their
+median and p90 errors, and the groups pooled over every configuration of every grid (a bias whose
+sign holds over grids calibrated at different times is the model's, not one host state's).
 """
 
 from __future__ import annotations
@@ -159,3 +163,39 @@ def rescore(keep: str | Path, profile: Any, progress: Any = None) -> dict[str, A
                    "repeats": doc.get("repeats"), "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
+
+
+# a grid's summary in `rescore_many`: these keys of its rescore report, and its latency noise floor
+GRID_SUMMARY_KEYS = ("rescored_from", "validated_with_profile", "n_configs", "repeats", "latency_error_median",
+                     "latency_error_p90", "latency_error_max")
+
+
+def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) -> dict[str, Any]:
+    """One profile on several kept grids (module docstring): `grids` (each grid's summary and its
+    real passes' latency spread, `noise_latency_median` / `_p90`, None with one pass),
+    `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
+    `per_group` (real.validate.per_group over the configurations of all the grids) and `per_grid`
+    (each grid's whole rescore report)."""
+    import numpy as np
+
+    from real.validate import per_group
+
+    t0 = time.perf_counter()
+    for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
+        load_kept_grid(Path(k))
+    reports = [rescore(k, profile, progress) for k in keeps]
+    grids = []
+    for rep in reports:
+        noise = (rep.get("noise_floor") or {}).get("latency_s") or {}
+        grids.append({**{k: rep.get(k) for k in GRID_SUMMARY_KEYS},
+                      "noise_latency_median": noise.get("median"), "noise_latency_p90": noise.get("p90")})
+
+    def spread(key: str) -> dict[str, float]:
+        v = [g[key] for g in grids]
+        return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+
+    return {"profile": profile.name, "n_grids": len(grids), "grids": grids,
+            "latency_error_median": spread("latency_error_median"), "latency_error_p90": spread("latency_error_p90"),
+            "n_configs": sum(g["n_configs"] for g in grids),
+            "per_group": per_group([row for rep in reports for row in rep["configs"]]),
+            "per_grid": reports, "wall_s": time.perf_counter() - t0}

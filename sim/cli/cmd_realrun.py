@@ -50,8 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "every real run, so each run sits between two checks: ~1.2 s per check)")
     v.add_argument("--keep", metavar="DIR", help="keep the executed traces and every real run's per-token records in "
                                                  "this new folder, to score other profiles against them later (--rescore)")
-    v.add_argument("--rescore", metavar="DIR", help="run nothing: replay a grid kept with --keep on --profile and "
-                                                    "report its errors against the kept real runs (seconds, not minutes)")
+    v.add_argument("--rescore", metavar="DIR", nargs="+",
+                   help="run nothing: replay a grid kept with --keep on --profile and report its errors against the "
+                        "kept real runs (seconds, not minutes); several DIRs: each grid's errors, their spread, and "
+                        "the groups pooled over all of them")
     v.set_defaults(func=_validate, run_option_defaults={name: v.get_default(name) for name in RUN_OPTIONS})
 
 
@@ -239,8 +241,40 @@ def _rescore(args: argparse.Namespace) -> int:
         flag = "--" + given[0].replace("_", "-")
         raise FlashsimError(f"{flag} with --rescore: a rescore runs nothing, it replays the kept grid as it ran; "
                             f"drop {flag}")
-    report = rescore(args.rescore, load_profile(args.profile), progress=validate_progress(args.json))
-    return print_validation(report, args.json, args.plot)
+    profile = load_profile(args.profile)
+    if len(args.rescore) == 1:
+        report = rescore(args.rescore[0], profile, progress=validate_progress(args.json))
+        return print_validation(report, args.json, args.plot)
+    if args.plot:
+        raise FlashsimError("--plot with several --rescore folders: plot one kept grid at a time "
+                            "(flashsim validate --rescore DIR --plot OUT)")
+    from real.validate_keep import rescore_many
+
+    many = rescore_many(args.rescore, profile, progress=validate_progress(args.json))
+    if args.json:
+        print_json(many)
+        return 0
+    print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
+          f"{many['wall_s']:.0f} s")
+
+    def pct(x: float | None, sign: str = "") -> str:
+        return "n/a" if x is None else f"{x:{sign}.1%}"
+
+    print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90"],
+                [[g["rescored_from"], g["n_configs"], g["repeats"], pct(g["latency_error_median"]),
+                  pct(g["latency_error_p90"]), pct(g["latency_error_max"]), pct(g["noise_latency_median"]),
+                  pct(g["noise_latency_p90"])] for g in many["grids"]], align="lrrrrrrr")
+    med, p90 = many["latency_error_median"], many["latency_error_p90"]
+    print(f"over the {many['n_grids']} grids: latency error median {pct(med['median'])} ({pct(med['min'])}-"
+          f"{pct(med['max'])}), p90 {pct(p90['median'])} ({pct(p90['min'])}-{pct(p90['max'])})")
+    print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",
+                 "I/O signed median", "compute signed median"],
+                [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
+                  g["n_configs"], pct(g["latency_signed_median"], "+"),
+                  f"{pct(g['latency_signed_q25'], '+')} to {pct(g['latency_signed_q75'], '+')}",
+                  pct(g["io_signed_median"], "+"), pct(g["compute_signed_median"], "+")]
+                 for g in many["per_group"]], align="lrrrrr")
+    return 0
 
 
 def validate_progress(quiet: bool) -> Any:
@@ -284,11 +318,12 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
             return "n/a" if x is None else f"{x:{sign}.1%}"
 
         print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
-                     "p90", "I/O signed median", "drift-corrected median"],
+                     "p90", "I/O signed median", "compute signed median", "drift-corrected median"],
                     [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                       g["n_configs"], pct(g["latency_signed_median"], "+"), pct(g["latency_error_median"]),
-                      pct(g["latency_error_p90"]), pct(g["io_signed_median"], "+"), pct(g["drift_corrected_median"])]
-                     for g in groups], align="lrrrrrr")
+                      pct(g["latency_error_p90"]), pct(g["io_signed_median"], "+"),
+                      pct(g.get("compute_signed_median"), "+"), pct(g["drift_corrected_median"])]
+                     for g in groups], align="lrrrrrrr")
     drift = report.get("drift") or {}
     if drift:
         def ratio(x: float | None) -> str:

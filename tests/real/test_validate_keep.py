@@ -55,6 +55,9 @@ def test_rescore_by_hand(tmp_path):
     assert m["io_s"]["error"] == 0.0 and m["bytes_read"]["error"] == 0.0
     assert rep["n_configs"] == 1 and rep["latency_error_median"] == pytest.approx(0.2)
     assert rep["rescored_from"] == str(keep) and rep["repeats"] == 2 and rep["per_group"][0]["n_configs"] == 1
+    g = rep["per_group"][0]     # signed: (sim - real) / real = (1 - 1.25) / 1.25; compute is the simulator's own
+    assert g["latency_signed_median"] == g["latency_signed_q25"] == g["latency_signed_q75"] == pytest.approx(-0.2)
+    assert g["compute_signed_median"] == 0.0 and g["io_signed_median"] == 0.0
     # another profile is what the replay runs on: a disk half as fast reads twice as long
     prof = load_profile("this-host")
     table = prof.flash.read_table.model_copy(update={"bytes_per_s": [[b / 2 for b in row] for row in
@@ -62,6 +65,45 @@ def test_rescore_by_hand(tmp_path):
     slow = prof.model_copy(update={"flash": prof.flash.model_copy(update={"read_table": table})})
     m2 = K.rescore(keep, slow)["configs"][0]["metrics"]
     assert m2["io_s"]["sim"] > 1.5 * m["io_s"]["sim"] and m2["io_s"]["real"] == m["io_s"]["real"]
+
+
+def test_rescore_many_by_hand(tmp_path, capsys):
+    # grid a: real = sim x 1.2 and x 1.3 (latency error 0.2, spread 1/12, signed -0.2);
+    # grid b: real = sim, one pass (error 0, no spread). Over the two: median error 0.1 (0-0.2); the
+    # pooled group's signed errors -0.2 and 0: median -0.1, quartiles -0.15 and -0.05 (linear)
+    kept = []
+    for name, factors in (("a", (1.2, 1.3)), ("b", (1.0,))):
+        (tmp_path / name).mkdir()
+        replays, _ = _sim_grid(tmp_path / name, factors)
+        kept.append(K.write_kept_grid(tmp_path / name / "kept", replays, {"profile": "this-host", "tokens": 12,
+                                                                          "repeats": len(factors)}, t0=0.0))
+    many = K.rescore_many(kept, load_profile("this-host"))
+    assert many["n_grids"] == 2 and many["n_configs"] == 2 and len(many["per_grid"]) == 2
+    assert [g["latency_error_median"] for g in many["grids"]] == pytest.approx([0.2, 0.0])
+    assert [g["rescored_from"] for g in many["grids"]] == [str(k) for k in kept]
+    assert many["grids"][0]["noise_latency_median"] == pytest.approx(1 / 12)
+    assert many["grids"][1]["noise_latency_median"] is None
+    assert many["latency_error_median"] == pytest.approx({"median": 0.1, "min": 0.0, "max": 0.2})
+    (g,) = many["per_group"]
+    assert g["n_configs"] == 2 and g["latency_signed_median"] == pytest.approx(-0.1)
+    assert g["latency_signed_q25"] == pytest.approx(-0.15) and g["latency_signed_q75"] == pytest.approx(-0.05)
+    # through the CLI: a table per grid, the spread, the pooled groups; JSON the same numbers
+    assert main(["validate", "--rescore", *map(str, kept)]) == 0
+    text = capsys.readouterr().out
+    assert "on 2 kept grids (2 configurations)" in text and all(str(k) in text for k in kept)
+    assert "over the 2 grids: latency error median 10.0% (0.0%-20.0%)" in text
+    assert "shape, bundled, prefetch none" in text and "-15.0% to -5.0%" in text
+    assert main(["validate", "--rescore", *map(str, kept), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["latency_error_median"]["median"] == pytest.approx(0.1) and out["n_grids"] == 2
+    # several grids make one plot each: refused, as is a missing folder among them (one line each)
+    assert main(["validate", "--rescore", *map(str, kept), "--plot", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot with several --rescore folders" in err and err.count("\n") == 1
+    assert main(["validate", "--rescore", str(kept[0]), str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert "nothing" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "figs").exists()
 
 
 def test_keep_and_rescore_through_the_cli(monkeypatch, tmp_path, capsys):
