@@ -254,27 +254,33 @@ def _rescore(args: argparse.Namespace) -> int:
     if args.json:
         print_json(many)
         return 0
+    print_rescore_many(many)
+    return 0
+
+
+def _pct(x: float | None, sign: str = "") -> str:
+    return "n/a" if x is None else f"{x:{sign}.1%}"
+
+
+def print_rescore_many(many: dict) -> None:
+    """One profile on several kept grids (real.validate_keep.rescore_many): a row per grid, the
+    spread over the grids, the groups pooled."""
     print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
           f"{many['wall_s']:.0f} s")
-
-    def pct(x: float | None, sign: str = "") -> str:
-        return "n/a" if x is None else f"{x:{sign}.1%}"
-
     print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90"],
-                [[g["rescored_from"], g["n_configs"], g["repeats"], pct(g["latency_error_median"]),
-                  pct(g["latency_error_p90"]), pct(g["latency_error_max"]), pct(g["noise_latency_median"]),
-                  pct(g["noise_latency_p90"])] for g in many["grids"]], align="lrrrrrrr")
+                [[g["rescored_from"], g["n_configs"], g["repeats"], _pct(g["latency_error_median"]),
+                  _pct(g["latency_error_p90"]), _pct(g["latency_error_max"]), _pct(g["noise_latency_median"]),
+                  _pct(g["noise_latency_p90"])] for g in many["grids"]], align="lrrrrrrr")
     med, p90 = many["latency_error_median"], many["latency_error_p90"]
-    print(f"over the {many['n_grids']} grids: latency error median {pct(med['median'])} ({pct(med['min'])}-"
-          f"{pct(med['max'])}), p90 {pct(p90['median'])} ({pct(p90['min'])}-{pct(p90['max'])})")
+    print(f"over the {many['n_grids']} grids: latency error median {_pct(med['median'])} ({_pct(med['min'])}-"
+          f"{_pct(med['max'])}), p90 {_pct(p90['median'])} ({_pct(p90['min'])}-{_pct(p90['max'])})")
     print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",
                  "I/O signed median", "compute signed median"],
                 [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
-                  g["n_configs"], pct(g["latency_signed_median"], "+"),
-                  f"{pct(g['latency_signed_q25'], '+')} to {pct(g['latency_signed_q75'], '+')}",
-                  pct(g["io_signed_median"], "+"), pct(g["compute_signed_median"], "+")]
+                  g["n_configs"], _pct(g["latency_signed_median"], "+"),
+                  f"{_pct(g['latency_signed_q25'], '+')} to {_pct(g['latency_signed_q75'], '+')}",
+                  _pct(g["io_signed_median"], "+"), _pct(g["compute_signed_median"], "+")]
                  for g in many["per_group"]], align="lrrrrr")
-    return 0
 
 
 def validate_progress(quiet: bool) -> Any:
@@ -314,15 +320,12 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
     groups = report.get("per_group") or []
     if groups:
-        def pct(x: float | None, sign: str = "") -> str:
-            return "n/a" if x is None else f"{x:{sign}.1%}"
-
-        print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
+            print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
                      "p90", "I/O signed median", "compute signed median", "drift-corrected median"],
                     [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
-                      g["n_configs"], pct(g["latency_signed_median"], "+"), pct(g["latency_error_median"]),
-                      pct(g["latency_error_p90"]), pct(g["io_signed_median"], "+"),
-                      pct(g.get("compute_signed_median"), "+"), pct(g["drift_corrected_median"])]
+                      g["n_configs"], _pct(g["latency_signed_median"], "+"), _pct(g["latency_error_median"]),
+                      _pct(g["latency_error_p90"]), _pct(g["io_signed_median"], "+"),
+                      _pct(g["compute_signed_median"], "+"), _pct(g["drift_corrected_median"])]
                      for g in groups], align="lrrrrrrr")
     drift = report.get("drift") or {}
     if drift:
