@@ -320,7 +320,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
     groups = report.get("per_group") or []
     if groups:
-            print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
+        print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
                      "p90", "I/O signed median", "compute signed median", "drift-corrected median"],
                     [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                       g["n_configs"], _pct(g["latency_signed_median"], "+"), _pct(g["latency_error_median"]),
