@@ -4,15 +4,15 @@
 
 Host CPU of the reads (`probe_samples` rounds, `probe_summary`; the profile's
 `flash.host_cpu_s_per_read`, `compute_lost_s_per_read`, `read_delay_s_per_read` and their
-`_per_batch` counterparts, see sim/components/compute.py `HostCpu`): every grid point also records the process CPU time
-(getrusage, user + system, all threads) per read. Then, at PROBE_CHUNK_BYTES and the largest reads
-in flight, reads are issued the way the real backend prefetches (a background thread handing
+`_per_batch` counterparts, see sim/components/compute.py `HostCpu`): at PROBE_CHUNK_BYTES and the
+largest reads in flight (bench flash's grid records the CPU time per read at every point besides),
+reads are issued the way the real backend prefetches (a background thread handing
 batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`, each
 thread's reads landing in its next slot of the destination region, as the grid's do), for two
 batch sizes B (2x and 8x the reads in flight), and short slices alternate: a decode-like compute
 probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
 `compute_threads` threads) | batches alone | both at once, PROBE_SLICES slices in all, in rounds
-after each sweep of the grid like the planning above (how much reads and compute slow each other
+after each sweep of bench flash's grid, like the reader's planning (how much reads and compute slow each other
 moved by a quarter within five minutes here). Medians over all slices (bursts of load from
 other processes hit the three alike) give, per batch size, the batch time alone and with the
 probe, the probe's time lost per batch and the CPU per read; a straight line through the two batch

@@ -32,7 +32,9 @@ Staged reads (`staged_read_cost`; the profile's `flash.staged_s_per_read`): real
 that are not aligned for direct I/O (an unbundled SmolLM2 fp32 row is 2304 B; any packed store)
 into a per-thread staging buffer and copies them out under the interpreter lock. The 4 KiB point at
 the largest reads in flight is measured with and without that copy; the difference per read is
-what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us).
+what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us). At the same
+moment real.reader's staged reads cost what this loop's do, within 5% (sixteenth round,
+docs/validation-history.md).
 
 Segmented reads (`segment_cost`; the profile's `flash.segment_s`): real.reader reads a run of
 unbundled rows that are 4 KiB multiples in place, one iovec per row (each lands in its own cache
