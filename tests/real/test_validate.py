@@ -253,15 +253,17 @@ def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
 
 def test_per_group_by_hand():
     """Rows grouped by mode x bundling x prefetch in grid order; signed errors (sim - real) / real."""
-    def row(mode, bundled, prefetch, real, sim, io_real, io_sim, dc=None):
+    def row(mode, bundled, prefetch, real, sim, io_real, io_sim, cmp_sim, dc=None):   # compute: real 6.0
         r = {"mode": mode, "bundled": bundled, "prefetch": prefetch,
-             "metrics": {"latency_s": {"real": real, "sim": sim}, "io_s": {"real": io_real, "sim": io_sim}}}
+             "metrics": {"latency_s": {"real": real, "sim": sim}, "io_s": {"real": io_real, "sim": io_sim},
+                         "compute_s": {"real": 6.0, "sim": cmp_sim}}}
         if dc is not None:
             r["drift_corrected"] = {"latency_error": dc}
         return r
 
-    rows = [row("shape", True, "delta", 10.0, 11.0, 4.0, 5.0, 0.02), row("shape", True, "delta", 10.0, 13.0, 4.0, 4.0, 0.04),
-            row("shape", True, "delta", 10.0, 9.0, 4.0, 3.0, 0.06), row("model", False, "none", 20.0, 19.0, 8.0, 8.0)]
+    rows = [row("shape", True, "delta", 10.0, 11.0, 4.0, 5.0, 6.6, 0.02),
+            row("shape", True, "delta", 10.0, 13.0, 4.0, 4.0, 6.3, 0.04),
+            row("shape", True, "delta", 10.0, 9.0, 4.0, 3.0, 5.4, 0.06), row("model", False, "none", 20.0, 19.0, 8.0, 8.0, 5.4)]
     g = V.per_group(rows)
     assert [(x["mode"], x["bundled"], x["prefetch"], x["n_configs"]) for x in g] == [("shape", True, "delta", 3),
                                                                                     ("model", False, "none", 1)]
@@ -270,6 +272,9 @@ def test_per_group_by_hand():
     assert g[0]["latency_error_p90"] == pytest.approx(0.26)                # numpy's linear p90 of (0.1, 0.1, 0.3)
     assert g[0]["io_signed_median"] == pytest.approx(0.0)                  # of +25%, 0, -25%
     assert g[0]["drift_corrected_median"] == pytest.approx(0.04)
+    # numpy's linear quartiles of (-0.1, +0.1, +0.3): 0.0 and +0.2; compute of +10%, +5%, -10%: +5%
+    assert g[0]["latency_signed_q25"] == pytest.approx(0.0) and g[0]["latency_signed_q75"] == pytest.approx(0.2)
+    assert g[0]["compute_signed_median"] == pytest.approx(0.05) and g[1]["compute_signed_median"] == pytest.approx(-0.1)
     assert g[1]["latency_signed_median"] == pytest.approx(-0.05) and g[1]["drift_corrected_median"] is None
 
 
