@@ -176,8 +176,9 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     in grid order: per group the signed median latency and I/O errors (the direction the model is
     off in: a group whose sign holds over grids is the model's, one that flips with the host's
     state at calibration is the host's) with the signed latency error's quartiles, the signed
-    median compute error (with a prefetch in flight the real side's compute includes the decoder's
-    waits on the prefetch thread, so there it is not the simulator's quantity), the |latency error|
+    median compute error (in unbundled model mode with a delta prefetch the real decoder computes
+    slowly through the time the simulator books as a stall: compare compute plus stall there), the
+    |latency error|
     median and p90, and the median |drift-corrected| error where the rows have one."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
