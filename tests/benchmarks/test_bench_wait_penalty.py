@@ -1,0 +1,71 @@
+"""What a read wait costs the real decoder's layer, next to what the simulator adds for it
+(the profile's `flash.cold_compute_s`, measured on bench_cold's tiny probe layer;
+docs/validation-history.md, sixteenth round).
+
+Validate's shape store and trace, grid points without prefetch at 25% of the FFN: each runs in
+shape mode with its real reads, and again with the reads' I/O skipped (`BundleReader._run` does
+nothing: the plan, the cache and the compute are the same, but nothing waits), alternating. The
+difference in compute per layer is the wait's cost on this layer; printed next to the profile's
+penalty at the run's reads per batch, and their ratio. Printed, not asserted (a ratio above 1 is
+compute the simulator misses without prefetch; the sixteenth round measured 1.3-2.6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from devices import load_profile
+
+pytest.importorskip("torch")
+
+POINTS = ((0, True), (2, True), (8, True), (8, False))   # (window k, bundled)
+RUNS = 3                                                   # per side, alternating
+TOKENS = 24
+
+
+def _compute_per_token(run) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(mean compute seconds, mean reads) per token after validate's warm-up steps."""
+    from real.validate import WARMUP_STEPS
+
+    toks = run.tokens[WARMUP_STEPS:]
+    return float(np.mean([t.compute_s for t in toks])), float(np.mean([t.reads_issued for t in toks]))
+
+
+def test_bench_wait_penalty(tmp_path, monkeypatch):
+    from real.backend import store_alignment_bytes, store_config
+    from real.convert import write_shape_store
+    from real.reader import BundleReader
+    from real.shape_mode import run_shape, shape_config, shape_trace_like
+    from real.store import open_store
+    from real.validate import GridPoint, budget_for, validation_spec
+    from sim.config import RunConfig
+    from traces.format import open_trace
+
+    profile = load_profile("this-host")
+    spec = validation_spec(quick=False)
+    store = open_store(write_shape_store(spec, tmp_path / "store", seed=0, dtype="fp32", layout="both"))
+    trace = open_trace(shape_trace_like(spec, tmp_path / "trace", TOKENS, 0))
+    real_run = BundleReader._run
+    rows = []
+    for k, bundled in POINTS:
+        gp = GridPoint(k, bundled, "none", 0.25)
+        budget = budget_for(spec, TOKENS, gp.budget_fraction, store_alignment_bytes(store))
+        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + ["seed=0"])), store)
+        sides: dict[str, list[tuple[float, float]]] = {"reads": [], "no wait": []}
+        for i in range(2 * RUNS):
+            side = ("reads", "no wait")[(i + i // 2) % 2]          # reads, no wait, no wait, reads, ...
+            monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
+            sides[side].append(_compute_per_token(run_shape(store, trace, profile, cfg, seed=0, threads=1)))
+        monkeypatch.setattr(BundleReader, "_run", real_run)
+        with_reads = np.median([c for c, _ in sides["reads"]])
+        without = np.median([c for c, _ in sides["no wait"]])
+        reads_per_batch = np.median([r for _, r in sides["reads"]]) / spec.n_layers
+        penalty = (with_reads - without) / spec.n_layers
+        priced = float(profile.flash.cold_compute_at(np.array([reads_per_batch]))[0])
+        rows.append((gp.label, reads_per_batch, with_reads, without, penalty, priced))
+    print(f"\nthe read wait's cost per layer, validate's shape, no prefetch ({RUNS} runs a side, medians) | "
+          "the profile's penalty at those reads")
+    for label, reads, a, b, pen, priced in rows:
+        print(f"  {label:42s} {reads:6.1f} reads/batch  compute {a * 1e3:6.2f} vs {b * 1e3:6.2f} ms/token: "
+              f"{pen * 1e6:6.1f} us/layer | priced {priced * 1e6:6.1f} us ({pen / priced if priced else float('nan'):.2f}x)")
+    assert all(np.isfinite(r[4]) for r in rows)
