@@ -183,7 +183,12 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
         load_kept_grid(Path(k))
-    reports = [rescore(k, profile, progress) for k in keeps]
+    def labelled(keep: str | Path) -> Any:     # each progress line names its grid
+        if progress is None:
+            return None
+        return lambda i, n, label, err: progress(i, n, f"{Path(keep).name}: {label}", err)
+
+    reports = [rescore(k, profile, labelled(k)) for k in keeps]
     grids = []
     for rep in reports:
         noise = (rep.get("noise_floor") or {}).get("latency_s") or {}

@@ -89,7 +89,8 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert g["latency_signed_q25"] == pytest.approx(-0.15) and g["latency_signed_q75"] == pytest.approx(-0.05)
     # through the CLI: a table per grid, the spread, the pooled groups; JSON the same numbers
     assert main(["validate", "--rescore", *map(str, kept)]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "[1/1] kept: shape: hand: latency error 20.0%" in err      # progress names each grid
     assert "on 2 kept grids (2 configurations)" in text and all(str(k) in text for k in kept)
     assert "over the 2 grids: latency error median 10.0% (0.0%-20.0%)" in text
     assert "shape, bundled, prefetch none" in text and "-15.0% to -5.0%" in text
