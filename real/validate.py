@@ -99,6 +99,17 @@ class GridPoint:
                 "layout=bundling", f"bundling.bundled={str(self.bundled).lower()}", f"prefetch={self.prefetch}",
                 "workload.prompt_tokens=0", f"memory.dram_budget_bytes={budget_bytes}"]
 
+    def run_config(self, store: Any, n_steps: int, seed: int) -> tuple[int, Any]:
+        """(DRAM budget in bytes, RunConfig) of this point on `store` for a run of n_steps: the
+        budget from `budget_for` at the store's alignment, the layout set from its manifest
+        (real.backend.store_config). Shape mode runs it under `shape_config`."""
+        from real.backend import store_alignment_bytes, store_config
+        from sim.config import RunConfig
+
+        budget = budget_for(store.spec, n_steps, self.budget_fraction, store_alignment_bytes(store))
+        cfg, _ = store_config(RunConfig().with_overrides(self.overrides(budget) + [f"seed={seed}"]), store)
+        return budget, cfg
+
 
 def grid(quick: bool) -> list[GridPoint]:
     ks = QUICK_K if quick else FULL_K
@@ -413,12 +424,10 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
                 drift: Any = None) -> dict[str, Any]:
-    from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
-    from sim.config import RunConfig
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -427,9 +436,8 @@ def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     trace = open_trace(shape_trace_like(spec, root / "trace", n_tokens, seed))
     points = []
     for gp in grid(quick):
-        budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
-        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"])), store)
-        points.append((gp, budget, cfg))
+        budget, cfg = gp.run_config(store, n_tokens, seed)
+        points.append((gp, budget, shape_config(cfg)))
     runs, times = _passes(points, repeats, lambda cfg: run_shape(store, trace, profile, cfg, seed=seed, threads=threads),
                           drift)
     for i, ((gp, budget, cfg), (run, *more)) in enumerate(zip(points, runs, strict=True)):
@@ -508,10 +516,8 @@ def _passes(points: list, repeats: int, run_one: Any, drift: Any = None) -> tupl
 def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
                 drift: Any = None) -> dict[str, Any]:
-    from real.backend import store_alignment_bytes, store_config
     from real.model_mode import prepare, run_prepared
     from real.records import write_executed_trace
-    from sim.config import RunConfig
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -522,9 +528,7 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
     quality = []
     points = []
     for gp in model_grid(quick):
-        budget = budget_for(store.spec, len(ids), gp.budget_fraction, store_alignment_bytes(store))
-        cfg, _ = store_config(RunConfig().with_overrides(gp.overrides(budget) + [f"seed={seed}"]), store)
-        points.append((gp, budget, cfg))
+        points.append((gp, *gp.run_config(store, len(ids), seed)))
     runs, times = _passes(points, repeats, lambda cfg: run_prepared(ref, model, spec, store, profile, cfg,
                                                                     device="cpu", threads=threads), drift)
     for i, ((gp, budget, cfg), ((run, q), *more)) in enumerate(zip(points, runs, strict=True)):

@@ -148,12 +148,11 @@ def test_bench_host_cpu_terms(tmp_path):
     full model without compute after a read wait, or without the cache index work), so real-run
     noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
     from devices.schema import DeviceProfile
-    from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
-    from real.validate import budget_for, compare, grid, summarize, validation_spec
+    from real.validate import compare, grid, summarize, validation_spec
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -185,8 +184,8 @@ def test_bench_host_cpu_terms(tmp_path):
     rows: dict[str, list] = {k: [] for k in variants}
     load0 = os.getloadavg()[0]
     for i, gp in enumerate(grid(quick)):
-        budget = budget_for(spec, n_tokens, gp.budget_fraction, store_alignment_bytes(store))
-        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + ["seed=0"])), store)
+        _, cfg = gp.run_config(store, n_tokens, 0)
+        cfg = shape_config(cfg)
         run = run_shape(store, trace, base, cfg, seed=0, threads=base.compute.threads or THREADS)
         executed = open_trace(write_executed_trace(tmp_path / f"ex-{i}", run, run.view, spec))
         for name, prof in variants.items():

@@ -32,13 +32,11 @@ def _compute_per_token(run) -> tuple[float, float]:  # type: ignore[no-untyped-d
 
 
 def test_bench_wait_penalty(tmp_path, monkeypatch):
-    from real.backend import store_alignment_bytes, store_config
     from real.convert import write_shape_store
     from real.reader import BundleReader
     from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
-    from real.validate import GridPoint, budget_for, validation_spec
-    from sim.config import RunConfig
+    from real.validate import GridPoint, validation_spec
     from traces.format import open_trace
 
     profile = load_profile("this-host")
@@ -49,8 +47,8 @@ def test_bench_wait_penalty(tmp_path, monkeypatch):
     rows = []
     for k, bundled in POINTS:
         gp = GridPoint(k, bundled, "none", 0.25)
-        budget = budget_for(spec, TOKENS, gp.budget_fraction, store_alignment_bytes(store))
-        cfg, _ = store_config(shape_config(RunConfig().with_overrides(gp.overrides(budget) + ["seed=0"])), store)
+        _, cfg = gp.run_config(store, TOKENS, 0)
+        cfg = shape_config(cfg)
         sides: dict[str, list[tuple[float, float]]] = {"reads": [], "no wait": []}
         for i in range(2 * RUNS):
             side = ("reads", "no wait")[(i + i // 2) % 2]          # reads, no wait, no wait, reads, ...
