@@ -332,8 +332,7 @@ class ComputeModel:
         ph = Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
                    kernels * self.op_s + rows * self.row_s)
         g = self.dense_gemv
-        dense = (c > 0) & ~sparse
-        if g is not None and np.any(dense):   # contiguous [c, d] and [d, c] matrices: the table
+        if g is not None and np.any(dense := (c > 0) & ~sparse):   # contiguous [c, d] and [d, c]: the table
             mem = (s.ffn_matrices - 1) * g.input_s(c) + g.down_s(c)
             ph = Phase(ph.flop_s, np.where(dense, mem, ph.mem_s), ph.gather_s,
                        np.where(dense, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
