@@ -17,13 +17,14 @@ always a whole one):
     config-NNN/run-P.parquet   pass P's per-token records (sim.records.TOKEN_COLUMNS)
 
 Rescoring replays each executed trace on the given profile, compares as `validate` does
-(real.validate.compare: the mean over the passes, their spread as the noise floor) and reports the
-same summary, per mode and per group. It has no drift correction: the host checks measured the host
+(real.validate.compare: the mean over the passes, their spread as the noise floor, each pass scored
+alone by the simulator and by the other passes) and reports the same summary, per mode and per group. It has no drift correction: the host checks measured the host
 against the profile validate ran with, not against the one rescored.
 
 `rescore_many` scores one profile on several kept grids: each grid's summary, the spread of their
-median and p90 errors, and the groups pooled over every configuration of every grid (a bias whose
-sign holds over grids calibrated at different times is the model's, not one host state's).
+median and p90 errors, the single passes' scores (real.validate.repeatability) and the groups, both
+pooled over every configuration of every grid (a bias whose sign holds over grids calibrated at
+different times is the model's, not one host state's).
 """
 
 from __future__ import annotations
@@ -171,14 +172,16 @@ GRID_SUMMARY_KEYS = ("rescored_from", "validated_with_profile", "n_configs", "re
 
 
 def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) -> dict[str, Any]:
-    """One profile on several kept grids (module docstring): `grids` (each grid's summary and its
-    real passes' latency spread, `noise_latency_median` / `_p90`, None with one pass),
+    """One profile on several kept grids (module docstring): `grids` (each grid's summary; its
+    real passes' latency spread, `noise_latency_median` / `_p90`; each pass scored alone by the
+    simulator, `pass_latency_error_median` / `_p90`, and by the other passes' mean,
+    `rest_latency_error_median` / `_p90` (real.validate.repeatability); None with one pass),
     `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
-    `per_group` (real.validate.per_group over the configurations of all the grids) and `per_grid`
-    (each grid's whole rescore report)."""
+    `repeatability` and `per_group` (real.validate's, over the configurations of all the grids) and
+    `per_grid` (each grid's whole rescore report)."""
     import numpy as np
 
-    from real.validate import per_group
+    from real.validate import per_group, repeatability
 
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
@@ -192,8 +195,12 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
     grids = []
     for rep in reports:
         noise = (rep.get("noise_floor") or {}).get("latency_s") or {}
+        alone = (rep.get("repeatability") or {}).get("latency_s") or {}
+        sim, rest = alone.get("simulator") or {}, alone.get("other_passes") or {}
         grids.append({**{k: rep.get(k) for k in GRID_SUMMARY_KEYS},
-                      "noise_latency_median": noise.get("median"), "noise_latency_p90": noise.get("p90")})
+                      "noise_latency_median": noise.get("median"), "noise_latency_p90": noise.get("p90"),
+                      "pass_latency_error_median": sim.get("median"), "pass_latency_error_p90": sim.get("p90"),
+                      "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90")})
 
     def spread(key: str) -> dict[str, float]:
         v = [g[key] for g in grids]
@@ -202,5 +209,6 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
     return {"profile": profile.name, "n_grids": len(grids), "grids": grids,
             "latency_error_median": spread("latency_error_median"), "latency_error_p90": spread("latency_error_p90"),
             "n_configs": sum(g["n_configs"] for g in grids),
+            "repeatability": repeatability([row for rep in reports for row in rep["configs"]]),
             "per_group": per_group([row for rep in reports for row in rep["configs"]]),
             "per_grid": reports, "wall_s": time.perf_counter() - t0}

@@ -262,25 +262,39 @@ def _pct(x: float | None, sign: str = "") -> str:
     return "n/a" if x is None else f"{x:{sign}.1%}"
 
 
+def _alone(rep: dict) -> str:
+    """One metric's real.validate.repeatability entry in words."""
+    sim, rest = rep["simulator"], rep["other_passes"]
+    return (f"the simulator's latency error median {_pct(sim['median'])}, p90 {_pct(sim['p90'])}; the other passes' "
+            f"mean's median {_pct(rest['median'])}, p90 {_pct(rest['p90'])} (the host's repeatability)")
+
+
 def print_rescore_many(many: dict) -> None:
     """One profile on several kept grids (real.validate_keep.rescore_many): a row per grid, the
     spread over the grids, the groups pooled."""
     print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
           f"{many['wall_s']:.0f} s")
-    print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90"],
+    print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90",
+                 "one pass: simulator median", "p90", "other passes median", "p90"],
                 [[g["rescored_from"], g["n_configs"], g["repeats"], _pct(g["latency_error_median"]),
                   _pct(g["latency_error_p90"]), _pct(g["latency_error_max"]), _pct(g["noise_latency_median"]),
-                  _pct(g["noise_latency_p90"])] for g in many["grids"]], align="lrrrrrrr")
+                  _pct(g["noise_latency_p90"]), _pct(g["pass_latency_error_median"]), _pct(g["pass_latency_error_p90"]),
+                  _pct(g["rest_latency_error_median"]), _pct(g["rest_latency_error_p90"])] for g in many["grids"]],
+                align="lrrrrrrrrrrr")
     med, p90 = many["latency_error_median"], many["latency_error_p90"]
     print(f"over the {many['n_grids']} grids: latency error median {_pct(med['median'])} ({_pct(med['min'])}-"
           f"{_pct(med['max'])}), p90 {_pct(p90['median'])} ({_pct(p90['min'])}-{_pct(p90['max'])})")
+    alone = many["repeatability"].get("latency_s")
+    if alone:
+        print(f"each real pass alone, pooled: {_alone(alone)}")
     print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",
-                 "I/O signed median", "compute signed median"],
+                 "I/O signed median", "compute signed median", "one pass: simulator", "other passes"],
                 [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                   g["n_configs"], _pct(g["latency_signed_median"], "+"),
                   f"{_pct(g['latency_signed_q25'], '+')} to {_pct(g['latency_signed_q75'], '+')}",
-                  _pct(g["io_signed_median"], "+"), _pct(g["compute_signed_median"], "+")]
-                 for g in many["per_group"]], align="lrrrrr")
+                  _pct(g["io_signed_median"], "+"), _pct(g["compute_signed_median"], "+"),
+                  _pct(g["pass_latency_error_median"]), _pct(g["rest_latency_error_median"])]
+                 for g in many["per_group"]], align="lrrrrrrr")
 
 
 def validate_progress(quiet: bool) -> Any:
@@ -318,15 +332,23 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                 for m, v in summary["per_metric"].items()]
         head = [f"metric ({name})", "median error", "p90", "max"]
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
+    alone = report.get("repeatability")
+    if alone:
+        print_table(["each real pass alone (leave one out)", "simulator median error", "p90", "other passes' mean median",
+                     "p90"],
+                    [[m, _pct(v["simulator"]["median"]), _pct(v["simulator"]["p90"]), _pct(v["other_passes"]["median"]),
+                      _pct(v["other_passes"]["p90"])] for m, v in alone.items()], align="lrrrr")
     groups = report.get("per_group") or []
     if groups:
         print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
-                     "p90", "I/O signed median", "compute signed median", "drift-corrected median"],
+                     "p90", "I/O signed median", "compute signed median", "drift-corrected median",
+                     "one pass: simulator", "other passes"],
                     [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                       g["n_configs"], _pct(g["latency_signed_median"], "+"), _pct(g["latency_error_median"]),
                       _pct(g["latency_error_p90"]), _pct(g["io_signed_median"], "+"),
-                      _pct(g["compute_signed_median"], "+"), _pct(g["drift_corrected_median"])]
-                     for g in groups], align="lrrrrrrr")
+                      _pct(g["compute_signed_median"], "+"), _pct(g["drift_corrected_median"]),
+                      _pct(g.get("pass_latency_error_median")), _pct(g.get("rest_latency_error_median"))]
+                     for g in groups], align="lrrrrrrrrr")
     drift = report.get("drift") or {}
     if drift:
         def ratio(x: float | None) -> str:

@@ -56,6 +56,15 @@ def test_compare_with_repeats_averages_runs_and_reports_their_spread():
     noise = V.summarize(rows)["noise_floor"]["latency_s"]
     assert noise["median"] == pytest.approx((1.0 + 0.1) / 2) and noise["max"] == pytest.approx(1.0)
     assert "noise_floor" not in V.summarize([{"metrics": V.compare(run(1.0), run(1.0))}])
+    # each pass alone: the simulator (3) against 2, 4, 3 -> 0.5, 0.25, 0; the other passes' mean
+    # (3.5, 2.5, 3) against the same -> 0.75, 0.375, 0
+    assert lat["pass_errors"] == pytest.approx([0.5, 0.25, 0.0])
+    assert lat["rest_errors"] == pytest.approx([0.75, 0.375, 0.0])
+    # pooled with the second row (sim 2 against 2 and 2.2: 0, 1/11; 2.2 against 2 and 2 against 2.2: 0.1, 1/11)
+    rep = V.summarize(rows)["repeatability"]["latency_s"]
+    assert rep["simulator"]["median"] == pytest.approx(1 / 11) and rep["simulator"]["max"] == pytest.approx(0.5)
+    assert rep["other_passes"]["median"] == pytest.approx(0.1) and rep["other_passes"]["max"] == pytest.approx(0.75)
+    assert "repeatability" not in V.summarize([{"metrics": V.compare(run(1.0), run(1.0))}])
 
 
 def test_full_grid_has_at_least_24_configurations():
@@ -276,6 +285,13 @@ def test_per_group_by_hand():
     assert g[0]["latency_signed_q25"] == pytest.approx(0.0) and g[0]["latency_signed_q75"] == pytest.approx(0.2)
     assert g[0]["compute_signed_median"] == pytest.approx(0.05) and g[1]["compute_signed_median"] == pytest.approx(-0.1)
     assert g[1]["latency_signed_median"] == pytest.approx(-0.05) and g[1]["drift_corrected_median"] is None
+    # single passes: none in these rows; two passes in the model row (simulator 0.1 and 0.3, the
+    # other pass 0.2 and 0.25 against each): medians 0.2 and 0.225
+    assert g[0]["pass_latency_error_median"] is None and g[0]["rest_latency_error_median"] is None
+    rows[3]["metrics"]["latency_s"].update(pass_errors=[0.1, 0.3], rest_errors=[0.2, 0.25])
+    g = V.per_group(rows)
+    assert g[1]["pass_latency_error_median"] == pytest.approx(0.2)
+    assert g[1]["rest_latency_error_median"] == pytest.approx(0.225)
 
 
 def test_load_warning_by_hand():

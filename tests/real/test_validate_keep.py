@@ -83,6 +83,13 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert [g["rescored_from"] for g in many["grids"]] == [str(k) for k in kept]
     assert many["grids"][0]["noise_latency_median"] == pytest.approx(1 / 12)
     assert many["grids"][1]["noise_latency_median"] is None
+    # grid a's passes alone: the simulator (1) against 1.2 and 1.3 -> 1/6, 3/13; each pass against
+    # the other -> 1/12, 1/13; grid b has one pass, so nothing to score alone
+    a, b = many["grids"]
+    assert a["pass_latency_error_median"] == pytest.approx((1 / 6 + 3 / 13) / 2)
+    assert a["rest_latency_error_median"] == pytest.approx((1 / 12 + 1 / 13) / 2)
+    assert b["pass_latency_error_median"] is None and b["rest_latency_error_median"] is None
+    assert many["repeatability"]["latency_s"]["other_passes"]["max"] == pytest.approx(1 / 12)
     assert many["latency_error_median"] == pytest.approx({"median": 0.1, "min": 0.0, "max": 0.2})
     (g,) = many["per_group"]
     assert g["n_configs"] == 2 and g["latency_signed_median"] == pytest.approx(-0.1)
@@ -93,6 +100,7 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert "[1/1] kept: shape: hand: latency error 20.0%" in err      # progress names each grid
     assert "on 2 kept grids (2 configurations)" in text and all(str(k) in text for k in kept)
     assert "over the 2 grids: latency error median 10.0% (0.0%-20.0%)" in text
+    assert "each real pass alone, pooled: the simulator's latency error median 19.9%" in text
     assert "shape, bundled, prefetch none" in text and "-15.0% to -5.0%" in text
     assert main(["validate", "--rescore", *map(str, kept), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
