@@ -333,6 +333,9 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         head = [f"metric ({name})", "median error", "p90", "max"]
         print_table(head + (["real spread median", "p90"] if noise else []), rows)
     alone = report.get("repeatability")
+    if not alone and not report.get("rescored_from"):
+        print("one real run per configuration: with --repeats 2 or more the report also scores each run alone, by "
+              "the simulator and by the other runs (how closely this host repeats itself)")
     if alone:
         print_table(["each real pass alone (leave one out)", "simulator median error", "p90", "other passes' mean median",
                      "p90"],

@@ -167,6 +167,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert "host checks found it during each run" in text
     assert "group (sim - real: > 0 = simulated slow)" in text
     assert "host vs profile (measured / profiled time): start disk " in text and "after I/O" in text
+    assert "with --repeats 2 or more the report also scores each run alone" in text
     # two passes over the grid: the real runs' spread is reported next to the errors
     # (and the host checked after every real run: each run sits between two checks)
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--check-every", "0",
@@ -175,6 +176,12 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     assert out["repeats"] == 2 and out["noise_floor"]["latency_s"]["max"] >= 0.0
     assert out["check_every_s"] == 0.0 and len(out["drift_checks"]) == 1 + 2 * 4 + 1   # start, 8 runs, end
     assert all(len(c["metrics"]["latency_s"]["real_runs"]) == 2 for c in out["configs"])
+    # each run scored alone: two per configuration, pooled over the grid's 4 configurations
+    lat = [c["metrics"]["latency_s"] for c in out["configs"]]
+    assert all(len(m["pass_errors"]) == len(m["rest_errors"]) == 2 for m in lat)
+    rep = out["repeatability"]["latency_s"]
+    assert rep["other_passes"]["max"] == pytest.approx(max(e for m in lat for e in m["rest_errors"]))
+    assert rep["simulator"]["max"] == pytest.approx(max(e for m in lat for e in m["pass_errors"]))
     assert calls == [6, 6, 6]
 
 
