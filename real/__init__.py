@@ -16,6 +16,9 @@ Modules (units: bytes as int, seconds as float, rates in bytes/s and FLOP/s):
   costs around its reads, the cache index work) and `bench_cold` (compute after a read wait) time
   the real code on a small store for bench flash; `bench_io` (the bench file and its read
   primitives) and `bench_host_cpu` (how reads and compute slow each other) are bench flash's parts.
+* `validate` (the grid of real runs and their replays), `validate_score` (the simulator's error
+  against them, each real pass alone), `validate_keep` (a grid kept on disk, rescored) and
+  `host_load` (the host's load around the runs): `flashsim validate`.
 * `drift`: the host against its profile right now (validate's checks at its start, every few
   seconds between real runs, and at its end).
 * `device`: the small, named device-specific part (CPU here; CUDA / Jetson pinned buffers).

@@ -15,17 +15,10 @@ For each configuration (window k x bundling x prefetch x budget) and mode:
    `WARMUP_STEPS` steps skipped on both sides: cold caches, thread start-up and allocator warm-up
    belong to neither model).
 
-Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and stall_s and mem_mgmt_s
-(the parts of the latency spent waiting for reads and moving cache rows) where both sides' records
-have them. Summaries over configurations: median, p90 and max, over all configurations and per mode
-(`per_mode`). Nothing is fitted: the simulator runs with the profile as written. The replay uses the
-store's layout alignment (`real.backend.store_config`: `bundling.align_bytes` = 4096 for the padded
-stores used here), so bytes read agree exactly in both modes.
-
-With repeated real runs (--repeats), how far the host repeats itself is scored on the same scale
-(`repeatability`): each real pass alone, against the simulator and against the mean of the other
-passes. On a shared host whose state moves over minutes the second is the floor under the first: no
-model of the machine's typical run can be checked closer than the runs agree with each other.
+The scoring (metrics, summaries, groups, each pass alone) is real/validate_score.py. Nothing is
+fitted: the simulator runs with the profile as written. The replay uses the store's layout
+alignment (`real.backend.store_config`: `bundling.align_bytes` = 4096 for the padded stores used
+here), so bytes read agree exactly in both modes.
 
 Budgets: DRAM for the neuron caches = a fraction of the FFN's bytes as the caches hold them
 (bundles padded to the store's alignment, `budget_for`). Shape mode's trace activates 10% of the
@@ -36,9 +29,9 @@ cannot fit (the simulator's DRAM check refused it at step 0; the real run, which
 over the budget). Model mode's budgets are therefore 37.5% and 50%
 (`MODEL_BUDGET_FRACTIONS`: 1.5x and 2x the computed set).
 
-The run records the host's load average at start and end (`os.getloadavg`); a 1-minute load above
-the core count at the start means other work shares the cores and the timing errors are not
-trustworthy (a warning is printed on stderr). The end value includes the grid's own reader threads.
+The run records the host's load at start and end (real/host_load.py); other work keeping cores
+busy at the start means the timing errors are not trustworthy (a warning is printed on stderr).
+The end value includes the grid's own reader threads.
 
 Model mode's store (fp32, both layouts, ~1.1 GiB for SmolLM2) is converted once and cached under
 the flashsim cache folder (`$FLASHSIM_CACHE`/stores/), keyed by the model's weight file (path, size,
@@ -59,11 +52,10 @@ from typing import Any
 import numpy as np
 
 from devices.model_spec import ModelSpec
+from real.host_load import host_load, load_warning
+from real.validate_score import WARMUP_STEPS, compare, metrics_of, per_group, summarize
 from sim.policies.bundling import padded_bytes
 
-METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
-OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s")   # compared when both sides' records carry them
-WARMUP_STEPS = 2
 FULL_K = (0, 1, 2, 4, 8)
 QUICK_K = (0, 2, 8)
 BUDGET_FRACTIONS = (0.25, 0.5)   # DRAM for neuron caches, as a fraction of the FFN's bytes
@@ -75,8 +67,6 @@ MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
 # neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
 MODEL_KEEP = 0.25
-BUSY_SAMPLE_S = 0.5      # host_load: how long /proc/stat is sampled for other work's busy cores
-BUSY_WARN_CORES = 0.5    # ... and how many busy cores make the timing untrustworthy (a quarter of this 2-core host)
 STORE_SETTINGS = {"dtype": "fp32", "layout": "both", "alignment": "padded", "file_mode": "per-layer",
                   "order": "original"}
 
@@ -135,194 +125,6 @@ def budget_for(spec: ModelSpec, n_steps: int, fraction: float, align_bytes: int 
     simulator's memory model charges too), so a fraction is the same share of neurons in any store."""
     ffn = spec.n_layers * spec.d_ff * padded_bytes(spec.ffn_neuron_bytes, align_bytes)
     return int(spec.non_ffn_bytes + (n_steps + 1) * spec.kv_bytes_per_token + fraction * ffn)
-
-
-def rel_error(sim: float, real: float) -> float:
-    if real == 0:
-        return 0.0 if sim == 0 else float("inf")
-    return abs(sim - real) / abs(real)
-
-
-def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = None) -> dict[str, dict[str, float]]:
-    """Per metric: real and simulated means over the measured steps, and the relative error (the
-    OPTIONAL_METRICS only when both sides' records have them). `repeats`: the records of further
-    real runs of the same configuration; the real mean is then the mean over all runs, `spread`
-    = (max - min) / min of the runs' means (the real runs' own disagreement), and each run is also
-    scored alone (leave one out, `summarize`'s `repeatability`): `pass_errors`, the simulator's
-    error against that run, and `rest_errors`, the error of the other runs' mean against it."""
-    out = {}
-    runs = [real_tokens, *(repeats or [])]
-    both = real_tokens[:1] + sim_tokens[:1]
-    extra = [m for m in OPTIONAL_METRICS if both and all(hasattr(t, m) for t in both)]
-    for m in (*METRICS, *extra):
-        means = np.array([np.mean([getattr(t, m) for t in toks[WARMUP_STEPS:]]) for toks in runs], float)
-        s = float(np.mean([getattr(t, m) for t in sim_tokens[WARMUP_STEPS:]]))
-        real = float(means.mean())
-        out[m] = {"real": real, "sim": s, "error": rel_error(s, real)}
-        if len(runs) > 1:
-            out[m]["spread"] = rel_error(float(means.max()), float(means.min())) if real else 0.0
-            out[m]["real_runs"] = means.tolist()
-            rest = (means.sum() - means) / (len(means) - 1)
-            out[m]["pass_errors"] = [rel_error(s, float(x)) for x in means]
-            out[m]["rest_errors"] = [rel_error(float(r), float(x)) for r, x in zip(rest, means)]
-    return out
-
-
-def error_stats(errors: Any) -> dict[str, float]:
-    """median, p90 and max of relative errors."""
-    e = np.asarray(errors, float)
-    return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
-
-
-def repeatability(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Each real pass of each configuration scored alone, on the same footing by the simulator and
-    by the mean of the configuration's other passes (`compare`'s `pass_errors` / `rest_errors`,
-    pooled over configurations and passes): per metric {"simulator": stats, "other_passes": stats}
-    (`error_stats`). The other passes' error is what the host's own repeatability allows: a model
-    that predicted the typical real run exactly would score about that against a single pass, so a
-    simulator error at or below it cannot be told from the host's noise. {} without repeated runs."""
-    out = {}
-    for m in metrics_of(rows):
-        sim = [e for r in rows for e in r["metrics"].get(m, {}).get("pass_errors", [])]
-        rest = [e for r in rows for e in r["metrics"].get(m, {}).get("rest_errors", [])]
-        if sim and rest:
-            out[m] = {"simulator": error_stats(sim), "other_passes": error_stats(rest)}
-    return out
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    if not rows:
-        return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
-                "per_metric": {}}
-    per, noise = {}, {}
-    for m in metrics_of(rows):
-        per[m] = error_stats([r["metrics"][m]["error"] for r in rows if m in r["metrics"]])
-        sp = [r["metrics"][m]["spread"] for r in rows if "spread" in r["metrics"].get(m, {})]
-        if sp:
-            noise[m] = error_stats(sp)
-    lat = per["latency_s"]
-    out = {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
-           "latency_error_max": lat["max"], "per_metric": per}
-    if noise:   # (max - min) / min of the repeated real runs: errors below this are noise
-        out["noise_floor"] = noise
-    rep = repeatability(rows)
-    if rep:
-        out["repeatability"] = rep
-    return out
-
-
-def signed_error(metric: dict[str, float]) -> float:
-    """(sim - real) / real of one metric's entry in `compare`: > 0 = the simulator is slow."""
-    return (metric["sim"] - metric["real"]) / metric["real"] if metric["real"] else 0.0
-
-
-def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The configurations grouped by mode x bundling x prefetch (the windows and budgets pooled),
-    in grid order: per group the signed median latency and I/O errors (the direction the model is
-    off in: a group whose sign holds over grids is the model's, one that flips with the host's
-    state at calibration is the host's) with the signed latency error's quartiles, the signed
-    median compute error (in unbundled model mode with a delta prefetch the real decoder computes
-    slowly through the time the simulator books as a stall: compare compute plus stall there), the
-    |latency error|
-    median and p90, the median |drift-corrected| error where the rows have one, and with repeated
-    runs each pass scored alone (`repeatability`'s latency medians: `pass_latency_error_median`,
-    the simulator's, and `rest_latency_error_median`, the other passes'; None with one run): a
-    group whose simulator error stays above its other passes' is where the model, not the host, is
-    off."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["mode"], r["bundled"], r["prefetch"]), []).append(r)
-    out = []
-    for (mode, bundled, prefetch), rs in groups.items():
-        lat = np.array([signed_error(r["metrics"]["latency_s"]) for r in rs])
-        g = {"mode": mode, "bundled": bundled, "prefetch": prefetch, "n_configs": len(rs),
-             "latency_signed_median": float(np.median(lat)), "latency_error_median": float(np.median(np.abs(lat))),
-             "latency_error_p90": float(np.percentile(np.abs(lat), 90)),
-             "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75)),
-             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs])),
-             "compute_signed_median": float(np.median([signed_error(r["metrics"]["compute_s"]) for r in rs]))}
-        dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]
-        g["drift_corrected_median"] = float(np.median(dc)) if dc else None
-        alone = repeatability(rs).get("latency_s")
-        g["pass_latency_error_median"] = alone["simulator"]["median"] if alone else None
-        g["rest_latency_error_median"] = alone["other_passes"]["median"] if alone else None
-        out.append(g)
-    return out
-
-
-def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
-    """METRICS, then each optional metric some row has."""
-    return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]
-
-
-def host_load(sample_s: float = BUSY_SAMPLE_S) -> dict[str, Any]:
-    """1-, 5- and 15-minute load averages, the usable cores, and `busy_cores`: the cores other work
-    kept busy over `sample_s` seconds while this process slept (/proc/stat; None where the OS has no
-    such file or sample_s is 0). None where the OS gives none."""
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"load_avg": load, "cores": cores, "busy_cores": busy_cores(sample_s) if sample_s > 0 else None}
-
-
-def _cpu_jiffies() -> tuple[int, int, int] | None:
-    """(busy, total, CPUs) jiffies summed over the CPUs this process may run on (/proc/stat's cpuN
-    lines; all CPUs where the OS gives no affinity); None without /proc/stat. Busy is all but idle
-    and iowait: a thread waiting for I/O holds no core."""
-    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    busy = total = n = 0
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                name, *vals = line.split()
-                if not name.startswith("cpu") or name == "cpu":
-                    continue
-                if mine is not None and int(name[3:]) not in mine:
-                    continue
-                v = [int(x) for x in vals[:8]]   # user nice system idle iowait irq softirq steal (guest is in user)
-                busy += sum(v) - v[3] - v[4]
-                total += sum(v)
-                n += 1
-    except (OSError, ValueError, IndexError):
-        return None
-    return (busy, total, n) if n else None
-
-
-def busy_cores(sample_s: float) -> float | None:
-    """Cores busy with other work: busy / all jiffies of this process's CPUs x their count, over
-    sample_s seconds of this process sleeping; None without /proc/stat."""
-    a = _cpu_jiffies()
-    time.sleep(sample_s)
-    b = _cpu_jiffies()
-    if a is None or b is None or b[1] <= a[1]:
-        return None
-    return round((b[0] - a[0]) / (b[1] - a[1]) * b[2], 2)
-
-
-def load_warning(start: dict[str, Any], end: dict[str, Any]) -> str | None:
-    """A warning when other work kept more than BUSY_WARN_CORES busy at the start (where /proc/stat
-    says; else when the 1-minute load at start exceeded the core count). None otherwise.
-
-    Only the start counts: during the run the grid's own reader threads raise the load by themselves,
-    so the end value is recorded but measures validate as much as other work. And the measured busy
-    cores come first: Linux counts a thread in uninterruptible I/O wait in the load average, so right
-    after `bench flash` (32 reads in flight for minutes) an idle host reads a 1-minute load of 7-10
-    on 2 cores for a minute or two, while /proc/stat finds no core busy."""
-    cores = start["cores"]
-    busy = start.get("busy_cores")
-    if busy is not None:
-        if busy <= BUSY_WARN_CORES:
-            return None
-        return (f"WARNING: other work kept {busy:.1f} of {cores} core(s) busy when validation started: the "
-                "timing errors measure the load as much as the model; re-run on an idle host")
-    first = start["load_avg"][0] if start["load_avg"] else None
-    if first is None or not cores or first <= cores:
-        return None
-    return (f"WARNING: 1-minute load average was {first:.1f} on {cores} core(s) when validation started: other "
-            "work shares the cores, so the timing errors measure the load as much as the model; re-run on an "
-            "idle host")
 
 
 def parse_modes(text: str | None) -> tuple[str, ...]:
@@ -589,8 +391,6 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
 
 def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """sim-vs-real scatter, one panel per metric (PNG, atomic)."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,12 +17,12 @@ always a whole one):
     config-NNN/run-P.parquet   pass P's per-token records (sim.records.TOKEN_COLUMNS)
 
 Rescoring replays each executed trace on the given profile, compares as `validate` does
-(real.validate.compare: the mean over the passes, their spread as the noise floor, each pass scored
+(real.validate_score.compare: the mean over the passes, their spread as the noise floor, each pass scored
 alone by the simulator and by the other passes) and reports the same summary, per mode and per group. It has no drift correction: the host checks measured the host
 against the profile validate ran with, not against the one rescored.
 
 `rescore_many` scores one profile on several kept grids: each grid's summary, the spread of their
-median and p90 errors, the single passes' scores (real.validate.repeatability) and the groups, both
+median and p90 errors, the single passes' scores (real.validate_score.repeatability) and the groups, both
 pooled over every configuration of every grid (a bias whose sign holds over grids calibrated at
 different times is the model's, not one host state's).
 """
@@ -130,7 +130,7 @@ def _records(path: Path) -> list[Any]:
 def rescore(keep: str | Path, profile: Any, progress: Any = None) -> dict[str, Any]:
     """The validate report of a kept grid's real runs against `profile` (module docstring)."""
     from devices.model_spec import ModelSpec
-    from real.validate import WARMUP_STEPS, compare, per_group, summarize
+    from real.validate_score import WARMUP_STEPS, compare, per_group, summarize
     from sim.config import RunConfig
     from sim.engine import simulate
     from traces.format import open_trace
@@ -175,13 +175,13 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
     """One profile on several kept grids (module docstring): `grids` (each grid's summary; its
     real passes' latency spread, `noise_latency_median` / `_p90`; each pass scored alone by the
     simulator, `pass_latency_error_median` / `_p90`, and by the other passes' mean,
-    `rest_latency_error_median` / `_p90` (real.validate.repeatability); None with one pass),
+    `rest_latency_error_median` / `_p90` (real.validate_score.repeatability); None with one pass),
     `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
-    `repeatability` and `per_group` (real.validate's, over the configurations of all the grids) and
+    `repeatability` and `per_group` (real.validate_score's, over the configurations of all the grids) and
     `per_grid` (each grid's whole rescore report)."""
     import numpy as np
 
-    from real.validate import per_group, repeatability
+    from real.validate_score import per_group, repeatability
 
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast

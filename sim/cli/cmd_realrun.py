@@ -263,7 +263,7 @@ def _pct(x: float | None, sign: str = "") -> str:
 
 
 def _alone(rep: dict) -> str:
-    """One metric's real.validate.repeatability entry in words."""
+    """One metric's real.validate_score.repeatability entry in words."""
     sim, rest = rep["simulator"], rep["other_passes"]
     return (f"the simulator's latency error median {_pct(sim['median'])}, p90 {_pct(sim['p90'])}; the other passes' "
             f"mean's median {_pct(rest['median'])}, p90 {_pct(rest['p90'])} (the host's repeatability)")

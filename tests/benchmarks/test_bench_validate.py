@@ -152,7 +152,8 @@ def test_bench_host_cpu_terms(tmp_path):
     from real.records import write_executed_trace
     from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
-    from real.validate import compare, grid, summarize, validation_spec
+    from real.validate import grid, validation_spec
+    from real.validate_score import compare, summarize
     from sim.engine import simulate
     from traces.format import open_trace
 

@@ -25,7 +25,7 @@ TOKENS = 24
 
 def _compute_per_token(run) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(mean compute seconds, mean reads) per token after validate's warm-up steps."""
-    from real.validate import WARMUP_STEPS
+    from real.validate_score import WARMUP_STEPS
 
     toks = run.tokens[WARMUP_STEPS:]
     return float(np.mean([t.compute_s for t in toks])), float(np.mean([t.reads_issued for t in toks]))

@@ -12,59 +12,10 @@ import pytest
 
 from devices.model_spec import ModelSpec
 from real import validate as V
+from real import validate_score as S
 from sim.cli.main import main
 
 pytest.importorskip("torch")
-
-
-def test_summary_statistics_by_hand():
-    rows = [{"metrics": {m: {"error": e} for m in V.METRICS}} for e in (0.1, 0.2, 0.3, 0.4)]
-    s = V.summarize(rows)
-    assert s["n_configs"] == 4
-    assert s["latency_error_median"] == pytest.approx(0.25)
-    assert s["latency_error_p90"] == pytest.approx(0.37)   # numpy linear: 0.3 + 0.7 * 0.1
-    assert s["latency_error_max"] == pytest.approx(0.4)
-    assert set(s["per_metric"]) == set(V.METRICS)
-
-
-def test_compare_skips_warmup_and_uses_means():
-    class T:
-        def __init__(self, v):
-            self.latency_s = self.io_s = self.compute_s = v
-            self.bytes_read = int(v * 100)
-
-    real = [T(9.0), T(9.0), T(1.0), T(3.0)]
-    sim = [T(0.0), T(0.0), T(2.0), T(2.0)]
-    c = V.compare(real, sim)
-    assert c["latency_s"]["real"] == pytest.approx(2.0) and c["latency_s"]["error"] == 0.0
-    assert V.rel_error(1.5, 1.0) == pytest.approx(0.5) and V.rel_error(0.0, 0.0) == 0.0
-
-
-def test_compare_with_repeats_averages_runs_and_reports_their_spread():
-    class T:
-        def __init__(self, v):
-            self.latency_s = self.io_s = self.compute_s = v
-            self.bytes_read = 100
-
-    run = lambda v: [T(50.0), T(50.0), T(v), T(v)]   # noqa: E731  (two warm-up steps, then v)
-    c = V.compare(run(2.0), run(3.0), [run(4.0), run(3.0)])
-    lat = c["latency_s"]
-    assert lat["real"] == pytest.approx(3.0) and lat["error"] == 0.0        # mean of 2, 4, 3
-    assert lat["real_runs"] == [2.0, 4.0, 3.0] and lat["spread"] == pytest.approx((4.0 - 2.0) / 2.0)
-    assert "spread" not in V.compare(run(2.0), run(3.0))["latency_s"]
-    rows = [{"metrics": c}, {"metrics": V.compare(run(2.0), run(2.0), [run(2.2)])}]
-    noise = V.summarize(rows)["noise_floor"]["latency_s"]
-    assert noise["median"] == pytest.approx((1.0 + 0.1) / 2) and noise["max"] == pytest.approx(1.0)
-    assert "noise_floor" not in V.summarize([{"metrics": V.compare(run(1.0), run(1.0))}])
-    # each pass alone: the simulator (3) against 2, 4, 3 -> 0.5, 0.25, 0; the other passes' mean
-    # (3.5, 2.5, 3) against the same -> 0.75, 0.375, 0
-    assert lat["pass_errors"] == pytest.approx([0.5, 0.25, 0.0])
-    assert lat["rest_errors"] == pytest.approx([0.75, 0.375, 0.0])
-    # pooled with the second row (sim 2 against 2 and 2.2: 0, 1/11; 2.2 against 2 and 2 against 2.2: 0.1, 1/11)
-    rep = V.summarize(rows)["repeatability"]["latency_s"]
-    assert rep["simulator"]["median"] == pytest.approx(1 / 11) and rep["simulator"]["max"] == pytest.approx(0.5)
-    assert rep["other_passes"]["median"] == pytest.approx(0.1) and rep["other_passes"]["max"] == pytest.approx(0.75)
-    assert "repeatability" not in V.summarize([{"metrics": V.compare(run(1.0), run(1.0))}])
 
 
 def test_full_grid_has_at_least_24_configurations():
@@ -125,7 +76,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
         assert c["metrics"]["bytes_read"]["sim"] == c["metrics"]["bytes_read"]["real"] > 0
     model_real = [c["metrics"]["bytes_read"]["real"] for c in out["configs"] if c["mode"] == "model"]
     assert all(b % 4096 == 0 for b in model_real)       # whole padded strides (a useful bundle is 768 B)
-    assert set(out["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
+    assert set(out["per_metric"]) == set(S.METRICS) | set(S.OPTIONAL_METRICS)
     assert out["threads"] == 1 and out["compute_threads"] == 1 and out["check_every_s"] == 10.0
     for key in ("load_avg_start", "load_avg_end"):
         assert len(out[key]) == 3 and all(x >= 0 for x in out[key])
@@ -153,7 +104,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
         assert runs[0]["disk"] == pytest.approx(c["drift_corrected"]["disk_ratio"])
     for mode in ("shape", "model"):
         pm = out["per_mode"][mode]
-        assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(V.METRICS) | set(V.OPTIONAL_METRICS)
+        assert pm["n_configs"] == 2 and set(pm["per_metric"]) == set(S.METRICS) | set(S.OPTIONAL_METRICS)
         errs = [c["metrics"]["latency_s"]["error"] for c in out["configs"] if c["mode"] == mode]
         assert pm["latency_error_max"] == pytest.approx(max(errs))
     assert out["per_mode"]["model"]["model"] == "tiny-llama"
@@ -247,88 +198,6 @@ def test_model_grid_budgets_hold_more_than_the_computed_set():
     assert min(V.MODEL_BUDGET_FRACTIONS) > V.MODEL_KEEP
     quick = V.model_grid(quick=True)
     assert len(quick) == 8 and {p.budget_fraction for p in quick} == {0.5} and {p.k for p in quick} == {0, 4}
-
-
-def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
-    class T:
-        def __init__(self, v, extra=True):
-            self.latency_s = self.io_s = self.compute_s = v
-            self.bytes_read = 100
-            if extra:
-                self.stall_s, self.mem_mgmt_s = v / 2, 0.0
-
-    c = V.compare([T(1.0)] * 4, [T(1.5)] * 4)
-    assert c["stall_s"]["real"] == 0.5 and c["stall_s"]["error"] == pytest.approx(0.5)
-    assert c["mem_mgmt_s"]["error"] == 0.0 and c["bytes_read"]["error"] == 0.0
-    assert "stall_s" not in V.compare([T(1.0, False)] * 3, [T(1.0)] * 3)
-    rows = [{"metrics": c}, {"metrics": V.compare([T(1.0, False)] * 3, [T(1.0, False)] * 3)}]
-    s = V.summarize(rows)
-    assert list(s["per_metric"]) == [*V.METRICS, *V.OPTIONAL_METRICS]
-    assert s["per_metric"]["stall_s"]["max"] == pytest.approx(0.5)   # over the rows that have it
-
-
-def test_per_group_by_hand():
-    """Rows grouped by mode x bundling x prefetch in grid order; signed errors (sim - real) / real."""
-    def row(mode, bundled, prefetch, real, sim, io_real, io_sim, cmp_sim, dc=None):   # compute: real 6.0
-        r = {"mode": mode, "bundled": bundled, "prefetch": prefetch,
-             "metrics": {"latency_s": {"real": real, "sim": sim}, "io_s": {"real": io_real, "sim": io_sim},
-                         "compute_s": {"real": 6.0, "sim": cmp_sim}}}
-        if dc is not None:
-            r["drift_corrected"] = {"latency_error": dc}
-        return r
-
-    rows = [row("shape", True, "delta", 10.0, 11.0, 4.0, 5.0, 6.6, 0.02),
-            row("shape", True, "delta", 10.0, 13.0, 4.0, 4.0, 6.3, 0.04),
-            row("shape", True, "delta", 10.0, 9.0, 4.0, 3.0, 5.4, 0.06), row("model", False, "none", 20.0, 19.0, 8.0, 8.0, 5.4)]
-    g = V.per_group(rows)
-    assert [(x["mode"], x["bundled"], x["prefetch"], x["n_configs"]) for x in g] == [("shape", True, "delta", 3),
-                                                                                    ("model", False, "none", 1)]
-    assert g[0]["latency_signed_median"] == pytest.approx(0.1)            # of +10%, +30%, -10%
-    assert g[0]["latency_error_median"] == pytest.approx(0.1)              # of 10%, 30%, 10%
-    assert g[0]["latency_error_p90"] == pytest.approx(0.26)                # numpy's linear p90 of (0.1, 0.1, 0.3)
-    assert g[0]["io_signed_median"] == pytest.approx(0.0)                  # of +25%, 0, -25%
-    assert g[0]["drift_corrected_median"] == pytest.approx(0.04)
-    # numpy's linear quartiles of (-0.1, +0.1, +0.3): 0.0 and +0.2; compute of +10%, +5%, -10%: +5%
-    assert g[0]["latency_signed_q25"] == pytest.approx(0.0) and g[0]["latency_signed_q75"] == pytest.approx(0.2)
-    assert g[0]["compute_signed_median"] == pytest.approx(0.05) and g[1]["compute_signed_median"] == pytest.approx(-0.1)
-    assert g[1]["latency_signed_median"] == pytest.approx(-0.05) and g[1]["drift_corrected_median"] is None
-    # single passes: none in these rows; two passes in the model row (simulator 0.1 and 0.3, the
-    # other pass 0.2 and 0.25 against each): medians 0.2 and 0.225
-    assert g[0]["pass_latency_error_median"] is None and g[0]["rest_latency_error_median"] is None
-    rows[3]["metrics"]["latency_s"].update(pass_errors=[0.1, 0.3], rest_errors=[0.2, 0.25])
-    g = V.per_group(rows)
-    assert g[1]["pass_latency_error_median"] == pytest.approx(0.2)
-    assert g[1]["rest_latency_error_median"] == pytest.approx(0.225)
-
-
-def test_load_warning_by_hand():
-    idle = {"load_avg": [0.5, 0.4, 0.3], "cores": 2}
-    busy = {"load_avg": [2.5, 1.0, 1.0], "cores": 2}
-    assert V.load_warning(idle, idle) is None
-    assert V.load_warning(idle, {"load_avg": [2.0, 0, 0], "cores": 2}) is None       # equal to the cores: fine
-    assert V.load_warning(idle, busy) is None      # the end load includes validate's own reader threads
-    w = V.load_warning(busy, idle)
-    assert w.startswith("WARNING: 1-minute load average was 2.5 on 2 core(s) when validation started")
-    assert V.load_warning({"load_avg": None, "cores": 2}, {"load_avg": None, "cores": 2}) is None
-    # measured busy cores come first: right after bench flash the load average counts its I/O-blocked
-    # reader threads while no core is busy
-    assert V.load_warning({**busy, "load_avg": [9.0, 5.0, 3.0], "busy_cores": 0.1}, idle) is None
-    w = V.load_warning({**idle, "busy_cores": 0.8}, idle)
-    assert w.startswith("WARNING: other work kept 0.8 of 2 core(s) busy when validation started")
-    h = V.host_load(0.05)
-    assert h["cores"] >= 1 and len(h["load_avg"]) == 3
-    if Path("/proc/stat").exists():
-        assert 0.0 <= h["busy_cores"] <= (os.cpu_count() or 1)
-    assert V.host_load(0)["busy_cores"] is None
-
-
-def test_busy_cores_by_hand(monkeypatch):
-    """busy / total jiffies between two /proc/stat reads, times the CPUs; None without the file."""
-    reads = iter([(100, 1000, 2), (150, 1100, 2)])      # 50 of 100 jiffies busy on 2 CPUs
-    monkeypatch.setattr(V, "_cpu_jiffies", lambda: next(reads))
-    assert V.busy_cores(0.0) == 1.0
-    monkeypatch.setattr(V, "_cpu_jiffies", lambda: None)
-    assert V.busy_cores(0.0) is None
 
 
 def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):

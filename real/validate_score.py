@@ -1,0 +1,145 @@
+"""How the simulator's error is scored against real runs (`flashsim validate`, and `--rescore` of a
+kept grid): per configuration, per grid, per group (times in seconds, sizes in bytes, errors as
+fractions).
+
+Per metric the error is |mean_sim - mean_real| / mean_real over a run's steps, the first
+`WARMUP_STEPS` skipped on both sides (cold caches, thread start-up and allocator warm-up belong to
+neither model). Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and stall_s
+and mem_mgmt_s (the parts of the latency spent waiting for reads and moving cache rows) where both
+sides' records have them. Summaries over configurations: median, p90 and max (`summarize`); the
+groups mode x bundling x prefetch with signed errors (`per_group`).
+
+With repeated real runs (--repeats) the real mean is the mean over the runs, their spread is the
+noise floor, and how far the host repeats itself is scored on the headline's scale
+(`repeatability`): each real pass alone, against the simulator and against the mean of the other
+passes. On a shared host whose state moves over minutes the second is the floor under the first: no
+model of the machine's typical run can be checked closer than the runs agree with each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
+OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s")   # compared when both sides' records carry them
+WARMUP_STEPS = 2
+
+
+def rel_error(sim: float, real: float) -> float:
+    if real == 0:
+        return 0.0 if sim == 0 else float("inf")
+    return abs(sim - real) / abs(real)
+
+
+def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = None) -> dict[str, dict[str, float]]:
+    """Per metric: real and simulated means over the measured steps, and the relative error (the
+    OPTIONAL_METRICS only when both sides' records have them). `repeats`: the records of further
+    real runs of the same configuration; the real mean is then the mean over all runs, `spread`
+    = (max - min) / min of the runs' means (the real runs' own disagreement), and each run is also
+    scored alone (leave one out, `summarize`'s `repeatability`): `pass_errors`, the simulator's
+    error against that run, and `rest_errors`, the error of the other runs' mean against it."""
+    out = {}
+    runs = [real_tokens, *(repeats or [])]
+    both = real_tokens[:1] + sim_tokens[:1]
+    extra = [m for m in OPTIONAL_METRICS if both and all(hasattr(t, m) for t in both)]
+    for m in (*METRICS, *extra):
+        means = np.array([np.mean([getattr(t, m) for t in toks[WARMUP_STEPS:]]) for toks in runs], float)
+        s = float(np.mean([getattr(t, m) for t in sim_tokens[WARMUP_STEPS:]]))
+        real = float(means.mean())
+        out[m] = {"real": real, "sim": s, "error": rel_error(s, real)}
+        if len(runs) > 1:
+            out[m]["spread"] = rel_error(float(means.max()), float(means.min())) if real else 0.0
+            out[m]["real_runs"] = means.tolist()
+            rest = (means.sum() - means) / (len(means) - 1)
+            out[m]["pass_errors"] = [rel_error(s, float(x)) for x in means]
+            out[m]["rest_errors"] = [rel_error(float(r), float(x)) for r, x in zip(rest, means)]
+    return out
+
+
+def error_stats(errors: Any) -> dict[str, float]:
+    """median, p90 and max of relative errors."""
+    e = np.asarray(errors, float)
+    return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
+
+
+def repeatability(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each real pass of each configuration scored alone, on the same footing by the simulator and
+    by the mean of the configuration's other passes (`compare`'s `pass_errors` / `rest_errors`,
+    pooled over configurations and passes): per metric {"simulator": stats, "other_passes": stats}
+    (`error_stats`). The other passes' error is what the host's own repeatability allows: a model
+    that predicted the typical real run exactly would score about that against a single pass, so a
+    simulator error at or below it cannot be told from the host's noise. {} without repeated runs."""
+    out = {}
+    for m in metrics_of(rows):
+        sim = [e for r in rows for e in r["metrics"].get(m, {}).get("pass_errors", [])]
+        rest = [e for r in rows for e in r["metrics"].get(m, {}).get("rest_errors", [])]
+        if sim and rest:
+            out[m] = {"simulator": error_stats(sim), "other_passes": error_stats(rest)}
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
+                "per_metric": {}}
+    per, noise = {}, {}
+    for m in metrics_of(rows):
+        per[m] = error_stats([r["metrics"][m]["error"] for r in rows if m in r["metrics"]])
+        sp = [r["metrics"][m]["spread"] for r in rows if "spread" in r["metrics"].get(m, {})]
+        if sp:
+            noise[m] = error_stats(sp)
+    lat = per["latency_s"]
+    out = {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
+           "latency_error_max": lat["max"], "per_metric": per}
+    if noise:   # (max - min) / min of the repeated real runs: errors below this are noise
+        out["noise_floor"] = noise
+    rep = repeatability(rows)
+    if rep:
+        out["repeatability"] = rep
+    return out
+
+
+def signed_error(metric: dict[str, float]) -> float:
+    """(sim - real) / real of one metric's entry in `compare`: > 0 = the simulator is slow."""
+    return (metric["sim"] - metric["real"]) / metric["real"] if metric["real"] else 0.0
+
+
+def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The configurations grouped by mode x bundling x prefetch (the windows and budgets pooled),
+    in grid order: per group the signed median latency and I/O errors (the direction the model is
+    off in: a group whose sign holds over grids is the model's, one that flips with the host's
+    state at calibration is the host's) with the signed latency error's quartiles, the signed
+    median compute error (in unbundled model mode with a delta prefetch the real decoder computes
+    slowly through the time the simulator books as a stall: compare compute plus stall there), the
+    |latency error|
+    median and p90, the median |drift-corrected| error where the rows have one, and with repeated
+    runs each pass scored alone (`repeatability`'s latency medians: `pass_latency_error_median`,
+    the simulator's, and `rest_latency_error_median`, the other passes'; None with one run): a
+    group whose simulator error stays above its other passes' is where the model, not the host, is
+    off."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r["bundled"], r["prefetch"]), []).append(r)
+    out = []
+    for (mode, bundled, prefetch), rs in groups.items():
+        lat = np.array([signed_error(r["metrics"]["latency_s"]) for r in rs])
+        g = {"mode": mode, "bundled": bundled, "prefetch": prefetch, "n_configs": len(rs),
+             "latency_signed_median": float(np.median(lat)), "latency_error_median": float(np.median(np.abs(lat))),
+             "latency_error_p90": float(np.percentile(np.abs(lat), 90)),
+             "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75)),
+             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs])),
+             "compute_signed_median": float(np.median([signed_error(r["metrics"]["compute_s"]) for r in rs]))}
+        dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]
+        g["drift_corrected_median"] = float(np.median(dc)) if dc else None
+        alone = repeatability(rs).get("latency_s")
+        g["pass_latency_error_median"] = alone["simulator"]["median"] if alone else None
+        g["rest_latency_error_median"] = alone["other_passes"]["median"] if alone else None
+        out.append(g)
+    return out
+
+
+def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
+    """METRICS, then each optional metric some row has."""
+    return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]

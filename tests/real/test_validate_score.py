@@ -1,0 +1,110 @@
+"""The scoring of the simulator against real runs (real/validate_score.py), by hand: no real run,
+no torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from real import validate_score as S
+
+
+def test_summary_statistics_by_hand():
+    rows = [{"metrics": {m: {"error": e} for m in S.METRICS}} for e in (0.1, 0.2, 0.3, 0.4)]
+    s = S.summarize(rows)
+    assert s["n_configs"] == 4
+    assert s["latency_error_median"] == pytest.approx(0.25)
+    assert s["latency_error_p90"] == pytest.approx(0.37)   # numpy linear: 0.3 + 0.7 * 0.1
+    assert s["latency_error_max"] == pytest.approx(0.4)
+    assert set(s["per_metric"]) == set(S.METRICS)
+
+
+def test_compare_skips_warmup_and_uses_means():
+    class T:
+        def __init__(self, v):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = int(v * 100)
+
+    real = [T(9.0), T(9.0), T(1.0), T(3.0)]
+    sim = [T(0.0), T(0.0), T(2.0), T(2.0)]
+    c = S.compare(real, sim)
+    assert c["latency_s"]["real"] == pytest.approx(2.0) and c["latency_s"]["error"] == 0.0
+    assert S.rel_error(1.5, 1.0) == pytest.approx(0.5) and S.rel_error(0.0, 0.0) == 0.0
+
+
+def test_compare_with_repeats_averages_runs_and_reports_their_spread():
+    class T:
+        def __init__(self, v):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = 100
+
+    run = lambda v: [T(50.0), T(50.0), T(v), T(v)]   # noqa: E731  (two warm-up steps, then v)
+    c = S.compare(run(2.0), run(3.0), [run(4.0), run(3.0)])
+    lat = c["latency_s"]
+    assert lat["real"] == pytest.approx(3.0) and lat["error"] == 0.0        # mean of 2, 4, 3
+    assert lat["real_runs"] == [2.0, 4.0, 3.0] and lat["spread"] == pytest.approx((4.0 - 2.0) / 2.0)
+    assert "spread" not in S.compare(run(2.0), run(3.0))["latency_s"]
+    rows = [{"metrics": c}, {"metrics": S.compare(run(2.0), run(2.0), [run(2.2)])}]
+    noise = S.summarize(rows)["noise_floor"]["latency_s"]
+    assert noise["median"] == pytest.approx((1.0 + 0.1) / 2) and noise["max"] == pytest.approx(1.0)
+    assert "noise_floor" not in S.summarize([{"metrics": S.compare(run(1.0), run(1.0))}])
+    # each pass alone: the simulator (3) against 2, 4, 3 -> 0.5, 0.25, 0; the other passes' mean
+    # (3.5, 2.5, 3) against the same -> 0.75, 0.375, 0
+    assert lat["pass_errors"] == pytest.approx([0.5, 0.25, 0.0])
+    assert lat["rest_errors"] == pytest.approx([0.75, 0.375, 0.0])
+    # pooled with the second row (sim 2 against 2 and 2.2: 0, 1/11; 2.2 against 2 and 2 against 2.2: 0.1, 1/11)
+    rep = S.summarize(rows)["repeatability"]["latency_s"]
+    assert rep["simulator"]["median"] == pytest.approx(1 / 11) and rep["simulator"]["max"] == pytest.approx(0.5)
+    assert rep["other_passes"]["median"] == pytest.approx(0.1) and rep["other_passes"]["max"] == pytest.approx(0.75)
+    assert "repeatability" not in S.summarize([{"metrics": S.compare(run(1.0), run(1.0))}])
+
+
+def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
+    class T:
+        def __init__(self, v, extra=True):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = 100
+            if extra:
+                self.stall_s, self.mem_mgmt_s = v / 2, 0.0
+
+    c = S.compare([T(1.0)] * 4, [T(1.5)] * 4)
+    assert c["stall_s"]["real"] == 0.5 and c["stall_s"]["error"] == pytest.approx(0.5)
+    assert c["mem_mgmt_s"]["error"] == 0.0 and c["bytes_read"]["error"] == 0.0
+    assert "stall_s" not in S.compare([T(1.0, False)] * 3, [T(1.0)] * 3)
+    rows = [{"metrics": c}, {"metrics": S.compare([T(1.0, False)] * 3, [T(1.0, False)] * 3)}]
+    s = S.summarize(rows)
+    assert list(s["per_metric"]) == [*S.METRICS, *S.OPTIONAL_METRICS]
+    assert s["per_metric"]["stall_s"]["max"] == pytest.approx(0.5)   # over the rows that have it
+
+
+def test_per_group_by_hand():
+    """Rows grouped by mode x bundling x prefetch in grid order; signed errors (sim - real) / real."""
+    def row(mode, bundled, prefetch, real, sim, io_real, io_sim, cmp_sim, dc=None):   # compute: real 6.0
+        r = {"mode": mode, "bundled": bundled, "prefetch": prefetch,
+             "metrics": {"latency_s": {"real": real, "sim": sim}, "io_s": {"real": io_real, "sim": io_sim},
+                         "compute_s": {"real": 6.0, "sim": cmp_sim}}}
+        if dc is not None:
+            r["drift_corrected"] = {"latency_error": dc}
+        return r
+
+    rows = [row("shape", True, "delta", 10.0, 11.0, 4.0, 5.0, 6.6, 0.02),
+            row("shape", True, "delta", 10.0, 13.0, 4.0, 4.0, 6.3, 0.04),
+            row("shape", True, "delta", 10.0, 9.0, 4.0, 3.0, 5.4, 0.06), row("model", False, "none", 20.0, 19.0, 8.0, 8.0, 5.4)]
+    g = S.per_group(rows)
+    assert [(x["mode"], x["bundled"], x["prefetch"], x["n_configs"]) for x in g] == [("shape", True, "delta", 3),
+                                                                                    ("model", False, "none", 1)]
+    assert g[0]["latency_signed_median"] == pytest.approx(0.1)            # of +10%, +30%, -10%
+    assert g[0]["latency_error_median"] == pytest.approx(0.1)              # of 10%, 30%, 10%
+    assert g[0]["latency_error_p90"] == pytest.approx(0.26)                # numpy's linear p90 of (0.1, 0.1, 0.3)
+    assert g[0]["io_signed_median"] == pytest.approx(0.0)                  # of +25%, 0, -25%
+    assert g[0]["drift_corrected_median"] == pytest.approx(0.04)
+    # numpy's linear quartiles of (-0.1, +0.1, +0.3): 0.0 and +0.2; compute of +10%, +5%, -10%: +5%
+    assert g[0]["latency_signed_q25"] == pytest.approx(0.0) and g[0]["latency_signed_q75"] == pytest.approx(0.2)
+    assert g[0]["compute_signed_median"] == pytest.approx(0.05) and g[1]["compute_signed_median"] == pytest.approx(-0.1)
+    assert g[1]["latency_signed_median"] == pytest.approx(-0.05) and g[1]["drift_corrected_median"] is None
+    # single passes: none in these rows; two passes in the model row (simulator 0.1 and 0.3, the
+    # other pass 0.2 and 0.25 against each): medians 0.2 and 0.225
+    assert g[0]["pass_latency_error_median"] is None and g[0]["rest_latency_error_median"] is None
+    rows[3]["metrics"]["latency_s"].update(pass_errors=[0.1, 0.3], rest_errors=[0.2, 0.25])
+    g = S.per_group(rows)
+    assert g[1]["pass_latency_error_median"] == pytest.approx(0.2)
+    assert g[1]["rest_latency_error_median"] == pytest.approx(0.225)
