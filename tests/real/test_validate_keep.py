@@ -105,6 +105,10 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert main(["validate", "--rescore", *map(str, kept), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["latency_error_median"]["median"] == pytest.approx(0.1) and out["n_grids"] == 2
+    # one grid of two passes plots each point with its passes' range
+    assert main(["validate", "--rescore", str(kept[0]), "--plot", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "validate_scatter.png").stat().st_size > 0
+    capsys.readouterr()
     # several grids make one plot each: refused, as is a missing folder among them (one line each)
     assert main(["validate", "--rescore", *map(str, kept), "--plot", str(tmp_path / "figs")]) == 2
     err = capsys.readouterr().err
