@@ -350,7 +350,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                       g["n_configs"], _pct(g["latency_signed_median"], "+"), _pct(g["latency_error_median"]),
                       _pct(g["latency_error_p90"]), _pct(g["io_signed_median"], "+"),
                       _pct(g["compute_signed_median"], "+"), _pct(g["drift_corrected_median"]),
-                      _pct(g.get("pass_latency_error_median")), _pct(g.get("rest_latency_error_median"))]
+                      _pct(g["pass_latency_error_median"]), _pct(g["rest_latency_error_median"])]
                      for g in groups], align="lrrrrrrrrr")
     drift = report.get("drift") or {}
     if drift:
