@@ -186,6 +186,7 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
         load_kept_grid(Path(k))
+
     def labelled(keep: str | Path) -> Any:     # each progress line names its grid
         if progress is None:
             return None
@@ -206,9 +207,8 @@ def rescore_many(keeps: list[str | Path], profile: Any, progress: Any = None) ->
         v = [g[key] for g in grids]
         return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
 
+    rows = [row for rep in reports for row in rep["configs"]]    # every configuration of every grid
     return {"profile": profile.name, "n_grids": len(grids), "grids": grids,
             "latency_error_median": spread("latency_error_median"), "latency_error_p90": spread("latency_error_p90"),
-            "n_configs": sum(g["n_configs"] for g in grids),
-            "repeatability": repeatability([row for rep in reports for row in rep["configs"]]),
-            "per_group": per_group([row for rep in reports for row in rep["configs"]]),
+            "n_configs": len(rows), "repeatability": repeatability(rows), "per_group": per_group(rows),
             "per_grid": reports, "wall_s": time.perf_counter() - t0}
