@@ -109,6 +109,9 @@ def load_kept_grid(keep: str | Path) -> dict[str, Any]:
     return doc
 
 
+LATER_COLUMNS = ("ffn_compute_s",)   # record columns added after KEEP_VERSION 1's first grids
+
+
 def _records(path: Path) -> list[Any]:
     import pandas as pd
 
@@ -120,6 +123,9 @@ def _records(path: Path) -> list[Any]:
         df = pd.read_parquet(path)
     except Exception as e:   # pyarrow raises several types for a damaged file
         raise FlashsimError(f"{path}: not a readable Parquet file ({type(e).__name__}); keep the grid again") from None
+    for c in LATER_COLUMNS:   # a grid kept before the records had them: NaN, which scoring leaves out
+        if c not in df.columns:
+            df[c] = float("nan")
     missing = [c for c in TOKEN_COLUMNS if c not in df.columns]
     if missing:
         raise FlashsimError(f"{path}: no column {missing[0]!r}; not per-token records of this flashsim")

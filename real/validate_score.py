@@ -4,9 +4,12 @@ fractions).
 
 Per metric the error is |mean_sim - mean_real| / mean_real over a run's steps, the first
 `WARMUP_STEPS` skipped on both sides (cold caches, thread start-up and allocator warm-up belong to
-neither model). Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and stall_s
-and mem_mgmt_s (the parts of the latency spent waiting for reads and moving cache rows) where both
-sides' records have them. Summaries over configurations: median, p90 and max (`summarize`); the
+neither model). Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and where both
+sides' records have them stall_s and mem_mgmt_s (the parts of the latency spent waiting for reads
+and moving cache rows) and the compute's two phases: ffn_compute_s (the sparse FFN: gathering the
+computed rows and their products) and other_compute_s (compute_s - ffn_compute_s: attention, lm_head
+and the framework around them). Grids kept before the records carried the FFN's compute
+(`ffn_compute_s` NaN) are scored without the phases. Summaries over configurations: median, p90 and max (`summarize`); the
 groups mode x bundling x prefetch with signed errors (`per_group`).
 
 With repeated real runs (--repeats) the real mean is the mean over the runs, their spread is the
@@ -23,7 +26,8 @@ from typing import Any
 import numpy as np
 
 METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
-OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s")   # compared when both sides' records carry them
+OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s", "ffn_compute_s", "other_compute_s")   # where both sides have them
+DERIVED_METRICS = {"other_compute_s": lambda t: t.compute_s - t.ffn_compute_s}
 WARMUP_STEPS = 2
 
 
@@ -42,11 +46,11 @@ def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = No
     error against that run, and `rest_errors`, the error of the other runs' mean against it."""
     out = {}
     runs = [real_tokens, *(repeats or [])]
-    both = real_tokens[:1] + sim_tokens[:1]
-    extra = [m for m in OPTIONAL_METRICS if both and all(hasattr(t, m) for t in both)]
+    both = [toks[0] for toks in (*runs, sim_tokens) if toks]
+    extra = [m for m in OPTIONAL_METRICS if len(both) == len(runs) + 1 and all(_has(t, m) for t in both)]
     for m in (*METRICS, *extra):
-        means = np.array([np.mean([getattr(t, m) for t in toks[WARMUP_STEPS:]]) for toks in runs], float)
-        s = float(np.mean([getattr(t, m) for t in sim_tokens[WARMUP_STEPS:]]))
+        means = np.array([np.mean([_value(t, m) for t in toks[WARMUP_STEPS:]]) for toks in runs], float)
+        s = float(np.mean([_value(t, m) for t in sim_tokens[WARMUP_STEPS:]]))
         real = float(means.mean())
         out[m] = {"real": real, "sim": s, "error": rel_error(s, real)}
         if len(runs) > 1:
@@ -56,6 +60,19 @@ def compare(real_tokens: list, sim_tokens: list, repeats: list[list] | None = No
             out[m]["pass_errors"] = [rel_error(s, float(x)) for x in means]
             out[m]["rest_errors"] = [rel_error(float(r), float(x)) for r, x in zip(rest, means)]
     return out
+
+
+def _value(token: Any, metric: str) -> float:
+    derive = DERIVED_METRICS.get(metric)
+    return derive(token) if derive else getattr(token, metric)
+
+
+def _has(token: Any, metric: str) -> bool:
+    """Whether a record carries `metric` (a NaN is a column kept before the records had it)."""
+    try:
+        return bool(np.isfinite(_value(token, metric)))
+    except AttributeError:
+        return False
 
 
 def error_stats(errors: Any) -> dict[str, float]:
@@ -112,7 +129,9 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     off in: a group whose sign holds over grids is the model's, one that flips with the host's
     state at calibration is the host's) with the signed latency error's quartiles, the signed
     median compute error (in unbundled model mode with a delta prefetch the real decoder computes
-    slowly through the time the simulator books as a stall: compare compute plus stall there), the
+    slowly through the time the simulator books as a stall: compare compute plus stall there) and,
+    where the records carry them, its two phases' (`ffn_compute_signed_median`,
+    `other_compute_signed_median`: which side of the compute the error is on), the
     |latency error|
     median and p90, the median |drift-corrected| error where the rows have one, and with repeated
     runs each pass scored alone (`repeatability`'s latency medians: `pass_latency_error_median`,
@@ -131,6 +150,9 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75)),
              "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs])),
              "compute_signed_median": float(np.median([signed_error(r["metrics"]["compute_s"]) for r in rs]))}
+        for m in ("ffn_compute_s", "other_compute_s"):   # the compute's phases, where recorded
+            v = [signed_error(r["metrics"][m]) for r in rs if m in r["metrics"]]
+            g[f"{m[:-2]}_signed_median"] = float(np.median(v)) if v else None
         dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]
         g["drift_corrected_median"] = float(np.median(dc)) if dc else None
         alone = repeatability(rs).get("latency_s")

@@ -49,6 +49,6 @@ def run_fast(p: PlanArrays, recorder: Recorder) -> None:
     t_end = np.cumsum(latency)
     t_start = t_end - latency
     recorder.tokens.extend(build_records(p, list(zip(t_start.tolist(), t_end.tolist(), comp.tolist(),
-                                                     stall.tolist(), mgmt.tolist()))))
+                                                     stall.tolist(), mgmt.tolist(), ffn.tolist()))))
     recorder.memory.extend(MemorySample(t, int(d), int(b)) for t, d, b in
                            zip(t_start.tolist(), p.dram_bytes.tolist(), p.budget_bytes.tolist()))

@@ -12,6 +12,10 @@ TokenRecord fields (one per step; a decode step yields one token per sequence):
     io_s                flash service time of every read the step consumed (demand, prefetched
                         for it, streamed tensors); may overlap compute when prefetched
     compute_s           attention, predictor, FFN and lm_head phases (with DMA contention)
+    ffn_compute_s       the FFN phases alone (part of compute_s): gathering the computed neurons' rows
+                        and their products; compute_s - ffn_compute_s is the attention, predictor and
+                        lm_head work and the framework around it (real runs: everything not waiting,
+                        moving rows or in the sparse FFN)
     stall_s             time the step waited for flash (demand reads, late prefetches)
     mem_mgmt_s          moving rows inside the neuron caches
     bytes_read          bytes of those reads; demand_bytes / prefetch_bytes / stream_bytes split it
@@ -32,8 +36,8 @@ from dataclasses import asdict, astuple, dataclass, fields
 from typing import Any
 
 TOKEN_COLUMNS = (
-    "token", "phase", "n_tokens", "t_start_s", "t_end_s", "latency_s", "io_s", "compute_s", "stall_s",
-    "mem_mgmt_s", "bytes_read", "demand_bytes", "prefetch_bytes", "stream_bytes", "reads_issued",
+    "token", "phase", "n_tokens", "t_start_s", "t_end_s", "latency_s", "io_s", "compute_s", "ffn_compute_s",
+    "stall_s", "mem_mgmt_s", "bytes_read", "demand_bytes", "prefetch_bytes", "stream_bytes", "reads_issued",
     "resident_bytes", "cache_bytes", "kv_bytes", "budget_bytes", "computed", "hits",
     "activation_mass_kept", "recall", "dropped_blocks",
 )
@@ -49,6 +53,7 @@ class TokenRecord:
     latency_s: float
     io_s: float
     compute_s: float
+    ffn_compute_s: float
     stall_s: float
     mem_mgmt_s: float
     bytes_read: int

@@ -287,14 +287,25 @@ def print_rescore_many(many: dict) -> None:
     alone = many["repeatability"].get("latency_s")
     if alone:
         print(f"each real pass alone, pooled: {_alone(alone)}")
+    groups = many["per_group"]
+    head, phases = _phase_columns(groups)
     print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",
-                 "I/O signed median", "compute signed median", "one pass: simulator", "other passes"],
+                 "I/O signed median", "compute signed median", *head, "one pass: simulator", "other passes"],
                 [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                   g["n_configs"], _pct(g["latency_signed_median"], "+"),
                   f"{_pct(g['latency_signed_q25'], '+')} to {_pct(g['latency_signed_q75'], '+')}",
-                  _pct(g["io_signed_median"], "+"), _pct(g["compute_signed_median"], "+"),
+                  _pct(g["io_signed_median"], "+"), _pct(g["compute_signed_median"], "+"), *phases(g),
                   _pct(g["pass_latency_error_median"]), _pct(g["rest_latency_error_median"])]
-                 for g in many["per_group"]], align="lrrrrrrr")
+                 for g in groups], align="l" + "r" * (7 + len(head)))
+
+
+def _phase_columns(groups: list[dict]) -> tuple[list[str], Any]:
+    """The group tables' columns for the compute's two phases (real.validate_score.per_group), only
+    when some group has them (grids kept before the records carried them have none)."""
+    keys = ("ffn_compute_signed_median", "other_compute_signed_median")
+    if not any(g.get(k) is not None for g in groups for k in keys):
+        return [], lambda g: []
+    return ["FFN compute signed median", "other compute signed median"], lambda g: [_pct(g.get(k), "+") for k in keys]
 
 
 def validate_progress(quiet: bool) -> Any:
@@ -343,15 +354,16 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                       _pct(v["other_passes"]["p90"])] for m, v in alone.items()], align="lrrrr")
     groups = report.get("per_group") or []
     if groups:
+        head, phases = _phase_columns(groups)
         print_table(["group (sim - real: > 0 = simulated slow)", "configs", "latency signed median", "|error| median",
-                     "p90", "I/O signed median", "compute signed median", "drift-corrected median",
+                     "p90", "I/O signed median", "compute signed median", *head, "drift-corrected median",
                      "one pass: simulator", "other passes"],
                     [[f"{g['mode']}, {'bundled' if g['bundled'] else 'unbundled'}, prefetch {g['prefetch']}",
                       g["n_configs"], _pct(g["latency_signed_median"], "+"), _pct(g["latency_error_median"]),
                       _pct(g["latency_error_p90"]), _pct(g["io_signed_median"], "+"),
-                      _pct(g["compute_signed_median"], "+"), _pct(g["drift_corrected_median"]),
+                      _pct(g["compute_signed_median"], "+"), *phases(g), _pct(g["drift_corrected_median"]),
                       _pct(g["pass_latency_error_median"]), _pct(g["rest_latency_error_median"])]
-                     for g in groups], align="lrrrrrrrrr")
+                     for g in groups], align="l" + "r" * (9 + len(head)))
     drift = report.get("drift") or {}
     if drift:
         def ratio(x: float | None) -> str:

@@ -88,12 +88,12 @@ class Decoder:
         pf_end = [0.0] * L          # completion time of the prefetch each layer consumes next
         timeout = env.timeout
         submit = flash.submit
-        times: list[tuple[float, float, float, float, float]] = []
+        times: list[tuple[float, float, float, float, float, float]] = []
         for s in range(p.S):
             cells = self._cells(s) if self.plan_cell is None else None
             nxt = self._cells(s + 1) if delta and s + 1 < p.S and self.plan_cell is None else None
             t_start = env.now
-            stall = comp = mgmt = 0.0
+            stall = comp = mgmt = ffn_c = 0.0
             af, am, ao = attn_f[s], attn_m[s], attn_o[s]
             a_tot = (af if af > am else am) + ao
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
@@ -186,6 +186,7 @@ class Decoder:
                     if iv:
                         iv("memory", f"cache rows L{layer}", s, layer, t_ffn, t_ffn + d_mg)
                 comp += d_ffn
+                ffn_c += d_ffn
                 if iv:
                     iv("compute", f"FFN L{layer}", s, layer, t_f, t_f + d_ffn)
                 # 7. delta: issue (s + 1, l) at the layer's end. Its reads land in cache rows that the
@@ -226,15 +227,16 @@ class Decoder:
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)
             yield timeout(d)
-            times.append((t_start, env.now, comp, stall, mgmt))
+            times.append((t_start, env.now, comp, stall, mgmt, ffn_c))
             rec.memory.append(MemorySample(t_start, int(p.dram_bytes[s]), int(p.budget_bytes[s])))
         extra = flash.host_cpu_extra_s if self.host is not None else None
         rec.tokens.extend(build_records(p, times, extra))
 
 
-def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, float]],
+def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, float, float]],
                   extra_io_s: dict[int, float] | None = None) -> list[TokenRecord]:
-    """TokenRecords of steps 0..len(times)-1 from the plan and (t_start, t_end, compute, stall, mgmt);
+    """TokenRecords of steps 0..len(times)-1 from the plan and (t_start, t_end, compute, stall, mgmt,
+    FFN compute);
     `extra_io_s` {step: seconds} adds service time the DES gave reads beyond the plan's (host CPU)."""
     n = len(times)
     sl = {f: p.sl[f][:n].sum(axis=1) for f in ("stream_s", "dem_s", "pf_s", "stream_bytes", "dem_bytes",
@@ -255,10 +257,10 @@ def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, f
         ("budget", p.budget_bytes), ("computed", sl["computed"]), ("hits", sl["hits"]))}
     phase = p.phase[:n].tolist()
     out = []
-    for s, (t0, t1, comp, stall, mgmt) in enumerate(times):
+    for s, (t0, t1, comp, stall, mgmt, ffn_c) in enumerate(times):
         out.append(TokenRecord(
             token=s, phase="prefill" if phase[s] == 0 else "decode", n_tokens=ints["n_tokens"][s],
-            t_start_s=t0, t_end_s=t1, latency_s=t1 - t0, io_s=io[s], compute_s=comp, stall_s=stall,
+            t_start_s=t0, t_end_s=t1, latency_s=t1 - t0, io_s=io[s], compute_s=comp, ffn_compute_s=ffn_c, stall_s=stall,
             mem_mgmt_s=mgmt, bytes_read=stream_b[s] + dem_b[s] + pf_b[s], demand_bytes=dem_b[s],
             prefetch_bytes=pf_b[s], stream_bytes=stream_b[s], reads_issued=reads[s],
             resident_bytes=ints["dram"][s], cache_bytes=ints["cache"][s], kv_bytes=ints["kv"][s],

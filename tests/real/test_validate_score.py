@@ -72,8 +72,34 @@ def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
     assert "stall_s" not in S.compare([T(1.0, False)] * 3, [T(1.0)] * 3)
     rows = [{"metrics": c}, {"metrics": S.compare([T(1.0, False)] * 3, [T(1.0, False)] * 3)}]
     s = S.summarize(rows)
-    assert list(s["per_metric"]) == [*S.METRICS, *S.OPTIONAL_METRICS]
+    assert list(s["per_metric"]) == [*S.METRICS, "stall_s", "mem_mgmt_s"]   # the optional ones some row has
     assert s["per_metric"]["stall_s"]["max"] == pytest.approx(0.5)   # over the rows that have it
+
+
+def test_compare_scores_the_compute_phases_where_every_side_recorded_them():
+    """ffn_compute_s as recorded, other_compute_s = compute_s - ffn_compute_s; a NaN (a grid kept
+    before the records had the column) on any side leaves both out."""
+    class T:
+        def __init__(self, compute, ffn):
+            self.latency_s = self.io_s = self.compute_s = compute
+            self.ffn_compute_s, self.bytes_read = ffn, 100
+
+    c = S.compare([T(10.0, 4.0)] * 4, [T(9.0, 5.0)] * 4, [[T(14.0, 4.0)] * 4])
+    assert c["ffn_compute_s"]["real"] == pytest.approx(4.0) and c["ffn_compute_s"]["error"] == pytest.approx(0.25)
+    # other: real (6 + 10) / 2 = 8, sim 4 -> 0.5; against each pass: 4 vs 6, 4 vs 10
+    assert c["other_compute_s"]["real"] == pytest.approx(8.0) and c["other_compute_s"]["error"] == pytest.approx(0.5)
+    assert c["other_compute_s"]["pass_errors"] == pytest.approx([1 / 3, 0.6])
+    assert c["other_compute_s"]["rest_errors"] == pytest.approx([4 / 6, 0.4])
+    nan = float("nan")
+    for real, sim, more in (([T(10.0, nan)] * 4, [T(9.0, 5.0)] * 4, None), ([T(10.0, 4.0)] * 4, [T(9.0, 5.0)] * 4,
+                                                                               [[T(10.0, nan)] * 4])):
+        c = S.compare(real, sim, more)
+        assert "ffn_compute_s" not in c and "other_compute_s" not in c and c["compute_s"]["sim"] == 9.0
+    rows = [{"mode": "shape", "bundled": True, "prefetch": "none",
+             "metrics": S.compare([T(10.0, 4.0)] * 4, [T(9.0, 5.0)] * 4)}]
+    g = S.per_group(rows)[0]
+    assert g["ffn_compute_signed_median"] == pytest.approx(0.25)           # (5 - 4) / 4
+    assert g["other_compute_signed_median"] == pytest.approx(-1 / 3)       # (4 - 6) / 6
 
 
 def test_per_group_by_hand():
