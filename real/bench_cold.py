@@ -19,7 +19,8 @@ of cache rows and the three FFN GEMVs) back to back and right after a real.reade
 neurons of the bench store, for each n in COLD_BATCH_NEURONS; the penalty is the difference of the
 medians (the batch's own time not included). `flashsim bench flash` writes it as the profile's
 `flash.cold_batch_reads` / `cold_compute_s` / `framework_cold_compute_s`; the simulator adds it
-to the compute of every layer that waited for demand reads (sim/components/compute.py).
+to every layer that waited for demand reads, spread over that layer's FFN, its cache work and the
+next attention as the real runs pay it (sim/components/compute.py, COLD_SPLIT).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim import bitsets
-from sim.components.compute import ComputeModel, HostCpu, Phase
+from sim.components.compute import COLD_SPLIT, ComputeModel, HostCpu, Phase
 from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
 from sim.policies.base import CapacityError
@@ -44,7 +44,7 @@ PLAN_CHUNK_STEPS = 256
 
 SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_plan_s", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
              "pf_reads", "pf_plan_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
-             "computed", "needed", "correct", "hits", "before", "after", "peak")
+             "cold_next_s", "computed", "needed", "correct", "hits", "before", "after", "peak")
 S_FIELDS = ("head_read_s", "head_read_bytes", "head_reads", "mass_num", "mass_den", "rec_num", "rec_den",
             "cache_bytes", "dram_bytes", "budget_bytes")
 
@@ -234,15 +234,22 @@ class Planner:
         a.ffn_flop_s[rows, layer] = ffn.flop_s
         a.ffn_mem_s[rows, layer] = ffn.mem_s
         a.ffn_gather_s[rows, layer] = ffn.gather_s
-        # a layer that waited for demand reads computes with cold CPU caches (ComputeModel.cold_s)
-        a.ffn_ovh_s[rows, layer] = ffn.ovh_s + self.compute.cold_s(n_dem)
+        # a layer that waited for demand reads computes with cold CPU caches (ComputeModel.cold_s):
+        # its FFN, its cache work and the next attention (or the lm_head) each pay a share (COLD_SPLIT)
+        cold = self.compute.cold_s(n_dem)
+        on_ffn, on_mgmt, on_next = COLD_SPLIT
+        if not self.manages_cache:    # no cache work: the FFN pays its share
+            on_ffn, on_mgmt = on_ffn + on_mgmt, 0.0
+        a.ffn_ovh_s[rows, layer] = ffn.ovh_s + on_ffn * cold
+        a.cold_next_s[rows, layer] = on_next * cold
         if self.manages_cache:
             moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
             mg = self.compute.memory_management(moved)
             a.mgmt_mem_s[rows, layer] = mg.mem_s
             # + the runtime's update of the cache index: every layer and step, and per evicted neuron
             f = self.profile.flash
-            a.mgmt_ovh_s[rows, layer] = mg.ovh_s + f.cache_index_s_per_layer + f.cache_index_s_per_evicted * c.evicted
+            a.mgmt_ovh_s[rows, layer] = (mg.ovh_s + f.cache_index_s_per_layer + f.cache_index_s_per_evicted * c.evicted
+                                         + on_mgmt * cold)
         key = (layer, a0, b0)
         q = self.quality_memo.get(key) if self.quality_memo is not None else None
         if q is None:

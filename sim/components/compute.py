@@ -115,6 +115,16 @@ LOOP_ATTENTION_OPS = {"kernels": 22, "hf": 69}
 ATTENTION_KERNELS = 8
 ATTENTION_GEMVS = 4     # of those kernels: the q, k, v and o projections
 FFN_BASE_KERNELS = 3
+# Where the compute after a demand wait pays the wait's penalty (ComputeModel.cold_s: the probe
+# times a whole layer right after a batch): the code that runs between this wait and the next,
+# each code path refilling its own code and data. The real backend's order is the FFN, its cache
+# work, the next layer's attention; the shares are measured on the real runs themselves (reads
+# against the reads' I/O skipped, the rest unchanged, paired runs; real records' ffn_compute_s,
+# mem_mgmt_s and the rest of compute_s; tests/benchmarks/test_bench_wait_penalty.py): over three
+# sessions, 11 of 12 measurements in shape and model mode gave 42-58% on the FFN, 16-24% on the
+# cache work, 21-38% on the attention side (the 12th scattered more than its penalty;
+# docs/validation-history.md, eighteenth round).
+COLD_SPLIT = (0.5, 0.2, 0.3)    # FFN, cache work, the next attention (or the lm_head)
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
 MGMT_KERNELS = 1
@@ -356,7 +366,8 @@ class ComputeModel:
     def cold_s(self, demand_reads: np.ndarray) -> np.ndarray:
         """Extra compute of a layer whose decoder waited for a demand batch of that many reads: its
         code and data were evicted from the CPU caches during the wait (the profile's measured
-        `flash.cold_compute_s` curve; framework code's under compute.framework=hf). 0 without reads."""
+        `flash.cold_compute_s` curve; framework code's under compute.framework=hf). 0 without reads.
+        The planner spreads it over the code that runs before the next wait (COLD_SPLIT)."""
         return self.profile.flash.cold_compute_at(demand_reads, self.framework_code)
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:

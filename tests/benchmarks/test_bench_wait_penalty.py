@@ -7,7 +7,12 @@ shape mode with its real reads, and again with the reads' I/O skipped (`BundleRe
 nothing: the plan, the cache and the compute are the same, but nothing waits), alternating. The
 difference in compute per layer is the wait's cost on this layer; printed next to the profile's
 penalty at the run's reads per batch, and their ratio. Printed, not asserted (a ratio above 1 is
-compute the simulator misses without prefetch; the sixteenth round measured 1.3-2.6)."""
+compute the simulator misses without prefetch; the sixteenth round measured 1.3-2.6).
+
+Where the cost lands: the difference split over the FFN (the records' `ffn_compute_s`), the cache
+work (`mem_mgmt_s`) and the rest of the compute (attention side), next to the simulator's
+`COLD_SPLIT` (the eighteenth round measured 42-58 / 16-24 / 21-38%); the same in model mode
+(SmolLM2, validate's store and text) when transformers is installed."""
 
 from __future__ import annotations
 
@@ -31,6 +36,26 @@ def _compute_per_token(run) -> tuple[float, float]:  # type: ignore[no-untyped-d
     return float(np.mean([t.compute_s for t in toks])), float(np.mean([t.reads_issued for t in toks]))
 
 
+def _phases(run) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Mean seconds per token after warm-up: FFN, cache work, the rest of the compute."""
+    from real.validate_score import WARMUP_STEPS
+
+    toks = run.tokens[WARMUP_STEPS:]
+    return np.array([np.mean([t.ffn_compute_s for t in toks]), np.mean([t.mem_mgmt_s for t in toks]),
+                     np.mean([t.compute_s - t.ffn_compute_s for t in toks])])
+
+
+def _print_split(title: str, rows: list) -> None:
+    from sim.components.compute import COLD_SPLIT
+
+    print(f"\n{title}: where the wait's cost lands (reads - no wait, medians), ms per token: FFN, cache work, "
+          f"attention side | shares (the simulator's COLD_SPLIT: {', '.join(f'{x:.0%}' for x in COLD_SPLIT)})")
+    for label, d in rows:
+        shares = d / d.sum() if d.sum() > 0 else d * np.nan
+        print(f"  {label:42s} " + " ".join(f"{x * 1e3:6.2f}" for x in d) + " | "
+              + " ".join(f"{x:4.0%}" for x in shares))
+
+
 def test_bench_wait_penalty(tmp_path, monkeypatch):
     from real.convert import write_shape_store
     from real.reader import BundleReader
@@ -44,17 +69,21 @@ def test_bench_wait_penalty(tmp_path, monkeypatch):
     store = open_store(write_shape_store(spec, tmp_path / "store", seed=0, dtype="fp32", layout="both"))
     trace = open_trace(shape_trace_like(spec, tmp_path / "trace", TOKENS, 0))
     real_run = BundleReader._run
-    rows = []
+    rows, splits = [], []
     for k, bundled in POINTS:
         gp = GridPoint(k, bundled, "none", 0.25)
         _, cfg = gp.run_config(store, TOKENS, 0)
         cfg = shape_config(cfg)
         sides: dict[str, list[tuple[float, float]]] = {"reads": [], "no wait": []}
+        phases: dict[str, list[np.ndarray]] = {"reads": [], "no wait": []}
         for i in range(2 * RUNS):
             side = ("reads", "no wait")[(i + i // 2) % 2]          # reads, no wait, no wait, reads, ...
             monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
-            sides[side].append(_compute_per_token(run_shape(store, trace, profile, cfg, seed=0, threads=1)))
+            run = run_shape(store, trace, profile, cfg, seed=0, threads=1)
+            sides[side].append(_compute_per_token(run))
+            phases[side].append(_phases(run))
         monkeypatch.setattr(BundleReader, "_run", real_run)
+        splits.append((gp.label, np.median(phases["reads"], axis=0) - np.median(phases["no wait"], axis=0)))
         with_reads = np.median([c for c, _ in sides["reads"]])
         without = np.median([c for c, _ in sides["no wait"]])
         reads_per_batch = np.median([r for _, r in sides["reads"]]) / spec.n_layers
@@ -66,4 +95,34 @@ def test_bench_wait_penalty(tmp_path, monkeypatch):
     for label, reads, a, b, pen, priced in rows:
         print(f"  {label:42s} {reads:6.1f} reads/batch  compute {a * 1e3:6.2f} vs {b * 1e3:6.2f} ms/token: "
               f"{pen * 1e6:6.1f} us/layer | priced {priced * 1e6:6.1f} us ({pen / priced if priced else float('nan'):.2f}x)")
+    _print_split("shape mode", splits)
     assert all(np.isfinite(r[4]) for r in rows)
+
+
+MODEL_POINTS = ((2, True, 0.5), (4, False, 0.5))   # (window k, bundled, budget): grid points of model mode
+
+
+def test_bench_wait_split_model_mode(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from real.model_mode import prepare, run_prepared
+    from real.reader import BundleReader
+    from real.validate import MODEL_KEEP, GridPoint, model_setup
+
+    profile = load_profile("this-host")
+    model, spec, store, ids = model_setup(TOKENS, tmp_path)
+    ref = prepare(model, spec, store, ids, keep_fraction=MODEL_KEEP, workdir=tmp_path)
+    real_run = BundleReader._run
+    splits = []
+    for k, bundled, budget in MODEL_POINTS:
+        gp = GridPoint(k, bundled, "none", budget)
+        _, cfg = gp.run_config(store, len(ids), 0)
+        phases: dict[str, list[np.ndarray]] = {"reads": [], "no wait": []}
+        for i in range(2 * RUNS):
+            side = ("reads", "no wait")[(i + i // 2) % 2]
+            monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
+            run, _ = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=1)
+            phases[side].append(_phases(run))
+        monkeypatch.setattr(BundleReader, "_run", real_run)
+        splits.append((gp.label, np.median(phases["reads"], axis=0) - np.median(phases["no wait"], axis=0)))
+    _print_split("model mode (SmolLM2)", splits)
+    assert all(np.all(np.isfinite(d)) for _, d in splits)

@@ -236,8 +236,10 @@ def test_reader_planning_delays_a_prefetch(small_trace, base_profile) -> None:
 @pytest.mark.parametrize("framework", ["kernels", "hf"])
 def test_a_layer_that_waited_for_demand_reads_computes_cold(small_trace, base_profile, fast, framework) -> None:
     """flash.cold_compute_s (framework_cold_compute_s under compute.framework=hf): a flat curve adds
-    its value to the compute of every layer with a demand batch, nothing else. The layers that read
-    are counted independently through plan_s_per_batch (a stall per batch)."""
+    its value to every layer with a demand batch, nothing else, split as COLD_SPLIT says: half on
+    the layer's FFN, a fifth on its cache work (the window manages one), the rest on the next
+    layer's attention or the lm_head, in the same step. The layers that read are counted
+    independently through plan_s_per_batch (a stall per batch)."""
     cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none", f"compute.framework={framework}"])
     kern, fw = 3e-4, 7e-4
     cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[kern, kern], framework_cold_compute_s=[fw, fw])
@@ -247,9 +249,28 @@ def test_a_layer_that_waited_for_demand_reads_computes_cold(small_trace, base_pr
     per_layer = fw if framework == "hf" else kern
     for t0, ta, tb in zip(base.tokens, a.tokens, b.tokens, strict=True):
         batches = round((ta.stall_s - t0.stall_s) / 1e-4)
-        assert (tb.io_s, tb.stall_s, tb.mem_mgmt_s) == pytest.approx((ta.io_s, ta.stall_s, ta.mem_mgmt_s), abs=1e-12)
-        assert tb.compute_s - ta.compute_s == pytest.approx(batches * per_layer, abs=1e-12)
+        assert (tb.io_s, tb.stall_s) == pytest.approx((ta.io_s, ta.stall_s), abs=1e-12)
+        cold = batches * per_layer
+        assert tb.ffn_compute_s - ta.ffn_compute_s == pytest.approx(0.5 * cold, abs=1e-12)
+        assert tb.mem_mgmt_s - ta.mem_mgmt_s == pytest.approx(0.2 * cold, abs=1e-12)
+        assert tb.compute_s - ta.compute_s == pytest.approx(0.8 * cold, abs=1e-12)   # FFN + next attention
     assert sum(t.reads_issued for t in a.tokens) > 0
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_without_a_managed_cache_the_ffn_pays_the_cache_works_share(small_trace, base_profile, fast) -> None:
+    """naive loading keeps no neuron cache: a waited layer's FFN pays 0.5 + 0.2 of the penalty, the
+    next attention (or the lm_head) 0.3, and no memory management appears."""
+    cfg = preset_config("naive").with_overrides(["prefetch=none"])
+    cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[4e-4, 4e-4], framework_cold_compute_s=[4e-4, 4e-4])
+    a = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
+    b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4, **cold), cfg, fast=fast)
+    base = simulate(small_trace, None, base_profile, cfg, fast=fast)
+    for t0, ta, tb in zip(base.tokens, a.tokens, b.tokens, strict=True):
+        penalty = round((ta.stall_s - t0.stall_s) / 1e-4) * 4e-4
+        assert penalty > 0 and tb.mem_mgmt_s == ta.mem_mgmt_s == 0.0
+        assert tb.ffn_compute_s - ta.ffn_compute_s == pytest.approx(0.7 * penalty, abs=1e-12)
+        assert tb.compute_s - ta.compute_s == pytest.approx(penalty, abs=1e-12)
 
 
 @pytest.mark.parametrize("fast", [False, True])
