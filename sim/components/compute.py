@@ -122,8 +122,10 @@ FFN_BASE_KERNELS = 3
 # against the reads' I/O skipped, the rest unchanged, paired runs; real records' ffn_compute_s,
 # mem_mgmt_s and the rest of compute_s; tests/benchmarks/test_bench_wait_penalty.py): over three
 # sessions, 11 of 12 measurements in shape and model mode gave 42-58% on the FFN, 16-24% on the
-# cache work, 21-38% on the attention side (the 12th scattered more than its penalty;
-# docs/validation-history.md, eighteenth round).
+# cache work, 21-38% on the attention side (the 12th scattered more than its penalty). With the
+# batch read into other memory (the cache rows untouched) the split is the same, so the cache work
+# and the FFN pay a refill of code and state, not rows the disk just wrote (docs/validation-history.md,
+# eighteenth round).
 COLD_SPLIT = (0.5, 0.2, 0.3)    # FFN, cache work, the next attention (or the lm_head)
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
