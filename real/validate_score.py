@@ -7,10 +7,10 @@ Per metric the error is |mean_sim - mean_real| / mean_real over a run's steps, t
 neither model). Metrics: latency_s (per-token latency), io_s, compute_s, bytes_read, and where both
 sides' records have them stall_s and mem_mgmt_s (the parts of the latency spent waiting for reads
 and moving cache rows) and the compute's two phases: ffn_compute_s (the sparse FFN: gathering the
-computed rows and their products) and other_compute_s (compute_s - ffn_compute_s: attention, lm_head
-and the framework around them). Grids kept before the records carried the FFN's compute
-(`ffn_compute_s` NaN) are scored without the phases. Summaries over configurations: median, p90 and max (`summarize`); the
-groups mode x bundling x prefetch with signed errors (`per_group`).
+computed rows and their products) and other_compute_s (compute_s - ffn_compute_s: attention,
+lm_head and the framework around them). Grids kept before the records carried the FFN's compute
+(`ffn_compute_s` NaN) are scored without the phases. Summaries over configurations: median, p90
+and max (`summarize`); the groups mode x bundling x prefetch with signed errors (`per_group`).
 
 With repeated real runs (--repeats) the real mean is the mean over the runs, their spread is the
 noise floor, and how far the host repeats itself is scored on the headline's scale
