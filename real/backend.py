@@ -280,7 +280,8 @@ class RealExecutor:
         rec = TokenRecord(
             token=s, phase="decode" if sim.steps.phase[s] else "prefill", n_tokens=n_tokens,
             t_start_s=self.t_clock, t_end_s=self.t_clock + latency, latency_s=latency, io_s=T.io_s,
-            compute_s=latency - T.stall_s - T.mem_mgmt_s, ffn_compute_s=T.compute_s, stall_s=T.stall_s, mem_mgmt_s=T.mem_mgmt_s,
+            compute_s=latency - T.stall_s - T.mem_mgmt_s, ffn_compute_s=T.compute_s, stall_s=T.stall_s,
+            mem_mgmt_s=T.mem_mgmt_s,
             bytes_read=T.demand_bytes + T.prefetch_bytes, demand_bytes=T.demand_bytes,
             prefetch_bytes=T.prefetch_bytes, stream_bytes=0, reads_issued=T.reads_issued,
             resident_bytes=sim.memory.fixed_bytes + kv + cache_b, cache_bytes=cache_b, kv_bytes=kv,

@@ -241,8 +241,8 @@ class Decoder:
 def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, float, float]],
                   extra_io_s: dict[int, float] | None = None) -> list[TokenRecord]:
     """TokenRecords of steps 0..len(times)-1 from the plan and (t_start, t_end, compute, stall, mgmt,
-    FFN compute);
-    `extra_io_s` {step: seconds} adds service time the DES gave reads beyond the plan's (host CPU)."""
+    FFN compute); `extra_io_s` {step: seconds} adds service time the DES gave reads beyond the
+    plan's (host CPU)."""
     n = len(times)
     sl = {f: p.sl[f][:n].sum(axis=1) for f in ("stream_s", "dem_s", "pf_s", "stream_bytes", "dem_bytes",
                                              "pf_bytes", "stream_reads", "dem_reads", "pf_reads",
@@ -265,8 +265,8 @@ def build_records(p: PlanArrays, times: list[tuple[float, float, float, float, f
     for s, (t0, t1, comp, stall, mgmt, ffn_c) in enumerate(times):
         out.append(TokenRecord(
             token=s, phase="prefill" if phase[s] == 0 else "decode", n_tokens=ints["n_tokens"][s],
-            t_start_s=t0, t_end_s=t1, latency_s=t1 - t0, io_s=io[s], compute_s=comp, ffn_compute_s=ffn_c, stall_s=stall,
-            mem_mgmt_s=mgmt, bytes_read=stream_b[s] + dem_b[s] + pf_b[s], demand_bytes=dem_b[s],
+            t_start_s=t0, t_end_s=t1, latency_s=t1 - t0, io_s=io[s], compute_s=comp, ffn_compute_s=ffn_c,
+            stall_s=stall, mem_mgmt_s=mgmt, bytes_read=stream_b[s] + dem_b[s] + pf_b[s], demand_bytes=dem_b[s],
             prefetch_bytes=pf_b[s], stream_bytes=stream_b[s], reads_issued=reads[s],
             resident_bytes=ints["dram"][s], cache_bytes=ints["cache"][s], kv_bytes=ints["kv"][s],
             budget_bytes=ints["budget"][s], computed=ints["computed"][s], hits=ints["hits"][s],
