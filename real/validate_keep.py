@@ -17,14 +17,15 @@ always a whole one):
     config-NNN/run-P.parquet   pass P's per-token records (sim.records.TOKEN_COLUMNS)
 
 Rescoring replays each executed trace on the given profile, compares as `validate` does
-(real.validate_score.compare: the mean over the passes, their spread as the noise floor, each pass scored
-alone by the simulator and by the other passes) and reports the same summary, per mode and per group. It has no drift correction: the host checks measured the host
-against the profile validate ran with, not against the one rescored.
+(real.validate_score.compare: the mean over the passes, their spread as the noise floor, each pass
+scored alone by the simulator and by the other passes) and reports the same summary, per mode and
+per group. It has no drift correction: the host checks measured the host against the profile
+validate ran with, not against the one rescored.
 
 `rescore_many` scores one profile on several kept grids: each grid's summary, the spread of their
-median and p90 errors, the single passes' scores (real.validate_score.repeatability) and the groups, both
-pooled over every configuration of every grid (a bias whose sign holds over grids calibrated at
-different times is the model's, not one host state's).
+median and p90 errors, the single passes' scores (real.validate_score.repeatability) and the
+groups, both pooled over every configuration of every grid (a bias whose sign holds over grids
+calibrated at different times is the model's, not one host state's).
 """
 
 from __future__ import annotations

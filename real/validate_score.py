@@ -131,8 +131,7 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     median compute error (in unbundled model mode with a delta prefetch the real decoder computes
     slowly through the time the simulator books as a stall: compare compute plus stall there) and,
     where the records carry them, its two phases' (`ffn_compute_signed_median`,
-    `other_compute_signed_median`: which side of the compute the error is on), the
-    |latency error|
+    `other_compute_signed_median`: which side of the compute the error is on), the |latency error|
     median and p90, the median |drift-corrected| error where the rows have one, and with repeated
     runs each pass scored alone (`repeatability`'s latency medians: `pass_latency_error_median`,
     the simulator's, and `rest_latency_error_median`, the other passes'; None with one run): a
@@ -147,10 +146,8 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g = {"mode": mode, "bundled": bundled, "prefetch": prefetch, "n_configs": len(rs),
              "latency_signed_median": float(np.median(lat)), "latency_error_median": float(np.median(np.abs(lat))),
              "latency_error_p90": float(np.percentile(np.abs(lat), 90)),
-             "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75)),
-             "io_signed_median": float(np.median([signed_error(r["metrics"]["io_s"]) for r in rs])),
-             "compute_signed_median": float(np.median([signed_error(r["metrics"]["compute_s"]) for r in rs]))}
-        for m in ("ffn_compute_s", "other_compute_s"):   # the compute's phases, where recorded
+             "latency_signed_q25": float(np.percentile(lat, 25)), "latency_signed_q75": float(np.percentile(lat, 75))}
+        for m in ("io_s", "compute_s", "ffn_compute_s", "other_compute_s"):   # the phases only where recorded
             v = [signed_error(r["metrics"][m]) for r in rs if m in r["metrics"]]
             g[f"{m[:-2]}_signed_median"] = float(np.median(v)) if v else None
         dc = [r["drift_corrected"]["latency_error"] for r in rs if r.get("drift_corrected")]

@@ -124,8 +124,10 @@ FFN_BASE_KERNELS = 3
 # sessions, 11 of 12 measurements in shape and model mode gave 42-58% on the FFN, 16-24% on the
 # cache work, 21-38% on the attention side (the 12th scattered more than its penalty). With the
 # batch read into other memory (the cache rows untouched) the split is the same, so the cache work
-# and the FFN pay a refill of code and state, not rows the disk just wrote (docs/validation-history.md,
-# eighteenth round).
+# and the FFN pay a refill of code and state, not rows the disk just wrote. A fourth session, on a
+# host so quiet that validate's shape paid 0.3-0.8x the probe's penalty, gave SmolLM2 51-54 / 18-21
+# / 25-31% but the shape 46-69 / 26-43 / 2-20%: the attention side's share is the least settled
+# (docs/validation-history.md, eighteenth round).
 COLD_SPLIT = (0.5, 0.2, 0.3)    # FFN, cache work, the next attention (or the lm_head)
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3

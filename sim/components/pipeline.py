@@ -112,7 +112,6 @@ class Decoder:
                     c_next = cells[layer + 1] if layer + 1 < L else None
                 st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp, cn = c
                 now = env.now
-                ao_l = ao + carry
                 a_tot = a_warm + carry
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
                 # loop's torch calls) the Python loop's seconds per call, in the layer and in each phase
@@ -132,7 +131,7 @@ class Decoder:
                 # 2. attention (+ predictor)
                 if unified and flash.free_at_s > now:
                     m = stretch(now, am, segs(now))
-                    d_attn = (af if af > m else m) + ao_l
+                    d_attn = (af if af > m else m) + ao + carry
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:

@@ -45,6 +45,27 @@ def _phases(run) -> np.ndarray:  # type: ignore[no-untyped-def]
                      np.mean([t.compute_s - t.ffn_compute_s for t in toks])])
 
 
+def _paired_runs(monkeypatch, run) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    """RUNS real runs a side, alternating reads, no wait, no wait, reads, ...: `run()` with the
+    reader's I/O real ("reads") or skipped ("no wait": `BundleReader._run` does nothing)."""
+    from real.reader import BundleReader
+
+    real_run = BundleReader._run
+    runs: dict[str, list] = {"reads": [], "no wait": []}
+    for i in range(2 * RUNS):
+        side = ("reads", "no wait")[(i + i // 2) % 2]
+        monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
+        runs[side].append(run())
+    monkeypatch.setattr(BundleReader, "_run", real_run)
+    return runs
+
+
+def _split(runs: dict[str, list]) -> np.ndarray:
+    """Per phase (`_phases`): the median with reads less the median without a wait."""
+    return np.median([_phases(r) for r in runs["reads"]], axis=0) - np.median([_phases(r) for r in runs["no wait"]],
+                                                                                 axis=0)
+
+
 def _print_split(title: str, rows: list) -> None:
     from sim.components.compute import COLD_SPLIT
 
@@ -58,7 +79,6 @@ def _print_split(title: str, rows: list) -> None:
 
 def test_bench_wait_penalty(tmp_path, monkeypatch):
     from real.convert import write_shape_store
-    from real.reader import BundleReader
     from real.shape_mode import run_shape, shape_config, shape_trace_like
     from real.store import open_store
     from real.validate import GridPoint, validation_spec
@@ -68,22 +88,14 @@ def test_bench_wait_penalty(tmp_path, monkeypatch):
     spec = validation_spec(quick=False)
     store = open_store(write_shape_store(spec, tmp_path / "store", seed=0, dtype="fp32", layout="both"))
     trace = open_trace(shape_trace_like(spec, tmp_path / "trace", TOKENS, 0))
-    real_run = BundleReader._run
     rows, splits = [], []
     for k, bundled in POINTS:
         gp = GridPoint(k, bundled, "none", 0.25)
         _, cfg = gp.run_config(store, TOKENS, 0)
         cfg = shape_config(cfg)
-        sides: dict[str, list[tuple[float, float]]] = {"reads": [], "no wait": []}
-        phases: dict[str, list[np.ndarray]] = {"reads": [], "no wait": []}
-        for i in range(2 * RUNS):
-            side = ("reads", "no wait")[(i + i // 2) % 2]          # reads, no wait, no wait, reads, ...
-            monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
-            run = run_shape(store, trace, profile, cfg, seed=0, threads=1)
-            sides[side].append(_compute_per_token(run))
-            phases[side].append(_phases(run))
-        monkeypatch.setattr(BundleReader, "_run", real_run)
-        splits.append((gp.label, np.median(phases["reads"], axis=0) - np.median(phases["no wait"], axis=0)))
+        runs = _paired_runs(monkeypatch, lambda cfg=cfg: run_shape(store, trace, profile, cfg, seed=0, threads=1))
+        splits.append((gp.label, _split(runs)))
+        sides = {side: [_compute_per_token(r) for r in rs] for side, rs in runs.items()}
         with_reads = np.median([c for c, _ in sides["reads"]])
         without = np.median([c for c, _ in sides["no wait"]])
         reads_per_batch = np.median([r for _, r in sides["reads"]]) / spec.n_layers
@@ -105,24 +117,17 @@ MODEL_POINTS = ((2, True, 0.5), (4, False, 0.5))   # (window k, bundled, budget)
 def test_bench_wait_split_model_mode(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from real.model_mode import prepare, run_prepared
-    from real.reader import BundleReader
     from real.validate import MODEL_KEEP, GridPoint, model_setup
 
     profile = load_profile("this-host")
     model, spec, store, ids = model_setup(TOKENS, tmp_path)
     ref = prepare(model, spec, store, ids, keep_fraction=MODEL_KEEP, workdir=tmp_path)
-    real_run = BundleReader._run
     splits = []
     for k, bundled, budget in MODEL_POINTS:
         gp = GridPoint(k, bundled, "none", budget)
         _, cfg = gp.run_config(store, len(ids), 0)
-        phases: dict[str, list[np.ndarray]] = {"reads": [], "no wait": []}
-        for i in range(2 * RUNS):
-            side = ("reads", "no wait")[(i + i // 2) % 2]
-            monkeypatch.setattr(BundleReader, "_run", real_run if side == "reads" else lambda *a, **kw: 0)
-            run, _ = run_prepared(ref, model, spec, store, profile, cfg, device="cpu", threads=1)
-            phases[side].append(_phases(run))
-        monkeypatch.setattr(BundleReader, "_run", real_run)
-        splits.append((gp.label, np.median(phases["reads"], axis=0) - np.median(phases["no wait"], axis=0)))
+        runs = _paired_runs(monkeypatch, lambda cfg=cfg: run_prepared(ref, model, spec, store, profile, cfg, device="cpu",
+                                                                      threads=1)[0])
+        splits.append((gp.label, _split(runs)))
     _print_split("model mode (SmolLM2)", splits)
     assert all(np.all(np.isfinite(d)) for _, d in splits)
