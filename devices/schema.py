@@ -31,6 +31,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _check_curve(x_name: str, x: list[float] | None, ys: dict[str, list[float] | None], unit: str) -> None:
+    """A measured penalty curve: y values (>= 0 seconds) at increasing positive x points; every y
+    list needs x. Raises ValueError (pydantic reports it) naming the field at fault."""
+    if x is None:
+        if any(v is not None for v in ys.values()):
+            raise ValueError(f"{' / '.join(ys)} need {x_name} (the {unit} each value was measured at)")
+        return
+    if not x or any(not (b > a) for a, b in zip(x, x[1:])) or x[0] <= 0:
+        raise ValueError(f"{x_name} must be positive and increasing")
+    for name, v in ys.items():
+        if v is not None and (len(v) != len(x) or any(not (t >= 0) for t in v)):
+            raise ValueError(f"{name} needs one value >= 0 seconds per {x_name} entry")
+
+
+def _curve_at(x: np.ndarray, points: list[float] | None, y: list[float] | None) -> np.ndarray:
+    """A penalty curve at x: linear between the points, 0 at 0, the last value beyond the last point;
+    0 everywhere without the curve."""
+    x = np.asarray(x, np.float64)
+    if points is None or y is None:
+        return np.zeros_like(x)
+    return np.interp(x, [0.0, *points], [0.0, *y])
+
+
 class Source(_Strict):
     """Provenance of a profile as a whole."""
 
@@ -153,7 +176,33 @@ class ComputeSpec(_Strict):
                                              "out_features) (`flashsim bench compute`); None = the single rates")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
+    # Compute after the caches were swept (real/bench_cold.py `swept_compute`): a decoder layer's code
+    # and data are evicted from the CPU caches by the bytes the layer's weights, KV cache and FFN rows
+    # stream through them; the next layer refills them. Extra seconds per layer as a function of the
+    # bytes streamed since that code last ran (linear between the points, 0 at 0 bytes, the last
+    # value beyond the last point): evict_layer_s for kernels called directly, framework_evict_layer_s
+    # for framework code (compute.framework=hf). bench compute measures both.
+    evict_bytes: list[float] | None = Field(default=None, description="bytes streamed through the caches before "
+                                            "a layer at which the eviction penalties are measured (increasing)")
+    evict_layer_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
+                                              "(kernels) right after that many bytes were streamed")
+    framework_evict_layer_s: list[float] | None = Field(default=None, description="the same for a layer of "
+                                                        "framework code (compute.framework=hf)")
     source: str
+
+    @model_validator(mode="after")
+    def _evict_curve(self) -> ComputeSpec:
+        _check_curve("evict_bytes", self.evict_bytes,
+                     {"evict_layer_s": self.evict_layer_s, "framework_evict_layer_s": self.framework_evict_layer_s},
+                     "bytes")
+        return self
+
+    def evict_at(self, streamed_bytes: np.ndarray, framework: bool = False) -> np.ndarray:
+        """Extra compute seconds of a layer after `streamed_bytes` went through the CPU caches since
+        its code last ran (0 without the measured curve); `framework`: the framework code's curve
+        (the kernels' when the profile has none)."""
+        y = (self.framework_evict_layer_s if framework else None) or self.evict_layer_s
+        return _curve_at(streamed_bytes, self.evict_bytes, y)
 
     @field_validator("gemv_flops_per_s")
     @classmethod
@@ -290,29 +339,17 @@ class FlashSpec(_Strict):
 
     @model_validator(mode="after")
     def _cold_curve(self) -> FlashSpec:
-        x = self.cold_batch_reads
-        ys = {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s}
-        if x is None:
-            if any(v is not None for v in ys.values()):
-                raise ValueError("cold_compute_s / framework_cold_compute_s need cold_batch_reads (the reads "
-                                 "each value was measured at)")
-            return self
-        if not x or any(not (b > a) for a, b in zip(x, x[1:])) or x[0] <= 0:
-            raise ValueError("cold_batch_reads must be positive and increasing")
-        for name, v in ys.items():
-            if v is not None and (len(v) != len(x) or any(not (t >= 0) for t in v)):
-                raise ValueError(f"{name} needs one value >= 0 seconds per cold_batch_reads entry")
+        _check_curve("cold_batch_reads", self.cold_batch_reads,
+                     {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s},
+                     "reads")
         return self
 
     def cold_compute_at(self, reads: np.ndarray, framework: bool = False) -> np.ndarray:
         """Extra compute seconds of a layer that waited for a demand batch of `reads` reads (0 where
         reads is 0, or without the measured curve); `framework`: the framework code's curve (the
         kernels' when the profile has none)."""
-        r = np.asarray(reads, np.float64)
         y = (self.framework_cold_compute_s if framework else None) or self.cold_compute_s
-        if self.cold_batch_reads is None or y is None:
-            return np.zeros_like(r)
-        return np.interp(r, [0.0, *self.cold_batch_reads], [0.0, *y])
+        return _curve_at(reads, self.cold_batch_reads, y)
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:

@@ -21,6 +21,15 @@ medians (the batch's own time not included). `flashsim bench flash` writes it as
 `flash.cold_batch_reads` / `cold_compute_s` / `framework_cold_compute_s`; the simulator adds it
 to every layer that waited for demand reads, spread over that layer's FFN, its cache work and the
 next attention as the real runs pay it (sim/components/compute.py, COLD_SPLIT).
+
+Compute after the caches were swept. A real layer needs no wait to find its code cold: its own
+weights, KV cache and FFN rows stream megabytes through the caches, more than a core's L2 holds,
+and evict the code and data the next layer's framework and kernels run (a probe layer run back to
+back keeps them warm). `swept_compute` times the same two probe layers back to back and right
+after touching every cache line of SWEEP_BYTES (each n in turn; one byte read and written per 64 B
+line, as a gather streams rows). `flashsim bench compute` writes the difference of the medians as
+the profile's `compute.evict_bytes` / `evict_layer_s` / `framework_evict_layer_s`; the simulator
+charges it to the code after every layer, at the bytes that layer streamed (ComputeModel.evict_s).
 """
 
 from __future__ import annotations
@@ -36,8 +45,11 @@ from real.reader import BundleReader
 from real.store import WeightStore
 
 COLD_BATCH_NEURONS = (4, 16, 64, 256, 1024)
+SWEEP_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)   # swept before a layer (swept_compute)
 COLD_SAMPLES = 40              # timed layers per batch size and kind (after 5 untimed)
 KERNEL_DIMS = (64, 256, 32)    # the kernel probe's d_model, cached rows, computed rows
+# a probe's timing loop: before (run untimed before each layer, None: back to back) -> layer times
+LayerTimes = Callable[[Callable[[], None] | None], list[float]]
 
 
 def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
@@ -128,36 +140,80 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
                 return run
 
             kernel = _kernel_layer(torch, seed)
-
-            def kernel_times(before: Callable[[], None] | None) -> list[float]:
-                out = []
-                with torch.no_grad():
-                    for _ in range(samples + 5):
-                        if before is not None:
-                            before()
-                        t = time.perf_counter()
-                        kernel()
-                        out.append(time.perf_counter() - t)
-                return out[5:]
-
+            befores = [batch(n) for n in sizes]
             result: dict[str, Any] = {"batch_neurons": sizes, "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS),
                                       "samples": samples}
-            warm = float(np.median(kernel_times(None)))
-            result["kernel_warm_s"] = warm
-            result["kernel_cold_s"] = [max(0.0, float(np.median(kernel_times(batch(n)))) - warm) for n in sizes]
+            result["kernel_warm_s"], result["kernel_cold_s"] = _medians_after(_kernel_times(torch, kernel, samples),
+                                                                              befores)
             step = _framework_layer(torch, seed) if framework else None
             if step is not None:
-                def fw_times(before: Callable[[], None] | None) -> list[float]:
-                    out: list[float] = []
-                    while len(out) < samples + 8:
-                        out.extend(step(before))
-                    return out[8:]
-
-                warm_fw = float(np.median(fw_times(None)))
-                result["framework_warm_s"] = warm_fw
-                result["framework_cold_s"] = [max(0.0, float(np.median(fw_times(batch(n)))) - warm_fw) for n in sizes]
+                result["framework_warm_s"], result["framework_cold_s"] = _medians_after(_fw_times(step, samples),
+                                                                                        befores)
             # the x axis the simulator looks the penalty up by: reads the batch issued (coalesced)
             result["batch_reads"] = [float(np.median(reads[n])) for n in sizes]
+    finally:
+        torch.set_num_threads(threads)
+    return result
+
+
+def _kernel_times(torch: Any, kernel: Callable[[], Any], samples: int) -> LayerTimes:
+    """The kernel probe's timing loop: before(), then one timed layer; `samples` after 5 untimed."""
+    def times(before: Callable[[], None] | None) -> list[float]:
+        out = []
+        with torch.no_grad():
+            for _ in range(samples + 5):
+                if before is not None:
+                    before()
+                t = time.perf_counter()
+                kernel()
+                out.append(time.perf_counter() - t)
+        return out[5:]
+    return times
+
+
+def _fw_times(step: LayerTimes, samples: int) -> LayerTimes:
+    """The framework probe's timing loop: decode steps until `samples` layers after 8 untimed."""
+    def times(before: Callable[[], None] | None) -> list[float]:
+        out: list[float] = []
+        while len(out) < samples + 8:
+            out.extend(step(before))
+        return out[8:]
+    return times
+
+
+def _medians_after(layer_times: LayerTimes,
+                   befores: list[Callable[[], None]]) -> tuple[float, list[float]]:
+    """(median back to back, [median after each `before` less that]) of a probe's layer times."""
+    warm = float(np.median(layer_times(None)))
+    return warm, [max(0.0, float(np.median(layer_times(b))) - warm) for b in befores]
+
+
+def swept_compute(seed: int, framework: bool = True, samples: int = COLD_SAMPLES,
+                  sweep_bytes: tuple[int, ...] = SWEEP_BYTES) -> dict[str, Any]:
+    """Per size n in `sweep_bytes`: a probe layer's time right after every cache line of n bytes was
+    read and written, less its time back to back (module docstring), for the kernel probe and
+    (framework=True, transformers installed) the tiny llama's decoder layer; `samples` timed layers
+    per point. One torch thread, as the decoder."""
+    import torch
+
+    buf = np.zeros(max(sweep_bytes), np.uint8)
+
+    def sweep(n: int) -> Callable[[], None]:
+        def run() -> None:
+            lines = buf[:n:64]
+            lines += 1
+        return run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sweeps = [sweep(n) for n in sweep_bytes]
+        result: dict[str, Any] = {"sweep_bytes": list(sweep_bytes), "kernel_dims": list(KERNEL_DIMS), "samples": samples}
+        result["kernel_warm_s"], result["kernel_swept_s"] = _medians_after(
+            _kernel_times(torch, _kernel_layer(torch, seed), samples), sweeps)
+        step = _framework_layer(torch, seed) if framework else None
+        if step is not None:
+            result["framework_warm_s"], result["framework_swept_s"] = _medians_after(_fw_times(step, samples), sweeps)
     finally:
         torch.set_num_threads(threads)
     return result

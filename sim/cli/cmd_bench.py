@@ -168,14 +168,20 @@ def _flash(args: argparse.Namespace) -> int:
               "per evicted neuron")
     cold = result.get("cold_compute")
     if cold:
-        pts = ", ".join(f"{r:.0f} reads +{k * 1e6:.0f}" + (f"/{f * 1e6:.0f}" if f is not None else "")
-                        for r, k, f in zip(cold["batch_reads"], cold["kernel_cold_s"],
-                                           cold.get("framework_cold_s") or [None] * len(cold["batch_reads"])))
+        pts = _penalties([f"{r:.0f} reads" for r in cold["batch_reads"]], cold["kernel_cold_s"],
+                         cold.get("framework_cold_s"))
         print(f"compute after a read wait, per layer (kernels/framework, us): {pts}")
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")
     return 0
+
+
+def _penalties(points: list[str], kernel_s: list[float], framework_s: list[float] | None) -> str:
+    """A probe's extra microseconds per layer at each point: 'point +kernels/framework, ...'."""
+    fw = framework_s or [None] * len(points)
+    return ", ".join(f"{p} +{k * 1e6:.0f}" + (f"/{f * 1e6:.0f}" if f is not None else "")
+                     for p, k, f in zip(points, kernel_s, fw))
 
 
 def host_cpu_line(host: dict[str, Any] | None) -> str:
@@ -279,6 +285,14 @@ def _compute(args: argparse.Namespace) -> int:
         _print_sparse_ffn(result["sparse_ffn"])
     if "dense_gemv" in result:
         _print_dense_gemv(result["dense_gemv"])
+    fw = result.get("framework_overhead")
+    if fw:
+        print(f"framework (tiny transformers llama): {fw['layer_s'] * 1e6:.0f} us per layer + "
+              f"{fw['token_s'] * 1e6:.0f} us per step")
+    sw = result.get("swept")
+    if sw:
+        pts = _penalties([f"{n >> 20} MiB" for n in sw["sweep_bytes"]], sw["kernel_swept_s"], sw.get("framework_swept_s"))
+        print(f"compute after the caches were swept, per layer (kernels/framework, us): {pts}")
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
     return 0

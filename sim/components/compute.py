@@ -36,10 +36,20 @@ the attention's four projections, the lm_head and a dense FFN's matrices cost th
 the memory term (their dispatch and per-row work included, so no gemv_row_s and no op_overhead_s
 for them), the rest of the phase's bytes at the DRAM rate.
 
+**Compute after a layer's streaming** (`evict_s`, profiles with `compute.evict_layer_s`). A layer
+streams its attention weights, KV cache and FFN rows through the CPU caches: megabytes, more than a
+core's L2 holds. The code after it (the next layer's framework and kernels, or the lm_head) finds
+its own code and data evicted, where a probe run back to back finds them warm. The measured extra
+seconds, a function of the bytes swept (real/bench_cold.py `swept_compute`), are charged to the
+code after every layer at the bytes that layer streamed (`attention_bytes` + `ffn_bytes`).
+
 **Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
 decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
 other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
-function of the batch's reads (real/bench_cold.py), are added to that layer's FFN phase.
+function of the batch's reads (real/bench_cold.py), are spread over that layer's FFN, its cache work
+and the next attention (COLD_SPLIT). Both probes time a layer against the same layer run back to
+back, and both are one refill of the same caches: a layer that waited adds only the wait's penalty
+beyond its eviction's (sim/planner.py).
 
 **Unified-memory contention.** Flash DMA writes the bytes it reads into the same DRAM the compute
 units stream weights from, so while a transfer runs at r bytes/s it takes r of the DRAM bandwidth
@@ -310,9 +320,7 @@ class ComputeModel:
         n = np.asarray(n_tokens, np.float64)
         flops = n * 2.0 * s.attn_params_per_layer + 4.0 * s.q_dim * np.asarray(ctx_sum, np.float64)
         flops = flops + n * predictor_flops_per_token
-        kv_entries = np.where(decode, ctx_sum, kv_tokens).astype(np.float64)
-        nbytes = s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
-        nbytes = nbytes + predictor_bytes
+        nbytes = self.attention_bytes(ctx_sum, kv_tokens, decode) + predictor_bytes
         kernels = ATTENTION_KERNELS + (PREDICTOR_KERNELS if predictor_flops_per_token > 0 else 0)
         z = np.zeros_like(n)
         g = self.dense_gemv
@@ -323,6 +331,27 @@ class ComputeModel:
         rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + kernels * self.op_s + rows * self.row_s + self.layer_fw_s)
+
+    def attention_bytes(self, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray) -> np.ndarray:
+        """Bytes one layer's attention streams for each step: its weights, norms and KV cache."""
+        s = self.spec
+        kv_entries = np.where(decode, ctx_sum, kv_tokens).astype(np.float64)
+        return s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
+
+    def ffn_bytes(self, n_computed: np.ndarray, gathers: bool = True) -> np.ndarray:
+        """Distinct bytes an FFN of n_computed neurons streams through the CPU caches: a sparse FFN
+        its cache rows, the gathered copy and the transposed down copy; a dense one its weights."""
+        s = self.spec
+        c = np.asarray(n_computed, np.float64)
+        sparse = (c > 0) & (c < s.d_ff) & gathers
+        gathered = 2.0 * c * self.row_bytes + c * s.d_model * s.dtype_bytes
+        return np.where(sparse, gathered, c * s.ffn_neuron_bytes)
+
+    def evict_s(self, streamed_bytes: np.ndarray) -> np.ndarray:
+        """Extra compute of the code after a layer that streamed that many bytes through the CPU
+        caches (the profile's measured `compute.evict_layer_s` curve; framework code's under
+        compute.framework=hf): the refill of the code and data they evicted (module doc)."""
+        return self.profile.compute.evict_at(streamed_bytes, self.framework_code)
 
     def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool = True) -> Phase:
         """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers`: the

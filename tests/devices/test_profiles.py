@@ -149,3 +149,35 @@ def test_malformed_cold_compute_curve_is_refused(cold, expect) -> None:
     data["flash"].update(cold)
     with pytest.raises(ValidationError, match=expect):
         DeviceProfile.model_validate(data)
+
+
+def test_evict_curve_interpolates_from_zero_bytes_and_clamps() -> None:
+    """compute.evict_layer_s: linear between the swept sizes, from 0 s at 0 bytes, the last value
+    beyond the last point; the framework curve under framework=True, the kernels' without one."""
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    data["compute"].update(evict_bytes=[1e6, 4e6], evict_layer_s=[2e-5, 8e-5], framework_evict_layer_s=[1e-4, 1.3e-4])
+    c = DeviceProfile.model_validate(data).compute
+    nbytes = np.array([0, 5e5, 1e6, 2.5e6, 4e6, 1e9])
+    assert c.evict_at(nbytes).tolist() == pytest.approx([0.0, 1e-5, 2e-5, 5e-5, 8e-5, 8e-5])
+    assert c.evict_at(nbytes, framework=True).tolist() == pytest.approx([0.0, 5e-5, 1e-4, 1.15e-4, 1.3e-4, 1.3e-4])
+    data["compute"].pop("framework_evict_layer_s")
+    g = DeviceProfile.model_validate(data).compute
+    assert g.evict_at(nbytes, framework=True).tolist() == g.evict_at(nbytes).tolist()
+    for k in ("evict_bytes", "evict_layer_s"):
+        data["compute"].pop(k)
+    assert DeviceProfile.model_validate(data).compute.evict_at(nbytes).tolist() == [0.0] * len(nbytes)
+
+
+@pytest.mark.parametrize("curve, expect", [
+    ({"evict_layer_s": [1e-4]}, "need evict_bytes"),
+    ({"evict_bytes": [4e6, 1e6], "evict_layer_s": [1e-4, 2e-4]}, "positive and increasing"),
+    ({"evict_bytes": [1e6, 4e6], "evict_layer_s": [1e-4]}, "one value >= 0 seconds per evict_bytes"),
+    ({"evict_bytes": [1e6, 4e6], "framework_evict_layer_s": [1e-4, -1.0]}, "framework_evict_layer_s needs"),
+])
+def test_malformed_evict_curve_is_refused(curve, expect) -> None:
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    for k in ("evict_bytes", "evict_layer_s", "framework_evict_layer_s"):
+        data["compute"].pop(k, None)
+    data["compute"].update(curve)
+    with pytest.raises(ValidationError, match=expect):
+        DeviceProfile.model_validate(data)

@@ -6,6 +6,7 @@ import configparser
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -190,6 +191,17 @@ def test_bench_compute_records_threads(tmp_path, capsys):
         assert t["in_features"] == list(QUICK_IN_FEATURES) and t["out_features"] == list(QUICK_OUT_FEATURES)
         assert all(x > 0 for row in t["gemv_s"] for x in row)
     assert ComputeSpec.model_validate(compute).dense_gemv is not None
+    # the probe layers after the caches were swept: one penalty per swept size, for both probes
+    from real.bench_cold import SWEEP_BYTES
+
+    sw = res["swept"]
+    assert sw["sweep_bytes"] == list(SWEEP_BYTES) and sw["kernel_warm_s"] > 0 and sw["framework_warm_s"] > 0
+    assert compute["evict_bytes"] == [float(n) for n in SWEEP_BYTES]
+    for key, got in (("kernel_swept_s", compute["evict_layer_s"]), ("framework_swept_s", compute["framework_evict_layer_s"])):
+        assert len(got) == len(SWEEP_BYTES) and all(x >= 0 for x in got)
+        assert got == pytest.approx(sw[key], rel=1e-3, abs=1e-12)
+    assert "swept through the caches" in compute["source"]
+    assert ComputeSpec.model_validate(compute).evict_at(np.array([64 << 20]))[0] == compute["evict_layer_s"][-1]
     with pytest.raises(FlashsimError, match="must be >= 1"):
         run_compute_bench(quick=True, threads=0)
     with pytest.raises(FlashsimError, match="needs torch"):
@@ -200,9 +212,12 @@ def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
     pytest.importorskip("torch")
     out = tmp_path / "c.yaml"
     assert main(["bench", "compute", "--quick", "--threads", "1", "--out", str(out), "--name", "one"]) == 0
-    assert "1 threads" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "1 threads" in text and "framework (tiny transformers llama)" in text
+    assert "compute after the caches were swept, per layer (kernels/framework, us): 1 MiB +" in text
     prof = load_profile(out)
     assert prof.compute.threads == 1 and prof.compute.sparse_ffn is not None and prof.compute.dense_gemv is not None
+    assert prof.compute.evict_bytes is not None and prof.compute.framework_evict_layer_s is not None
     assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
     assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
     err = capsys.readouterr().err

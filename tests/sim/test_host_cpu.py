@@ -79,22 +79,6 @@ def test_device_without_host_cpu_unchanged() -> None:
     assert not flash.host_cpu_extra_s and not flash.cpu_segments_after(0.0)
 
 
-@pytest.fixture(scope="module")
-def base_profile() -> DeviceProfile:
-    """this-host without the host CPU fields (the model off)."""
-    data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
-    for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
-              "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
-              "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
-              "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer",
-              "cache_index_s_per_evicted", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s",
-              "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
-              "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
-              "long_kernel_read_delay_s_per_batch"):
-        data["flash"].pop(k, None)
-    return DeviceProfile.model_validate(data)
-
-
 def _means(res) -> dict[str, float]:  # type: ignore[no-untyped-def]
     n = len(res.tokens)
     return {f: sum(getattr(t, f) for t in res.tokens) / n for f in ("latency_s", "io_s", "compute_s", "stall_s")}
