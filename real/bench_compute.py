@@ -11,11 +11,12 @@
   memory; NumPy: `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
   gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
   rotate through GATHER_SETS different index sets, as successive tokens do, and each runs after an
-  untimed sweep over EVICT_BYTES (twice this host's last-level cache): in a decode every layer's
+  untimed sweep over EVICT_BYTES (64 MiB: twice the L3 of the host first measured; see
+  real/bench_sparse_ffn.py for a larger L3): in a decode every layer's
   gather follows its attention, its reads and the other layers' work, so neither its rows nor its
   destination scratch are in the caches (a 384 x 8 KiB SmolLM2 gather here: 16 GB/s into a warm
   scratch, 11.5 GB/s after a sweep).
-* DRAM bandwidth: a copy of a 512 MiB buffer (--quick: 128 MiB; both far beyond any L3), counted
+* DRAM bandwidth: a copy of a 512 MiB buffer (--quick: 128 MiB), counted
   as STREAM does, bytes read + bytes written per second (2 x size / time). The neuron cache's
   `bytes_moved` is one side of a copy, so a move costs 2 x bytes_moved / bandwidth.
 * Per-op overhead: an elementwise add of 1-element tensors into a preallocated output.
@@ -60,7 +61,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from real.bench_cold import COLD_SAMPLES, swept_compute
-from real.bench_dense_gemv import dense_gemv_table
+from real.bench_dense_gemv import dense_gemv_table, pool_bytes
 from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
@@ -183,7 +184,8 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                  "sparse_ffn": sparse_ffn_table(torch, dtypes, quick=quick, seed=seed,
                                                 min_time_s=0.05 if quick else 0.2),
                  "dense_gemv": dense_gemv_table(torch, dtypes, quick=quick, seed=seed,
-                                                min_time_s=0.01 if quick else 0.04)}
+                                                min_time_s=0.01 if quick else 0.04),
+                 "dense_gemv_pool_bytes": pool_bytes()}
         extra["swept"] = swept_compute(seed, samples=COLD_SAMPLES // 2 if quick else COLD_SAMPLES)
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
@@ -349,8 +351,9 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
         first = next(iter(result["dense_gemv"].values()))
         compute["dense_gemv"] = _table_section(
             result["dense_gemv"], prefix, command,
-            f"dense GEMVs (one token, weights streamed from DRAM) per dtype at in_features {first['in_features']} "
-            f"x out_features {first['out_features']} (real/bench_dense_gemv.py)")
+            f"dense GEMVs (one token, weights streamed from DRAM: each call on the next matrix of a "
+            f"{result.get('dense_gemv_pool_bytes', 64 << 20) >> 20} MiB pool) per dtype at in_features "
+            f"{first['in_features']} x out_features {first['out_features']} (real/bench_dense_gemv.py)")
         how.append("dense GEMV table per dtype")
     if "framework_overhead" in result:
         compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])

@@ -12,10 +12,13 @@ shape:
     ([1536, 576], SmolLM2's FFN) takes 0.12 ms in the table against 0.21 ms from the rate;
   * bf16: every matrix of 16 MiB and more ran at 1.9-2.3x the single rate's speed.
 
-Each point times `F.linear(x, W)` back to back over as many distinct W (filled once, with constant
-values: a GEMV's time does not depend on them) as make EVICT_BYTES (twice this host's last-level
-cache), so that every call streams its weights from DRAM, as a decode does layer after layer: the
-conditions the single rates were measured in, so only the shape's own effect is new. (An untimed
+Each point times `F.linear(x, W)` back to back, each call on the next W of a pool (filled once,
+with constant values: a GEMV's time does not depend on them) of twice the last-level cache or
+MIN_POOL_BYTES, whichever is larger (`pool_bytes`), so that every call streams its weights from
+DRAM, as a decode does layer after layer. Until the nineteenth round the pool was a fixed 64 MiB,
+twice the L3 of the host it was written on; on a host with a 480 MiB L3 it stayed in the cache and
+the table priced a SmolLM2 layer's four projections at 152 us where the real runs took 350
+(docs/validation-history.md, nineteenth round). (An untimed
 sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
 covers where a run has such a wait.) A cell is the median over PASSES passes through the whole
@@ -27,6 +30,7 @@ cell's are allocated; the largest (16384 x 16384 fp32) takes 1 GiB.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +44,29 @@ QUICK_IN_FEATURES = (512, 2048)
 QUICK_OUT_FEATURES = (128, 2048)
 MIN_REPS = 3
 PASSES = 3       # whole-grid passes; a cell's median over them (the host's state drifts over seconds)
-EVICT_BYTES = 64 << 20
+MIN_POOL_BYTES = 64 << 20
+LLC_FALLBACK_BYTES = 32 << 20   # where the OS does not say (sysfs): the largest L3 of the hosts first measured
+
+
+def last_level_cache_bytes() -> int:
+    """The CPU's last-level cache in bytes, from sysfs (Linux); LLC_FALLBACK_BYTES where unreadable."""
+    best: tuple[int, int] = (0, 0)
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((d / "level").read_text())
+            size = (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size) if size.isdigit() else 0
+        best = max(best, (level, n))
+    return best[1] or LLC_FALLBACK_BYTES
+
+
+def pool_bytes() -> int:
+    """Bytes of distinct weights a cell cycles through: twice the last-level cache, at least
+    MIN_POOL_BYTES (module docstring)."""
+    return max(MIN_POOL_BYTES, 2 * last_level_cache_bytes())
 
 
 def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, seed: int = 0,
@@ -50,26 +76,51 @@ def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
     median over `passes` passes through the whole grid of each pass's median call."""
     ks, ms = (QUICK_IN_FEATURES, QUICK_OUT_FEATURES) if quick else (IN_FEATURES, OUT_FEATURES)
     runs = {name: np.zeros((passes, len(ks), len(ms))) for name in dtypes}
-    for p in range(passes):
-        for name, tdt in dtypes.items():
+    pool_b = pool_bytes()
+    for name, tdt in dtypes.items():
+        pool = _WeightPool(torch, tdt, pool_b)
+        for p in range(passes):
             for i, k in enumerate(ks):
                 x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(tdt)
                 for j, m in enumerate(ms):
-                    runs[name][p, i, j] = _median_call_s(torch, tdt, m, k, x, min_time_s)
+                    runs[name][p, i, j] = _median_call_s(torch, pool, m, k, x, min_time_s)
+        del pool
     return {name: {"in_features": list(ks), "out_features": list(ms),
                    "gemv_s": np.median(r, axis=0).tolist()} for name, r in runs.items()}
 
 
-def _median_call_s(torch: Any, tdt: Any, m: int, k: int, x: Any, min_time_s: float) -> float:
-    """One cell: the median F.linear call over distinct [m, k] matrices of EVICT_BYTES in all."""
+class _WeightPool:
+    """Distinct [m, k] matrices, each the next slice of one buffer of `nbytes` (filled once), handed
+    out round robin: a slice is read again only after the rest of the buffer was (module docstring).
+    A matrix larger than the buffer gets its own (it streams from DRAM by its size alone)."""
+
+    ALIGN = 64   # elements: slices start on cache lines
+
+    def __init__(self, torch: Any, tdt: Any, nbytes: int):
+        self.torch, self.tdt = torch, tdt
+        es = torch.empty((), dtype=tdt).element_size()
+        self.buf = torch.empty(nbytes // es, dtype=tdt).fill_(0.02)
+        self.pos = 0
+
+    def next(self, m: int, k: int) -> Any:
+        n = m * k
+        if n > self.buf.numel():
+            return self.torch.empty(m, k, dtype=self.tdt).fill_(0.02)
+        if self.pos + n > self.buf.numel():
+            self.pos = 0
+        w = self.buf[self.pos:self.pos + n].view(m, k)
+        self.pos += -(-n // self.ALIGN) * self.ALIGN
+        return w
+
+
+def _median_call_s(torch: Any, pool: _WeightPool, m: int, k: int, x: Any, min_time_s: float) -> float:
+    """One cell: the median F.linear call, each on the pool's next [m, k] matrix."""
     F = torch.nn.functional
-    es = torch.empty((), dtype=tdt).element_size()
-    ws = [torch.empty(m, k, dtype=tdt).fill_(0.02) for _ in range(-(-EVICT_BYTES // (m * k * es)))]
     times: list[float] = []
     t_all = time.perf_counter()
     with torch.no_grad():
         while len(times) < MIN_REPS + 1 or time.perf_counter() - t_all < min_time_s:
-            w = ws[len(times) % len(ws)]
+            w = pool.next(m, k)
             t0 = time.perf_counter()
             F.linear(x, w)
             times.append(time.perf_counter() - t0)
