@@ -78,7 +78,7 @@ def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
     runs = {name: np.zeros((passes, len(ks), len(ms))) for name in dtypes}
     pool_b = pool_bytes()
     for name, tdt in dtypes.items():
-        pool = _WeightPool(torch, tdt, pool_b)
+        pool = WeightPool(torch, tdt, pool_b)
         for p in range(passes):
             for i, k in enumerate(ks):
                 x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(tdt)
@@ -89,7 +89,7 @@ def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
                    "gemv_s": np.median(r, axis=0).tolist()} for name, r in runs.items()}
 
 
-class _WeightPool:
+class WeightPool:
     """Distinct [m, k] matrices, each the next slice of one buffer of `nbytes` (filled once), handed
     out round robin: a slice is read again only after the rest of the buffer was (module docstring).
     A matrix larger than the buffer gets its own (it streams from DRAM by its size alone)."""
@@ -113,7 +113,7 @@ class _WeightPool:
         return w
 
 
-def _median_call_s(torch: Any, pool: _WeightPool, m: int, k: int, x: Any, min_time_s: float) -> float:
+def _median_call_s(torch: Any, pool: WeightPool, m: int, k: int, x: Any, min_time_s: float) -> float:
     """One cell: the median F.linear call, each on the pool's next [m, k] matrix."""
     F = torch.nn.functional
     times: list[float] = []

@@ -20,8 +20,14 @@ run, so each run sits between two checks, for a host whose state flips within se
   prefetch takes from the decoder. On this host the first three moved together (30-50% between
   two calibrations half an hour apart) while the GEMV rates moved 5%; SmolLM2 with delta prefetch
   ran at 123 to 160 ms per token on the same configuration within one hour.
-* **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights, like bench compute's) timed
-  against the profile's prediction (FLOPs at compute.gemv_flops_per_s.fp32 + rows x gemv_row_s).
+* **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights) timed against the profile's
+  prediction: its dense GEMV table's call where it has one, else FLOPs at
+  compute.gemv_flops_per_s.fp32 + rows x gemv_row_s. Each check's calls take the next matrices of
+  the table's own pool (twice the last-level cache, real/bench_dense_gemv.py), so the GEMV streams
+  from DRAM as the table's did, on the profile's compute.threads (1 without). Until the nineteenth
+  round the check ran on PyTorch's default threads (2 here, against 1 in the profile) over two
+  64 MiB matrices that a 480 MiB L3 kept: every check of a grid calibrated minutes before read
+  0.57-0.73x.
 * **read_4k, read_16k, read_64k** (profiles with a read table): random reads of each of
   READ_CHECK_CHUNKS at the profile's deepest queue, `bench flash`'s own loop for READ_CHECK_S on
   the same small store's file, over the table's time for them. This disk's drift depends on the
@@ -40,6 +46,7 @@ host's drift.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +126,17 @@ def read_ratios(profile: Any, path: Path, rng: np.random.Generator,
         bf.close()
 
 
+def cpu_check_predicted_s(profile: Any) -> float:
+    """The profile's time for the cpu check's GEMV (module docstring): its fp32 dense GEMV table's
+    call (measured as the check measures: F.linear, weights streamed from DRAM), else the rates'."""
+    rows, cols = DRIFT_GEMV_SHAPE
+    c = profile.compute
+    table = c.dense_gemv.tables.get("fp32") if c.dense_gemv is not None else None
+    if table is not None:
+        return float(table.table().seconds_at(cols, np.array([rows], np.float64))[0])
+    return 2.0 * rows * cols / c.flops_per_s("fp32") + rows * (c.gemv_row_s or 0.0)
+
+
 def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
     """Measured / profiled time of a cold fp32 GEMV (None without torch)."""
     try:
@@ -126,19 +144,33 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
     except ImportError:
         return None
     rows, cols = DRIFT_GEMV_SHAPE
-    c = profile.compute
-    predicted = 2.0 * rows * cols / c.flops_per_s("fp32") + rows * (c.gemv_row_s or 0.0)
-    g = torch.Generator().manual_seed(seed)
-    # two matrices, alternated, so each GEMV streams its 64 MiB from DRAM as in bench compute
-    ws = [torch.randn(rows, cols, generator=g) for _ in range(2)]
-    x = torch.randn(cols, generator=g)
+    predicted = cpu_check_predicted_s(profile)
+    pool = _gemv_pool()
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(seed))
     times = []
-    with torch.no_grad():
-        for i in range(repeats):
-            t = time.perf_counter()
-            torch.mv(ws[i % 2], x)
-            times.append(time.perf_counter() - t)
+    before = torch.get_num_threads()
+    torch.set_num_threads(profile.compute.threads or 1)   # the threads the profile's GEMVs were timed on
+    try:
+        with torch.no_grad():
+            for _ in range(repeats):
+                w = pool.next(rows, cols)
+                t = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                times.append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(before)
     return float(np.median(times)) / predicted
+
+
+@functools.lru_cache(maxsize=1)
+def _gemv_pool() -> Any:
+    """The cpu check's fp32 weights: one pool of twice the last-level cache (module docstring),
+    filled once per process and shared by every check of a validation."""
+    import torch
+
+    from real.bench_dense_gemv import WeightPool, pool_bytes
+
+    return WeightPool(torch, torch.float32, pool_bytes())
 
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:

@@ -407,3 +407,23 @@ def test_host_check_measures_each_read_size(tmp_path):
             assert read_ratios(profile, f, np.random.default_rng(0)) == {}
         finally:
             f.unlink()
+
+
+def test_the_cpu_check_is_predicted_from_the_dense_gemv_table_where_the_profile_has_one():
+    """The cpu check's [4096, 4096] fp32 GEMV against the profile's dense GEMV table (measured the
+    way the check measures: weights streamed from DRAM), else against the rates."""
+    import yaml
+
+    from devices.schema import BUNDLED_DIR, DeviceProfile
+    from real.drift import DRIFT_GEMV_SHAPE, cpu_check_predicted_s
+
+    assert DRIFT_GEMV_SHAPE == (4096, 4096)
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    data["compute"]["dense_gemv"] = {"source": "test", "tables": {"fp32": {
+        "in_features": [1024, 8192], "out_features": [1024, 8192],
+        "gemv_s": [[1e-4, 8e-4], [8e-4, 6.4e-3]]}}}
+    # at (4096, 4096): log-log between the grid's points on a table of constant rate per element
+    assert cpu_check_predicted_s(DeviceProfile.model_validate(data)) == pytest.approx(1.6e-3, rel=1e-6)
+    data["compute"].pop("dense_gemv")
+    data["compute"].update(gemv_flops_per_s={"fp32": 1e10}, gemv_row_s=1e-8)
+    assert cpu_check_predicted_s(DeviceProfile.model_validate(data)) == pytest.approx(2 * 4096 * 4096 / 1e10 + 4096e-8)
