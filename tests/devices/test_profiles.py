@@ -28,8 +28,10 @@ def test_bundled_profile_loads_and_cites_sources(name: str) -> None:
     for section in (p.memory, p.compute, p.flash):
         assert section.source.strip()
     assert 0 < p.available_bytes < p.memory.capacity_bytes
-    # sanity: the flash model never exceeds sequential bandwidth by more than the table's own data
-    assert p.flash.bytes_per_s(1 << 20) <= 1.2 * p.flash.sequential_read_bytes_per_s
+    # sanity: 1 MiB reads and the sequential bandwidth are of one device. Not an order between them:
+    # this host's virtio disk served random 1 MiB reads at 2.2-2.4 GB/s and sequential ones at
+    # 1.4-1.7 (nineteenth round), so a measured profile may have either larger
+    assert 0.5 <= p.flash.bytes_per_s(1 << 20) / p.flash.sequential_read_bytes_per_s <= 2.0
 
 
 def test_m1_max_matches_llm_in_a_flash_figures() -> None:
@@ -109,7 +111,9 @@ def test_profile_path_env_adds_devices(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    data["flash"]["read_table"]["in_flight"] = [1, 2, 4, 8, 16, 32]
+    table = data["flash"]["read_table"]
+    table["bytes_per_s"] = [row[:6] for row in table["bytes_per_s"]]    # six depths, whatever was measured
+    table["in_flight"] = [1, 2, 4, 8, 16, 32]
     data["flash"]["batch_overhead_s"] = [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4]
     f = DeviceProfile.model_validate(data).flash
     got = f.batch_overhead_at(np.array([1, 3, 8, 24, 64]))
