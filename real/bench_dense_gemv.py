@@ -21,10 +21,10 @@ the table priced a SmolLM2 layer's four projections at 152 us where the real run
 (docs/validation-history.md, nineteenth round). (An untimed
 sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
-covers where a run has such a wait.) A cell is the median over PASSES passes through the whole
-grid of each pass's median of at least MIN_REPS calls (after one warm-up): on this host a cell
-measured twice a minute apart moved by up to 20%. A cell's matrices are freed before the next
-cell's are allocated; the largest (16384 x 16384 fp32) takes 1 GiB.
+covers where a run has such a wait.) A cell is the median over PASSES passes through the dtype's
+whole grid of each pass's median of at least MIN_REPS calls (after one warm-up): on the first host
+a cell measured twice a minute apart moved by up to 20%. One dtype's pool is freed before the
+next one's is filled; a matrix larger than the pool (16384 x 16384 fp32: 1 GiB) gets its own.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ MIN_POOL_BYTES = 64 << 20
 LLC_FALLBACK_BYTES = 32 << 20   # where the OS does not say (sysfs): the largest L3 of the hosts first measured
 
 
-def last_level_cache_bytes() -> int:
+def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
     """The CPU's last-level cache in bytes, from sysfs (Linux); LLC_FALLBACK_BYTES where unreadable."""
     best: tuple[int, int] = (0, 0)
-    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    for d in sysfs.glob("index*"):
         try:
             level = int((d / "level").read_text())
             size = (d / "size").read_text().strip()

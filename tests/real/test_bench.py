@@ -487,3 +487,24 @@ def test_probe_summary_pools_the_rounds_slices_by_hand():
     assert out["read_delay_s_per_read"] == pytest.approx(0.3e-3 / 192)
     assert out["read_delay_s_per_batch"] == pytest.approx(0.1e-3)
     assert out["cpu_s_per_read"] == pytest.approx(1e-5) and out["probe_iteration_s"] == pytest.approx(2e-4)
+
+
+def test_the_dense_gemv_pool_is_twice_the_last_level_cache(tmp_path):
+    """sysfs's highest cache level sets the pool (at least 64 MiB; 32 MiB assumed where sysfs says
+    nothing), and the pool hands out consecutive, line-aligned slices, wrapping at its end."""
+    torch = pytest.importorskip("torch")
+    from real.bench_dense_gemv import LLC_FALLBACK_BYTES, WeightPool, last_level_cache_bytes
+
+    for i, (level, size) in enumerate(((1, "48K"), (2, "2048K"), (3, "491520K"), (1, "32K"))):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 480 << 20
+    assert last_level_cache_bytes(tmp_path / "none") == LLC_FALLBACK_BYTES
+    pool = WeightPool(torch, torch.float32, 4 * 100 * 4)       # 400 elements
+    a, b = pool.next(10, 10), pool.next(10, 10)                  # 100 elements, the next at 128
+    assert a.shape == (10, 10) and b.data_ptr() - a.data_ptr() == 128 * 4
+    c = pool.next(10, 20)                                        # 256 + 200 > 400: back to the start
+    assert c.data_ptr() == a.data_ptr() and float(c.sum()) == pytest.approx(200 * 0.02)
+    assert pool.next(30, 30).shape == (30, 30)                   # larger than the pool: its own
