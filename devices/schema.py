@@ -163,6 +163,11 @@ class ComputeSpec(_Strict):
     op_overhead_s: float = Field(ge=0, description="fixed cost per operation (launch / dispatch)")
     gemv_row_s: float = Field(default=0.0, ge=0, description="time per output row of a GEMV beyond streaming its "
                               "bytes (the inner loop's setup, the prefetcher restarting per row); 0 = none")
+    row_move_bytes_per_s: float | None = Field(default=None, gt=0, description="the neuron cache's row moves "
+                                               "(a deletion's gather of the last rows and scatter into the holes, "
+                                               "2 x bytes moved per second); None = gather_bytes_per_s")
+    row_move_row_s: float = Field(default=0.0, ge=0, description="the same moves' fixed time per row moved "
+                                  "(NumPy's per-row work); 0 = none")
     transpose_bytes_per_s: float | None = Field(default=None, gt=0, description="the sparse FFN's transposed copy "
                                                 "of the gathered down rows; None = no such copy")
     framework_layer_s: float = Field(default=0.0, ge=0, description="per decoder layer, the framework's own work "

@@ -33,6 +33,12 @@
   mask / rotary / cache bookkeeping. framework_layer_s = the slope per layer, framework_token_s =
   the rest of a step. Charged by the simulator when the run config's compute.framework is hf (what
   flashsim's model mode runs); measured here: ~130 us per layer and ~150 us per step.
+* Row moves: the real neuron cache's own deletion (`real.cache.LayerCache.delete`: the last rows
+  gathered by NumPy fancy indexing into a scratch, then scattered into the holes) on MOVE_SHAPE,
+  after the same untimed sweep, per row moved at two row sizes: a fixed time per row
+  (`row_move_row_s`) and 2 x bytes moved per second (`row_move_bytes_per_s`), the simulator's
+  memory management. Nineteenth round: SmolLM2's real runs moved rows at 3.5-3.7 us each, where
+  the gather's rate priced 1.6.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
@@ -85,6 +91,11 @@ FRAMEWORK_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_attention_he
 FRAMEWORK_LAYERS = 5
 FRAMEWORK_STEPS = 48          # decode steps per model (the first 8 are warm-up)
 QUICK_COPY_BYTES = 128 << 20
+# the row-move probe's cache (neurons, rows), 1/8 of it deleted, at two row sizes (a d_model 192 and a
+# d_model 1024 fp32 bundle)
+MOVE_SHAPE = (4096, 1024)
+MOVE_FRACTION = 0.125
+MOVE_ROW_BYTES = (3 * 192 * 4, 3 * 1024 * 4)
 
 
 def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5,
@@ -205,6 +216,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         fw = f"numpy {np.__version__}"
         extra = {}
     copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
+    extra["row_move"] = _row_move_rate(rng, sweep, min_time_s)
     return {
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
@@ -279,6 +291,37 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> 
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 
 
+def _row_move_rate(rng: np.random.Generator, sweep: np.ndarray, min_time_s: float) -> dict[str, Any]:
+    """The real neuron cache's deletion (`LayerCache.delete`: the last rows gathered into a scratch
+    by NumPy fancy indexing and scattered into the holes, with its index work), timed per row moved
+    at two row sizes (MOVE_ROW_BYTES): a cache of MOVE_SHAPE full, MOVE_FRACTION of its rows deleted
+    at random, after an untimed sweep of the caches as for the gather (module docstring). The line
+    through the two gives a fixed time per row moved and 2 x bytes moved per second."""
+    from real.cache import LayerCache
+
+    n_neurons, capacity = MOVE_SHAPE
+    k = int(capacity * MOVE_FRACTION)
+    per_row = []
+    for row_bytes in MOVE_ROW_BYTES:
+        cache = LayerCache(capacity, n_neurons, row_bytes)
+        times: list[float] = []
+        t_all = time.perf_counter()
+        while len(times) < 5 or time.perf_counter() - t_all < min_time_s / len(MOVE_ROW_BYTES):
+            cache.clear()
+            ids = rng.choice(n_neurons, capacity, replace=False)
+            cache.append(ids)
+            victims = rng.choice(ids, k, replace=False)
+            sweep[::64] += 1
+            t = time.perf_counter()
+            st = cache.delete(victims)
+            times.append((time.perf_counter() - t) / max(1, st.rows_moved))
+        per_row.append(float(np.median(times)))
+    (b1, b2), (t1, t2) = MOVE_ROW_BYTES, per_row
+    s_per_byte = max((t2 - t1) / (b2 - b1), 1e-15)
+    return {"shape": list(MOVE_SHAPE), "deleted": k, "row_bytes": list(MOVE_ROW_BYTES), "s_per_row_moved": per_row,
+            "row_s": max(0.0, t1 - s_per_byte * b1), "bytes_per_s": 2.0 / s_per_byte}
+
+
 def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.ndarray,
            mv: np.ndarray) -> dict[str, float]:
     """Medians (what the profile uses: typical conditions) and minima (the best seen: on a host
@@ -336,6 +379,12 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     }
     if "gemv_rows" in result:
         how.append("gemv_row_s from cold GEMVs {} vs {}".format(*result["gemv_rows"]["shapes"]))
+    if "row_move" in result:
+        mv = result["row_move"]
+        compute["row_move_bytes_per_s"] = sig4(mv["bytes_per_s"])
+        compute["row_move_row_s"] = sig4(mv["row_s"])
+        how.append("the neuron cache's row moves ({} of {} rows deleted, rows of {} and {} B)".format(
+            mv["deleted"], mv["shape"][1], *mv["row_bytes"]))
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = sig4(result["transpose"]["bytes_per_s"])
         how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))

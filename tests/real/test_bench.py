@@ -201,6 +201,15 @@ def test_bench_compute_records_threads(tmp_path, capsys):
         assert len(got) == len(SWEEP_BYTES) and all(x >= 0 for x in got)
         assert got == pytest.approx(sw[key], rel=1e-3, abs=1e-12)
     assert "swept through the caches" in compute["source"]
+    # the neuron cache's own row moves: 2 x bytes moved per second of LayerCache.delete
+    mv = res["row_move"]
+    assert len(mv["s_per_row_moved"]) == 2 and all(t > 0 for t in mv["s_per_row_moved"])
+    assert compute["row_move_bytes_per_s"] > 0 and compute["row_move_row_s"] >= 0
+    assert compute["row_move_bytes_per_s"] == pytest.approx(mv["bytes_per_s"], rel=1e-3)
+    (b1, b2), (t1, t2) = mv["row_bytes"], mv["s_per_row_moved"]      # the line through the two sizes
+    if t2 > t1 and t1 > (t2 - t1) / (b2 - b1) * b1:
+        assert mv["row_s"] + 2 * b1 / mv["bytes_per_s"] == pytest.approx(t1, rel=1e-6)
+    assert "row moves" in compute["source"]
     assert ComputeSpec.model_validate(compute).evict_at(np.array([64 << 20]))[0] == compute["evict_layer_s"][-1]
     with pytest.raises(FlashsimError, match="must be >= 1"):
         run_compute_bench(quick=True, threads=0)

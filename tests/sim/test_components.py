@@ -115,7 +115,8 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     base = prof.model_copy(update={"compute": prof.compute.model_copy(
         update={"gemv_row_s": 0.0, "transpose_bytes_per_s": None, "sparse_ffn": None, "dense_gemv": None})})
     terms = prof.model_copy(update={"compute": prof.compute.model_copy(
-        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10, "sparse_ffn": None, "dense_gemv": None})})
+        update={"gemv_row_s": 4e-8, "transpose_bytes_per_s": 1e10, "sparse_ffn": None, "dense_gemv": None,
+                "row_move_bytes_per_s": None, "row_move_row_s": 0.0})})
     a, b = ComputeModel(spec, base), ComputeModel(spec, terms, row_bytes=8192)
     n, c = np.array([1.0]), np.array([[384.0]])
     f0, f1 = a.ffn(n, c), b.ffn(n, c)
@@ -128,6 +129,11 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     assert att1.ovh_s[0] - att0.ovh_s[0] == pytest.approx((576 + 2 * 192 + 576) * 4e-8)
     assert b.head(1, n).ovh_s[0] - a.head(1, n).ovh_s[0] == pytest.approx(49152 * 4e-8)
     assert b.memory_management(np.array([3])).mem_s[0] == pytest.approx(2 * 3 * 8192 / g)
+    # the cache's own row moves where the profile measured them (compute.row_move_bytes_per_s)
+    moves = terms.model_copy(update={"compute": terms.compute.model_copy(
+        update={"row_move_bytes_per_s": 5e9, "row_move_row_s": 1e-6})})
+    assert ComputeModel(spec, moves, row_bytes=8192).memory_management(np.array([3])).mem_s[0] == pytest.approx(
+        3 * (1e-6 + 2 * 8192 / 5e9))
 
 
 def test_memory_model_caps_and_shortfall_message() -> None:
