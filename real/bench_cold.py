@@ -43,6 +43,7 @@ import numpy as np
 from real.cache import LayerCache, TransposeScratch, gather_rows, gather_scratch
 from real.reader import BundleReader
 from real.store import WeightStore
+from real.torch_threads import torch_threads
 
 COLD_BATCH_NEURONS = (4, 16, 64, 256, 1024)
 SWEEP_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)   # swept before a layer (swept_compute)
@@ -124,35 +125,30 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
     N = store.n_neurons
     sizes = [n for n in COLD_BATCH_NEURONS if n <= N]
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC01D]))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     reads: dict[int, list[int]] = {n: [] for n in sizes}
-    try:
-        with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
-            cache = LayerCache(max(sizes), N, store.bundle_bytes, reader.dest_row_bytes)
+    with torch_threads(torch, 1), BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
+        cache = LayerCache(max(sizes), N, store.bundle_bytes, reader.dest_row_bytes)
 
-            def batch(n: int) -> Callable[[], None]:
-                def run() -> None:
-                    ids = np.sort(rng.choice(N, n, replace=False))
-                    cache.clear()
-                    a, b = cache.append(ids)
-                    reads[n].append(reader.read(0, ids, cache.rows[a:b]).reads_issued)
-                return run
+        def batch(n: int) -> Callable[[], None]:
+            def run() -> None:
+                ids = np.sort(rng.choice(N, n, replace=False))
+                cache.clear()
+                a, b = cache.append(ids)
+                reads[n].append(reader.read(0, ids, cache.rows[a:b]).reads_issued)
+            return run
 
-            kernel = _kernel_layer(torch, seed)
-            befores = [batch(n) for n in sizes]
-            result: dict[str, Any] = {"batch_neurons": sizes, "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS),
-                                      "samples": samples}
-            result["kernel_warm_s"], result["kernel_cold_s"] = _medians_after(_kernel_times(torch, kernel, samples),
-                                                                              befores)
-            step = _framework_layer(torch, seed) if framework else None
-            if step is not None:
-                result["framework_warm_s"], result["framework_cold_s"] = _medians_after(_fw_times(step, samples),
-                                                                                        befores)
-            # the x axis the simulator looks the penalty up by: reads the batch issued (coalesced)
-            result["batch_reads"] = [float(np.median(reads[n])) for n in sizes]
-    finally:
-        torch.set_num_threads(threads)
+        kernel = _kernel_layer(torch, seed)
+        befores = [batch(n) for n in sizes]
+        result: dict[str, Any] = {"batch_neurons": sizes, "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS),
+                                  "samples": samples}
+        result["kernel_warm_s"], result["kernel_cold_s"] = _medians_after(_kernel_times(torch, kernel, samples),
+                                                                          befores)
+        step = _framework_layer(torch, seed) if framework else None
+        if step is not None:
+            result["framework_warm_s"], result["framework_cold_s"] = _medians_after(_fw_times(step, samples),
+                                                                                    befores)
+        # the x axis the simulator looks the penalty up by: reads the batch issued (coalesced)
+        result["batch_reads"] = [float(np.median(reads[n])) for n in sizes]
     return result
 
 
@@ -204,9 +200,7 @@ def swept_compute(seed: int, framework: bool = True, samples: int = COLD_SAMPLES
             lines += 1
         return run
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(torch, 1):
         sweeps = [sweep(n) for n in sweep_bytes]
         result: dict[str, Any] = {"sweep_bytes": list(sweep_bytes), "kernel_dims": list(KERNEL_DIMS), "samples": samples}
         result["kernel_warm_s"], result["kernel_swept_s"] = _medians_after(
@@ -214,6 +208,4 @@ def swept_compute(seed: int, framework: bool = True, samples: int = COLD_SAMPLES
         step = _framework_layer(torch, seed) if framework else None
         if step is not None:
             result["framework_warm_s"], result["framework_swept_s"] = _medians_after(_fw_times(step, samples), sweeps)
-    finally:
-        torch.set_num_threads(threads)
     return result

@@ -72,6 +72,7 @@ from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
 from real.profile_writer import sig4
+from real.torch_threads import torch_threads
 
 DENSE_SHAPE = (11008, 4096)
 QUICK_SHAPE = (4096, 2048)
@@ -139,13 +140,8 @@ def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 
     if use_torch:
         import torch
 
-        before = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
+        with torch_threads(torch, threads):
             return _run(quick, use_torch, seed)
-        finally:
-            torch.set_num_threads(before)
     return _run(quick, use_torch, seed)
 
 
@@ -216,7 +212,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         fw = f"numpy {np.__version__}"
         extra = {}
     copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
-    extra["row_move"] = _row_move_rate(rng, sweep, min_time_s)
+    extra["row_move"] = _row_move_rate(rng, evict, min_time_s)
     return {
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
@@ -291,7 +287,7 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> 
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 
 
-def _row_move_rate(rng: np.random.Generator, sweep: np.ndarray, min_time_s: float) -> dict[str, Any]:
+def _row_move_rate(rng: np.random.Generator, evict: Callable[[], None], min_time_s: float) -> dict[str, Any]:
     """The real neuron cache's deletion (`LayerCache.delete`: the last rows gathered into a scratch
     by NumPy fancy indexing and scattered into the holes, with its index work), timed per row moved
     at two row sizes (MOVE_ROW_BYTES): a cache of MOVE_SHAPE full, MOVE_FRACTION of its rows deleted
@@ -311,7 +307,7 @@ def _row_move_rate(rng: np.random.Generator, sweep: np.ndarray, min_time_s: floa
             ids = rng.choice(n_neurons, capacity, replace=False)
             cache.append(ids)
             victims = rng.choice(ids, k, replace=False)
-            sweep[::64] += 1
+            evict()
             t = time.perf_counter()
             st = cache.delete(victims)
             times.append((time.perf_counter() - t) / max(1, st.rows_moved))

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from real.bench_reader import PLAN_BATCH_NEURONS, bench_store, reader_batches, table_time_s
+from real.torch_threads import torch_threads
 
 DRIFT_GEMV_SHAPE = (4096, 4096)
 DRIFT_WARN = 0.15
@@ -148,17 +149,13 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
     pool = _gemv_pool()
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(seed))
     times = []
-    before = torch.get_num_threads()
-    torch.set_num_threads(profile.compute.threads or 1)   # the threads the profile's GEMVs were timed on
-    try:
-        with torch.no_grad():
-            for _ in range(repeats):
-                w = pool.next(rows, cols)
-                t = time.perf_counter()
-                torch.nn.functional.linear(x, w)
-                times.append(time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(before)
+    # on the threads the profile's GEMVs were timed on
+    with torch_threads(torch, profile.compute.threads or 1), torch.no_grad():
+        for _ in range(repeats):
+            w = pool.next(rows, cols)
+            t = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - t)
     return float(np.median(times)) / predicted
 
 

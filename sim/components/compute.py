@@ -345,9 +345,12 @@ class ComputeModel:
         its cache rows, the gathered copy and the transposed down copy; a dense one its weights."""
         s = self.spec
         c = np.asarray(n_computed, np.float64)
-        sparse = (c > 0) & (c < s.d_ff) & gathers
         gathered = 2.0 * c * self.row_bytes + c * s.d_model * s.dtype_bytes
-        return np.where(sparse, gathered, c * s.ffn_neuron_bytes)
+        return np.where(self._sparse(c, gathers), gathered, c * s.ffn_neuron_bytes)
+
+    def _sparse(self, c: np.ndarray, gathers: bool) -> np.ndarray:
+        """Where an FFN of c computed neurons gathers them out of a larger resident matrix."""
+        return (c > 0) & (c < self.spec.d_ff) & gathers
 
     def evict_s(self, streamed_bytes: np.ndarray) -> np.ndarray:
         """Extra compute of the code after a layer that streamed that many bytes through the CPU
@@ -365,7 +368,7 @@ class ComputeModel:
             n = n[:, None]
         flops = 2.0 * n * c * s.ffn_matrices * s.d_model
         nbytes = c * s.ffn_neuron_bytes
-        sparse = (c > 0) & (c < s.d_ff) & gathers
+        sparse = self._sparse(c, gathers)
         # the gather copies whole cache rows; the down rows are then transposed into a [d_model, c] matrix
         gather = c * self.row_bytes / self.gather_bytes_per_s
         if self.transpose_bytes_per_s:
