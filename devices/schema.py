@@ -329,32 +329,45 @@ class FlashSpec(_Strict):
     cache_index_s_per_evicted: float = Field(default=0.0, ge=0, description="the same, per neuron evicted "
                                              "(besides its row's copy); 0 = not modelled")
     # Compute after a read wait (real/bench_cold.py): while the decoder thread waits for a demand batch
-    # the reader's threads (and, on a shared host, other tenants) evict its code and data from the CPU
-    # caches; the layer after the wait refills them. Extra seconds per layer as a function of the
-    # batch's reads (linear between the points, 0 at 0 reads, the last value beyond the last point):
-    # cold_compute_s for kernels called directly, framework_cold_compute_s for framework code
-    # (compute.framework=hf). bench flash measures both on its store.
-    cold_batch_reads: list[float] | None = Field(default=None, description="reads per demand batch at which "
-                                                 "the cold-compute penalties are measured (increasing)")
+    # its core idles or runs the reader's threads (and, on a shared host, other tenants' work), which
+    # evict its code and data from the CPU caches; the layer after the wait refills them. Extra seconds
+    # per layer as a function of how long the decoder waited (linear between the points, 0 at 0, the
+    # last value beyond the last point): cold_compute_s for kernels called directly,
+    # framework_cold_compute_s for framework code (compute.framework=hf). bench flash measures both on
+    # its store. The x axis is the wait's seconds (cold_wait_s): on one host the same 768 reads cost
+    # 0.26 ms after a 14 ms wait (32 in flight) and 0.49 ms after a 40 ms one (2 in flight), and a
+    # plain sleep's penalty grows with its length too (docs/validation-history.md, twentieth round).
+    # Profiles written before that round give the batch's reads instead (cold_batch_reads).
+    cold_wait_s: list[float] | None = Field(default=None, description="seconds the decoder waited for a demand "
+                                            "batch at which the cold-compute penalties are measured (increasing)")
+    cold_batch_reads: list[float] | None = Field(default=None, description="(profiles before the twentieth round) "
+                                                 "reads per demand batch at which the penalties are measured")
     cold_compute_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
-                                               "(kernels) right after waiting for a batch of that many reads")
+                                               "(kernels) right after waiting that long for a demand batch")
     framework_cold_compute_s: list[float] | None = Field(default=None, description="the same for a layer of "
                                                          "framework code (compute.framework=hf)")
     source: str
 
     @model_validator(mode="after")
     def _cold_curve(self) -> FlashSpec:
-        _check_curve("cold_batch_reads", self.cold_batch_reads,
-                     {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s},
-                     "reads")
+        ys = {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s}
+        if self.cold_wait_s is not None and self.cold_batch_reads is not None:
+            raise ValueError("give cold_wait_s or (older profiles) cold_batch_reads, not both")
+        if self.cold_batch_reads is not None:
+            _check_curve("cold_batch_reads", self.cold_batch_reads, ys, "reads")
+        else:
+            _check_curve("cold_wait_s", self.cold_wait_s, ys, "wait seconds")
         return self
 
-    def cold_compute_at(self, reads: np.ndarray, framework: bool = False) -> np.ndarray:
-        """Extra compute seconds of a layer that waited for a demand batch of `reads` reads (0 where
-        reads is 0, or without the measured curve); `framework`: the framework code's curve (the
-        kernels' when the profile has none)."""
+    def cold_compute_at(self, wait_s: np.ndarray, reads: np.ndarray, framework: bool = False) -> np.ndarray:
+        """Extra compute seconds of a layer that waited `wait_s` seconds for a demand batch of `reads`
+        reads (0 where there was no wait, or without the measured curve), looked up by the wait or, in
+        a profile that gives cold_batch_reads, by the reads; `framework`: the framework code's curve
+        (the kernels' when the profile has none)."""
         y = (self.framework_cold_compute_s if framework else None) or self.cold_compute_s
-        return _curve_at(reads, self.cold_batch_reads, y)
+        if self.cold_batch_reads is not None:
+            return _curve_at(reads, self.cold_batch_reads, y)
+        return _curve_at(wait_s, self.cold_wait_s, y)
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:

@@ -1,26 +1,35 @@
 """Compute after a read wait: how much longer a decoder layer takes when the decoder thread has just
-waited for a batch of reads (seconds, as a function of the batch's reads).
+waited for reads (seconds, as a function of how long it waited).
 
 Without prefetch, the real backend waits for every layer's demand reads. While it waits, the
-reader's threads run on the same cores (Python, syscalls, page-table walks), and on a shared VM
-other tenants run there too: they evict the decoder's code and data (the Python interpreter's and
-PyTorch's dispatch paths, module objects, activation and scratch buffers) from the L1/L2 caches
-that a layer run back to back finds warm. The layer after the wait refills them. Measured here:
+reader's threads run on the same cores (Python, syscalls, page-table walks), the decoder's core
+idles, and on a shared VM other tenants run there too: they evict the decoder's code and data (the
+Python interpreter's and PyTorch's dispatch paths, module objects, activation and scratch buffers)
+from the CPU caches that a layer run back to back finds warm. The layer after the wait refills them.
+Measured here:
 
 * a transformers llama layer of negligible width (`bench_compute.tiny_llama`; what model mode runs
   under compute.framework=hf) took 133 us back to back and 283 / 326 / 367 / 545 us after batches of
   4 / 16 / 64 / 256 reads;
 * real.backend's sparse FFN of 400 SmolLM2 rows took 384 us cycling through 30 layers' caches and
   490 us after a 128-read batch.
+* The penalty follows the wait's length, not its reads (twentieth round, an Intel Xeon VM): the
+  same 768 reads cost the kernel probe 263 us after a 13.6 ms wait (32 in flight) and 486 us after
+  a 40 ms one (2 in flight); 3,070 reads in a 54 ms wait cost 531 us. A plain sleep, no reads at
+  all, cost 21-47 us up to 16 ms and 150-640 us at 25-40 ms. Unbundled SmolLM2 waits 13-26 ms per
+  layer for 400-860 small reads, longer than any single batch of this bench's store, whose reads
+  coalesce.
 
 `cold_compute` times one layer of each kind (hf: a tiny llama decoder layer through forward hooks;
 kernels: the shape-mode layer's kernels at small width: four projections, an RMS norm, the gather
 of cache rows and the three FFN GEMVs) back to back and right after a real.reader batch of n random
-neurons of the bench store, for each n in COLD_BATCH_NEURONS; the penalty is the difference of the
-medians (the batch's own time not included). `flashsim bench flash` writes it as the profile's
-`flash.cold_batch_reads` / `cold_compute_s` / `framework_cold_compute_s`; the simulator adds it
-to every layer that waited for demand reads, spread over that layer's FFN, its cache work and the
-next attention as the real runs pay it (sim/components/compute.py, COLD_SPLIT).
+neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after COLD_LONG_REPEATS
+batches of the largest back to back (longer waits); the penalty is the difference of the medians
+(the wait's own time not included). `flashsim bench flash` writes it as the profile's
+`flash.cold_wait_s` (the median wait) / `cold_compute_s` / `framework_cold_compute_s`; the
+simulator adds it to every layer that waited for demand reads, at the demand batch's time, spread
+over that layer's FFN, its cache work and the next attention as the real runs pay it
+(sim/components/compute.py, COLD_SPLIT).
 
 Compute after the caches were swept. A real layer needs no wait to find its code cold: its own
 weights, KV cache and FFN rows stream megabytes through the caches, more than a core's L2 holds,
@@ -46,6 +55,7 @@ from real.store import WeightStore
 from real.torch_threads import torch_threads
 
 COLD_BATCH_NEURONS = (4, 16, 64, 256, 1024)
+COLD_LONG_REPEATS = (2, 4, 8)  # longer waits: that many batches of the largest size back to back
 SWEEP_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)   # swept before a layer (swept_compute)
 COLD_SAMPLES = 40              # timed layers per batch size and kind (after 5 untimed)
 KERNEL_DIMS = (64, 256, 32)    # the kernel probe's d_model, cached rows, computed rows
@@ -115,40 +125,48 @@ def _framework_layer(torch: Any, seed: int) -> Callable[[Callable[[], None] | No
 
 
 def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool = True,
-                 samples: int = COLD_SAMPLES) -> dict[str, Any]:
-    """Per batch size n: a layer's time right after a read batch of n neurons less its time back to
-    back (module docstring), for the kernel probe and (framework=True, transformers installed) the
-    tiny llama's decoder layer; `samples` timed layers per point. Runs on one torch thread, as the
-    decoder does."""
+                 samples: int = COLD_SAMPLES, long_repeats: tuple[int, ...] = COLD_LONG_REPEATS) -> dict[str, Any]:
+    """Per wait: a layer's time right after the decoder waited for reads, less its time back to back
+    (module docstring), for the kernel probe and (framework=True, transformers installed) the tiny
+    llama's decoder layer; `samples` timed layers per point. The waits are one batch of n neurons for
+    each n in COLD_BATCH_NEURONS, then `long_repeats` batches of the largest back to back (one long
+    wait, as a layer of many small reads waits). Runs on one torch thread, as the decoder does."""
     import torch
 
     N = store.n_neurons
     sizes = [n for n in COLD_BATCH_NEURONS if n <= N]
+    points = [(n, 1) for n in sizes] + [(sizes[-1], r) for r in long_repeats]
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC01D]))
-    reads: dict[int, list[int]] = {n: [] for n in sizes}
+    reads: dict[tuple[int, int], list[int]] = {p: [] for p in points}
+    waits: dict[tuple[int, int], list[float]] = {p: [] for p in points}
     with torch_threads(torch, 1), BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
         cache = LayerCache(max(sizes), N, store.bundle_bytes, reader.dest_row_bytes)
 
-        def batch(n: int) -> Callable[[], None]:
+        def wait(n: int, repeats: int) -> Callable[[], None]:
             def run() -> None:
-                ids = np.sort(rng.choice(N, n, replace=False))
-                cache.clear()
-                a, b = cache.append(ids)
-                reads[n].append(reader.read(0, ids, cache.rows[a:b]).reads_issued)
+                t0, k = time.perf_counter(), 0
+                for _ in range(repeats):
+                    ids = np.sort(rng.choice(N, n, replace=False))
+                    cache.clear()
+                    a, b = cache.append(ids)
+                    k += reader.read(0, ids, cache.rows[a:b]).reads_issued
+                waits[n, repeats].append(time.perf_counter() - t0)
+                reads[n, repeats].append(k)
             return run
 
         kernel = _kernel_layer(torch, seed)
-        befores = [batch(n) for n in sizes]
-        result: dict[str, Any] = {"batch_neurons": sizes, "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS),
-                                  "samples": samples}
+        befores = [wait(*p) for p in points]
+        result: dict[str, Any] = {"batch_neurons": [n for n, _ in points], "batch_repeats": [r for _, r in points],
+                                  "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples}
         result["kernel_warm_s"], result["kernel_cold_s"] = _medians_after(_kernel_times(torch, kernel, samples),
                                                                           befores)
         step = _framework_layer(torch, seed) if framework else None
         if step is not None:
             result["framework_warm_s"], result["framework_cold_s"] = _medians_after(_fw_times(step, samples),
                                                                                     befores)
-        # the x axis the simulator looks the penalty up by: reads the batch issued (coalesced)
-        result["batch_reads"] = [float(np.median(reads[n])) for n in sizes]
+        # the x axis the simulator looks the penalty up by: how long the decoder waited
+        result["batch_wait_s"] = [float(np.median(waits[p])) for p in points]
+        result["batch_reads"] = [float(np.median(reads[p])) for p in points]
     return result
 
 

@@ -20,7 +20,7 @@ Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `pla
 `plan_s_per_neuron`) and the backend's cache index work (`flash.cache_index_s_per_layer`): timed
 through real.reader itself on a small store written next to the bench file before the grid
 (real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same store also times
-compute after a read wait (`flash.cold_batch_reads`, `cold_compute_s`, `framework_cold_compute_s`;
+compute after a read wait (`flash.cold_wait_s`, `cold_compute_s`, `framework_cold_compute_s`;
 real/bench_cold.py). The planning, the index work and the compute after a wait are timed in one
 round after each sweep of the grid, and the profile keeps each value's median over the rounds
 (`bench_reader.median_of_rounds`, `_cpu_round`): each is a fraction of a second of CPU work that
@@ -46,7 +46,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes
-from real.bench_cold import COLD_SAMPLES, cold_compute
+from real.bench_cold import COLD_LONG_REPEATS, COLD_SAMPLES, cold_compute
 from real.bench_host_cpu import (
     PROBE_CHUNK_BYTES,
     PROBE_KINDS,
@@ -123,8 +123,11 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
         rounds["index"].append(cache_index_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
         if cfg.host_cpu:
             # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
-            n = max(8, COLD_SAMPLES // cfg.passes) if cfg.duration_s >= 0.5 else 8
-            rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n))
+            # and in a short bench one long wait (two batches), not three (up to eight batches)
+            full = cfg.duration_s >= 0.5
+            n = max(8, COLD_SAMPLES // cfg.passes) if full else 8
+            rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n,
+                                               long_repeats=COLD_LONG_REPEATS if full else COLD_LONG_REPEATS[:1]))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
@@ -279,19 +282,21 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
                    f"{index['layer_neurons']} resident neurons after a read batch, keeping or evicting them all")
     cold = result.get("cold_compute")
     if cold:
-        # the profile's curve needs increasing reads: keep the points whose batch issued more reads
-        # than the one before (coalescing could in principle merge two batch sizes' counts)
+        # the profile's curve needs increasing waits: keep the points whose wait was longer than the
+        # one before (a batch that coalesces into fewer reads can wait less than a smaller one)
         keep, top = [], 0.0
-        for i, r in enumerate(cold["batch_reads"]):
-            if r > top:
+        for i, w in enumerate(cold["batch_wait_s"]):
+            if w > top:
                 keep.append(i)
-                top = r
-        extra["cold_batch_reads"] = [sig4(cold["batch_reads"][i]) for i in keep]
+                top = w
+        extra["cold_wait_s"] = [sig4(cold["batch_wait_s"][i]) for i in keep]
         extra["cold_compute_s"] = [sig4(cold["kernel_cold_s"][i]) for i in keep]
         if cold.get("framework_cold_s"):
             extra["framework_cold_compute_s"] = [sig4(cold["framework_cold_s"][i]) for i in keep]
+        waits = ", ".join(f"{n}" + (f" x {r}" if r > 1 else "") for n, r in zip(cold["batch_neurons"], cold["batch_repeats"]))
         source += ("; compute after a read wait: a layer's kernels (and a tiny transformers llama layer) timed right "
-                   f"after real.reader batches of {cold['batch_neurons']} neurons less back to back")
+                   f"after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less back "
+                   "to back, by the wait's seconds")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])

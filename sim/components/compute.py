@@ -46,7 +46,8 @@ code after every layer at the bytes that layer streamed (`attention_bytes` + `ff
 **Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
 decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
 other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
-function of the batch's reads (real/bench_cold.py), are spread over that layer's FFN, its cache work
+function of how long the decoder waited (real/bench_cold.py; the demand batch's service time and
+planning, which is the wait without prefetch), are spread over that layer's FFN, its cache work
 and the next attention (COLD_SPLIT). Both probes time a layer against the same layer run back to
 back, and both are one refill of the same caches: a layer that waited adds only the wait's penalty
 beyond its eviction's (sim/planner.py).
@@ -401,12 +402,14 @@ class ComputeModel:
         return Phase(ph.flop_s, np.where(sparse, gemv, ph.mem_s), np.where(sparse, copy, ph.gather_s),
                      np.where(sparse, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
 
-    def cold_s(self, demand_reads: np.ndarray) -> np.ndarray:
-        """Extra compute of a layer whose decoder waited for a demand batch of that many reads: its
-        code and data were evicted from the CPU caches during the wait (the profile's measured
-        `flash.cold_compute_s` curve; framework code's under compute.framework=hf). 0 without reads.
-        The planner spreads it over the code that runs before the next wait (COLD_SPLIT)."""
-        return self.profile.flash.cold_compute_at(demand_reads, self.framework_code)
+    def cold_s(self, wait_s: np.ndarray, demand_reads: np.ndarray) -> np.ndarray:
+        """Extra compute of a layer whose decoder waited `wait_s` seconds for a demand batch of
+        `demand_reads` reads: its code and data were evicted from the CPU caches during the wait (the
+        profile's measured `flash.cold_compute_s` curve over the wait, or the batch's reads in older
+        profiles; framework code's under compute.framework=hf). 0 without a wait. The planner spreads
+        it over the code that runs before the next wait (COLD_SPLIT)."""
+        return self.profile.flash.cold_compute_at(np.where(demand_reads > 0, wait_s, 0.0), demand_reads,
+                                                  self.framework_code)
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,

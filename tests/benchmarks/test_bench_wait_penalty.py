@@ -6,7 +6,7 @@ Validate's shape store and trace, grid points without prefetch at 25% of the FFN
 shape mode with its real reads, and again with the reads' I/O skipped (`BundleReader._run` does
 nothing: the plan, the cache and the compute are the same, but nothing waits), alternating. The
 difference in compute per layer is the wait's cost on this layer; printed next to the profile's
-penalty at the run's reads per batch, and their ratio. Printed, not asserted (a ratio above 1 is
+penalty at the run's wait per layer, and their ratio. Printed, not asserted (a ratio above 1 is
 compute the simulator misses without prefetch; the sixteenth round measured 1.3-2.6).
 
 Where the cost lands: the difference split over the FFN (the records' `ffn_compute_s`), the cache
@@ -28,12 +28,33 @@ RUNS = 3                                                   # per side, alternati
 TOKENS = 24
 
 
-def _compute_per_token(run) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """(mean compute seconds, mean reads) per token after validate's warm-up steps."""
+def _compute_per_token(run) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """(mean compute seconds, mean reads, mean seconds waited) per token after validate's warm-up steps."""
     from real.validate_score import WARMUP_STEPS
 
     toks = run.tokens[WARMUP_STEPS:]
-    return float(np.mean([t.compute_s for t in toks])), float(np.mean([t.reads_issued for t in toks]))
+    return (float(np.mean([t.compute_s for t in toks])), float(np.mean([t.reads_issued for t in toks])),
+            float(np.mean([t.stall_s for t in toks])))
+
+
+def _penalty_row(label: str, runs: dict[str, list], n_layers: int, profile, framework: bool) -> tuple:  # type: ignore[no-untyped-def]
+    """(label, reads and seconds waited per layer, compute per token with and without the wait, the
+    wait's cost per layer, the profile's penalty at that wait) from paired runs."""
+    sides = {side: np.median([_compute_per_token(r) for r in rs], axis=0) for side, rs in runs.items()}
+    with_reads, reads, stall = sides["reads"]
+    without = sides["no wait"][0]
+    reads_per_batch, wait_s = reads / n_layers, stall / n_layers
+    priced = float(profile.flash.cold_compute_at(np.array([wait_s]), np.array([reads_per_batch]), framework)[0])
+    return label, reads_per_batch, wait_s, with_reads, without, (with_reads - without) / n_layers, priced
+
+
+def _print_penalties(title: str, rows: list) -> None:
+    print(f"\nthe read wait's cost per layer, {title}, no prefetch ({RUNS} runs a side, medians) | "
+          "the profile's penalty at that wait")
+    for label, reads, wait, a, b, pen, priced in rows:
+        print(f"  {label:42s} {reads:6.1f} reads, {wait * 1e3:5.2f} ms waited per layer; compute {a * 1e3:6.2f} vs "
+              f"{b * 1e3:6.2f} ms/token: {pen * 1e6:6.1f} us/layer | priced {priced * 1e6:6.1f} us "
+              f"({pen / priced if priced else float('nan'):.2f}x)")
 
 
 def _phases(run) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -95,23 +116,13 @@ def test_bench_wait_penalty(tmp_path, monkeypatch):
         cfg = shape_config(cfg)
         runs = _paired_runs(monkeypatch, lambda cfg=cfg: run_shape(store, trace, profile, cfg, seed=0, threads=1))
         splits.append((gp.label, _split(runs)))
-        sides = {side: [_compute_per_token(r) for r in rs] for side, rs in runs.items()}
-        with_reads = np.median([c for c, _ in sides["reads"]])
-        without = np.median([c for c, _ in sides["no wait"]])
-        reads_per_batch = np.median([r for _, r in sides["reads"]]) / spec.n_layers
-        penalty = (with_reads - without) / spec.n_layers
-        priced = float(profile.flash.cold_compute_at(np.array([reads_per_batch]))[0])
-        rows.append((gp.label, reads_per_batch, with_reads, without, penalty, priced))
-    print(f"\nthe read wait's cost per layer, validate's shape, no prefetch ({RUNS} runs a side, medians) | "
-          "the profile's penalty at those reads")
-    for label, reads, a, b, pen, priced in rows:
-        print(f"  {label:42s} {reads:6.1f} reads/batch  compute {a * 1e3:6.2f} vs {b * 1e3:6.2f} ms/token: "
-              f"{pen * 1e6:6.1f} us/layer | priced {priced * 1e6:6.1f} us ({pen / priced if priced else float('nan'):.2f}x)")
+        rows.append(_penalty_row(gp.label, runs, spec.n_layers, profile, framework=False))
+    _print_penalties("validate's shape", rows)
     _print_split("shape mode", splits)
-    assert all(np.isfinite(r[4]) for r in rows)
+    assert all(np.isfinite(r[5]) for r in rows)
 
 
-MODEL_POINTS = ((2, True, 0.5), (4, False, 0.5))   # (window k, bundled, budget): grid points of model mode
+MODEL_POINTS = ((2, True, 0.5), (4, False, 0.5), (0, False, 0.5))   # (window k, bundled, budget): grid points of model mode
 
 
 def test_bench_wait_split_model_mode(tmp_path, monkeypatch):
@@ -122,12 +133,14 @@ def test_bench_wait_split_model_mode(tmp_path, monkeypatch):
     profile = load_profile("this-host")
     model, spec, store, ids = model_setup(TOKENS, tmp_path)
     ref = prepare(model, spec, store, ids, keep_fraction=MODEL_KEEP, workdir=tmp_path)
-    splits = []
+    splits, rows = [], []
     for k, bundled, budget in MODEL_POINTS:
         gp = GridPoint(k, bundled, "none", budget)
         _, cfg = gp.run_config(store, len(ids), 0)
         runs = _paired_runs(monkeypatch, lambda cfg=cfg: run_prepared(ref, model, spec, store, profile, cfg, device="cpu",
                                                                       threads=1)[0])
         splits.append((gp.label, _split(runs)))
+        rows.append(_penalty_row(gp.label, runs, spec.n_layers, profile, framework=True))
+    _print_penalties("SmolLM2 (model mode)", rows)
     _print_split("model mode (SmolLM2)", splits)
     assert all(np.all(np.isfinite(d)) for _, d in splits)

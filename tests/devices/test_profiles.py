@@ -122,34 +122,59 @@ def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     assert DeviceProfile.model_validate(data).flash.batch_overhead_at(np.array([4])).tolist() == [0.0]
 
 
-def test_cold_compute_interpolates_from_zero_reads_and_clamps() -> None:
-    """flash.cold_compute_s: linear between the measured batch sizes, from 0 s at 0 reads, the last
-    value beyond the last point; the framework curve under framework=True, the kernels' without one."""
+COLD_FIELDS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s")
+
+
+def _without_cold() -> dict:
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    data["flash"].update(cold_batch_reads=[4.0, 16.0, 64.0], cold_compute_s=[4e-5, 1e-4, 2e-4],
+    for k in COLD_FIELDS:
+        data["flash"].pop(k, None)
+    return data
+
+
+def test_cold_compute_interpolates_from_zero_wait_and_clamps() -> None:
+    """flash.cold_compute_s: linear between the measured waits, from 0 s at no wait, the last value
+    beyond the last point, whatever the batch's reads; the framework curve under framework=True, the
+    kernels' without one."""
+    data = _without_cold()
+    data["flash"].update(cold_wait_s=[1e-3, 4e-3, 16e-3], cold_compute_s=[4e-5, 1e-4, 2e-4],
                          framework_cold_compute_s=[1e-4, 2e-4, 5e-4])
     f = DeviceProfile.model_validate(data).flash
-    reads = np.array([0, 2, 4, 10, 40, 64, 1000])
-    assert f.cold_compute_at(reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
-    assert f.cold_compute_at(reads, framework=True).tolist() == pytest.approx([0.0, 5e-5, 1e-4, 1.5e-4, 3.5e-4, 5e-4, 5e-4])
+    wait = np.array([0, 0.5e-3, 1e-3, 2.5e-3, 10e-3, 16e-3, 1.0])
+    reads = np.full(len(wait), 7)
+    assert f.cold_compute_at(wait, reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
+    assert f.cold_compute_at(wait, reads * 100).tolist() == f.cold_compute_at(wait, reads).tolist()
+    assert f.cold_compute_at(wait, reads, framework=True).tolist() == pytest.approx(
+        [0.0, 5e-5, 1e-4, 1.5e-4, 3.5e-4, 5e-4, 5e-4])
     data["flash"].pop("framework_cold_compute_s")
     g = DeviceProfile.model_validate(data).flash
-    assert g.cold_compute_at(reads, framework=True).tolist() == g.cold_compute_at(reads).tolist()
-    for k in ("cold_batch_reads", "cold_compute_s"):
+    assert g.cold_compute_at(wait, reads, framework=True).tolist() == g.cold_compute_at(wait, reads).tolist()
+    for k in ("cold_wait_s", "cold_compute_s"):
         data["flash"].pop(k)
-    assert DeviceProfile.model_validate(data).flash.cold_compute_at(reads).tolist() == [0.0] * len(reads)
+    assert DeviceProfile.model_validate(data).flash.cold_compute_at(wait, reads).tolist() == [0.0] * len(wait)
+
+
+def test_cold_compute_of_an_older_profile_by_the_batch_reads() -> None:
+    """A profile written before the twentieth round gives the curve at reads per batch
+    (flash.cold_batch_reads): looked up by the reads, whatever the wait."""
+    data = _without_cold()
+    data["flash"].update(cold_batch_reads=[4.0, 16.0, 64.0], cold_compute_s=[4e-5, 1e-4, 2e-4])
+    f = DeviceProfile.model_validate(data).flash
+    reads = np.array([0, 2, 4, 10, 40, 64, 1000])
+    for wait in (np.zeros(len(reads)), np.full(len(reads), 0.05)):
+        assert f.cold_compute_at(wait, reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
 
 
 @pytest.mark.parametrize("cold, expect", [
-    ({"cold_compute_s": [1e-4]}, "need cold_batch_reads"),
-    ({"cold_batch_reads": [4.0, 4.0], "cold_compute_s": [1e-4, 2e-4]}, "positive and increasing"),
-    ({"cold_batch_reads": [4.0, 16.0], "cold_compute_s": [1e-4]}, "one value >= 0 seconds per cold_batch_reads"),
-    ({"cold_batch_reads": [4.0, 16.0], "framework_cold_compute_s": [1e-4, -1.0]}, "framework_cold_compute_s needs"),
+    ({"cold_compute_s": [1e-4]}, "need cold_wait_s"),
+    ({"cold_wait_s": [4e-3, 4e-3], "cold_compute_s": [1e-4, 2e-4]}, "positive and increasing"),
+    ({"cold_wait_s": [4e-3, 16e-3], "cold_compute_s": [1e-4]}, "one value >= 0 seconds per cold_wait_s"),
+    ({"cold_wait_s": [4e-3, 16e-3], "framework_cold_compute_s": [1e-4, -1.0]}, "framework_cold_compute_s needs"),
+    ({"cold_batch_reads": [4.0, 4.0], "cold_compute_s": [1e-4, 2e-4]}, "cold_batch_reads must be positive"),
+    ({"cold_wait_s": [4e-3], "cold_batch_reads": [4.0], "cold_compute_s": [1e-4]}, "not both"),
 ])
 def test_malformed_cold_compute_curve_is_refused(cold, expect) -> None:
-    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    for k in ("cold_batch_reads", "cold_compute_s", "framework_cold_compute_s"):
-        data["flash"].pop(k, None)
+    data = _without_cold()
     data["flash"].update(cold)
     with pytest.raises(ValidationError, match=expect):
         DeviceProfile.model_validate(data)

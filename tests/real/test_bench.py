@@ -318,25 +318,31 @@ def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_pat
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
     res = json.loads(capsys.readouterr().out)
     cold, ix = res["cold_compute"], res["cache_index"]
-    assert cold["batch_neurons"] == [4, 16, 64, 256, 1024] and cold["samples"] == 8
+    # a short bench: one long wait, two batches of the largest back to back
+    assert cold["batch_neurons"] == [4, 16, 64, 256, 1024, 1024] and cold["samples"] == 8
+    assert cold["batch_repeats"] == [1, 1, 1, 1, 1, 2]
     assert all(b > a > 0 for a, b in zip(cold["batch_reads"], cold["batch_reads"][1:]))
-    assert len(cold["kernel_cold_s"]) == 5 and all(x >= 0 for x in cold["kernel_cold_s"]) and cold["kernel_warm_s"] > 0
-    assert len(cold["framework_cold_s"]) == 5 and cold["framework_warm_s"] > 0
+    w = cold["batch_wait_s"]
+    assert w[0] > 0 and w[5] > 1.5 * w[4]      # two batches back to back wait about twice as long as one
+    assert len(cold["kernel_cold_s"]) == 6 and all(x >= 0 for x in cold["kernel_cold_s"]) and cold["kernel_warm_s"] > 0
+    assert len(cold["framework_cold_s"]) == 6 and cold["framework_warm_s"] > 0
     assert ix["layer_neurons"] == 512 and ix["drop_all_s"] > 0 and ix["per_layer_s"] == ix["keep_all_s"] > 0
     f = load_profile(out).flash
-    assert f.cold_batch_reads == pytest.approx(cold["batch_reads"], rel=1e-3)
-    assert f.cold_compute_s == pytest.approx(cold["kernel_cold_s"], rel=1e-3, abs=1e-12)
-    assert f.framework_cold_compute_s == pytest.approx(cold["framework_cold_s"], rel=1e-3, abs=1e-12)
+    keep = [i for i in range(6) if w[i] > max(w[:i], default=0.0)]
+    assert f.cold_batch_reads is None and f.cold_wait_s == pytest.approx([w[i] for i in keep], rel=1e-3)
+    assert f.cold_compute_s == pytest.approx([cold["kernel_cold_s"][i] for i in keep], rel=1e-3, abs=1e-12)
+    assert f.framework_cold_compute_s == pytest.approx([cold["framework_cold_s"][i] for i in keep], rel=1e-3, abs=1e-12)
     assert f.cache_index_s_per_layer == pytest.approx(ix["per_layer_s"], rel=1e-3)
     assert f.cache_index_s_per_evicted == pytest.approx(ix["per_evicted_s"], rel=1e-3, abs=1e-15)
-    assert "compute after a read wait" in f.source and "cache index work" in f.source
-    # a batch size whose coalesced reads do not exceed the previous one's is dropped (the curve increases)
+    assert "compute after a read wait" in f.source and "1024 x 2" in f.source and "cache index work" in f.source
+    # a wait no longer than the previous one's is dropped (the curve increases): a batch whose reads
+    # coalesce can wait less than a smaller one
     from real.bench_flash import flash_section
 
-    res["cold_compute"] = dict(cold, batch_reads=[4.0, 16.0, 16.0, 240.0, 200.0])
+    res["cold_compute"] = dict(cold, batch_wait_s=[1e-4, 2e-4, 2e-4, 4e-3, 3e-3, 8e-3])
     sec = flash_section(res, "measured")
-    assert sec["cold_batch_reads"] == [4.0, 16.0, 240.0]
-    assert sec["cold_compute_s"] == pytest.approx([cold["kernel_cold_s"][i] for i in (0, 1, 3)], rel=1e-3, abs=1e-12)
+    assert sec["cold_wait_s"] == [1e-4, 2e-4, 4e-3, 8e-3] and "cold_batch_reads" not in sec
+    assert sec["cold_compute_s"] == pytest.approx([cold["kernel_cold_s"][i] for i in (0, 1, 3, 5)], rel=1e-3, abs=1e-12)
     assert main(_quick_flash(tmp_path, "--no-write")) == 0
     text = capsys.readouterr().out
     assert "compute after a read wait, per layer" in text and "cache index work per layer" in text

@@ -54,7 +54,7 @@ def test_a_wait_adds_only_its_penalty_beyond_the_eviction(small_trace, base_prof
     back: a layer that waited pays max(wait, eviction). The eviction lands on the next attention,
     the rest of the wait's (if any) is split as COLD_SPLIT (0.5 FFN, 0.2 cache work, 0.3 next)."""
     cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none", "compute.framework=hf"])
-    cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[wait, wait], framework_cold_compute_s=[wait, wait])
+    cold = dict(cold_wait_s=[1e-12, 1e3], cold_compute_s=[wait, wait], framework_cold_compute_s=[wait, wait])
     counted = _with(base_profile, flash=dict(plan_s_per_batch=1e-4))
     a = simulate(small_trace, None, counted, cfg, fast=fast)
     b = simulate(small_trace, None, _with(counted, _flat(evict, evict), cold), cfg, fast=fast)

@@ -226,7 +226,7 @@ def test_a_layer_that_waited_for_demand_reads_computes_cold(small_trace, base_pr
     independently through plan_s_per_batch (a stall per batch)."""
     cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none", f"compute.framework={framework}"])
     kern, fw = 3e-4, 7e-4
-    cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[kern, kern], framework_cold_compute_s=[fw, fw])
+    cold = dict(cold_wait_s=[1e-12, 1e3], cold_compute_s=[kern, kern], framework_cold_compute_s=[fw, fw])
     a = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
     b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4, **cold), cfg, fast=fast)
     base = simulate(small_trace, None, base_profile, cfg, fast=fast)
@@ -242,11 +242,39 @@ def test_a_layer_that_waited_for_demand_reads_computes_cold(small_trace, base_pr
 
 
 @pytest.mark.parametrize("fast", [False, True])
+def test_the_penalty_follows_the_wait_not_the_reads(small_trace, base_profile, fast) -> None:
+    """A curve linear in the wait (flash.cold_wait_s; c seconds per second waited up to 1 s): each
+    layer's penalty is c x its demand batch's time, whatever its reads, so over a step the FFN pays
+    0.5 c x the step's demand waits (its stall without prefetch: every read waits). Doubling the
+    disk's time doubles the penalty at the same reads; an older profile's curve by the reads does not
+    move."""
+    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none"])
+    c = 0.01
+    linear = dict(cold_wait_s=[1.0], cold_compute_s=[c])
+    slow = base_profile.model_dump(mode="json", exclude_none=True)
+    slow["flash"]["read_table"]["bytes_per_s"] = [[v / 2 for v in row] for row in slow["flash"]["read_table"]["bytes_per_s"]]
+    slow = DeviceProfile.model_validate(slow)
+    moved = {}
+    for name, prof in (("fast disk", base_profile), ("slow disk", slow)):
+        a = simulate(small_trace, None, prof, cfg, fast=fast)
+        b = simulate(small_trace, None, _with_host(prof, **linear), cfg, fast=fast)
+        for ta, tb in zip(a.tokens, b.tokens, strict=True):
+            assert tb.stall_s == pytest.approx(ta.stall_s, rel=1e-12) and tb.reads_issued == ta.reads_issued
+            assert tb.ffn_compute_s - ta.ffn_compute_s == pytest.approx(0.5 * c * ta.stall_s, rel=1e-9, abs=1e-15)
+        moved[name] = sum(tb.ffn_compute_s - ta.ffn_compute_s for ta, tb in zip(a.tokens, b.tokens))
+    assert moved["slow disk"] > 1.5 * moved["fast disk"] > 0
+    by_reads = dict(cold_batch_reads=[1e6], cold_compute_s=[1e6 * 1e-7])     # 0.1 us per read
+    fast_r, slow_r = (sum(t.ffn_compute_s for t in simulate(small_trace, None, _with_host(p, **by_reads), cfg,
+                                                            fast=fast).tokens) for p in (base_profile, slow))
+    assert fast_r == pytest.approx(slow_r, rel=1e-12)
+
+
+@pytest.mark.parametrize("fast", [False, True])
 def test_without_a_managed_cache_the_ffn_pays_the_cache_works_share(small_trace, base_profile, fast) -> None:
     """naive loading keeps no neuron cache: a waited layer's FFN pays 0.5 + 0.2 of the penalty, the
     next attention (or the lm_head) 0.3, and no memory management appears."""
     cfg = preset_config("naive").with_overrides(["prefetch=none"])
-    cold = dict(cold_batch_reads=[1.0, 1e9], cold_compute_s=[4e-4, 4e-4], framework_cold_compute_s=[4e-4, 4e-4])
+    cold = dict(cold_wait_s=[1e-12, 1e3], cold_compute_s=[4e-4, 4e-4], framework_cold_compute_s=[4e-4, 4e-4])
     a = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
     b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4, **cold), cfg, fast=fast)
     base = simulate(small_trace, None, base_profile, cfg, fast=fast)
