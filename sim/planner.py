@@ -239,8 +239,9 @@ class Planner:
         # the code after this layer refills what the layer's streaming evicted from the CPU caches
         # (ComputeModel.evict_s): the next attention (or the lm_head) pays it. A layer that waited for
         # demand reads computes with cold CPU caches too (ComputeModel.cold_s at the demand batch's
-        # time, its wait without prefetch; probed against a layer run back to back): one refill, so only the wait's penalty beyond the eviction's is added,
-        # and its FFN, its cache work and the next attention each pay a share of it (COLD_SPLIT)
+        # time and planning, the whole wait without prefetch; probed against a layer run back to
+        # back): one refill, so only the wait's penalty beyond the eviction's is added, and its FFN,
+        # its cache work and the next attention each pay a share of it (COLD_SPLIT)
         evict = self.compute.evict_s(self.attn_bytes[rows] + self.compute.ffn_bytes(n_comp, self.stack.residency.gathers))
         wait = a.dem_s[rows, layer] + a.dem_plan_s[rows, layer]
         cold = np.maximum(self.compute.cold_s(wait, n_dem) - evict, 0.0)
