@@ -413,14 +413,16 @@ class ComputeModel:
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
-        rows x (`row_move_row_s` + 2 x row_bytes / `row_move_bytes_per_s`), which bench compute
+        rows x (`row_move_row_s` + 2 x bundle bytes / `row_move_bytes_per_s`), which bench compute
         measures on the real cache's own deletion (NumPy fancy indexing moved SmolLM2's rows at 3.5 us
         each where the gather's rate priced 1.6, nineteenth round); a profile without them: at
         gather_bytes_per_s (scattered rows, not a streaming copy: the DRAM copy bandwidth
-        over-stated it 2.5x)."""
+        over-stated it 2.5x). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
+        DRAM row: real.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
+        8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)
-        return Phase(z, m * (self.move_row_s + 2.0 * self.row_bytes / self.move_bytes_per_s), z,
+        return Phase(z, m * (self.move_row_s + 2.0 * self.spec.ffn_neuron_bytes / self.move_bytes_per_s), z,
                      np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
 
     def head(self, n_sequences: int, n_tokens: np.ndarray) -> Phase:

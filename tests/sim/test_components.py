@@ -128,12 +128,15 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     att1 = b.attention(n, np.array([10]), np.array([10]), np.array([True]))
     assert att1.ovh_s[0] - att0.ovh_s[0] == pytest.approx((576 + 2 * 192 + 576) * 4e-8)
     assert b.head(1, n).ovh_s[0] - a.head(1, n).ovh_s[0] == pytest.approx(49152 * 4e-8)
-    assert b.memory_management(np.array([3])).mem_s[0] == pytest.approx(2 * 3 * 8192 / g)
+    # a row move copies the bundle (6912 B), not the padded row: real.cache's deletion copies each
+    # row's data part, where the gather copies whole padded rows
+    assert spec.ffn_neuron_bytes == 3 * 576 * 4
+    assert b.memory_management(np.array([3])).mem_s[0] == pytest.approx(2 * 3 * 6912 / g)
     # the cache's own row moves where the profile measured them (compute.row_move_bytes_per_s)
     moves = terms.model_copy(update={"compute": terms.compute.model_copy(
         update={"row_move_bytes_per_s": 5e9, "row_move_row_s": 1e-6})})
     assert ComputeModel(spec, moves, row_bytes=8192).memory_management(np.array([3])).mem_s[0] == pytest.approx(
-        3 * (1e-6 + 2 * 8192 / 5e9))
+        3 * (1e-6 + 2 * 6912 / 5e9))
 
 
 def test_memory_model_caps_and_shortfall_message() -> None:
