@@ -24,9 +24,9 @@ Measured here:
 kernels: the shape-mode layer's kernels at small width: four projections, an RMS norm, the gather
 of cache rows and the three FFN GEMVs) back to back and right after a real.reader batch of n random
 neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after COLD_LONG_REPEATS
-batches of the largest back to back (longer waits); the penalty is the difference of the medians
-(the wait's own time not included). `flashsim bench flash` writes it as the profile's
-`flash.cold_wait_s` (the median wait) / `cold_compute_s` / `framework_cold_compute_s`; the
+batches of the largest back to back (longer waits); the penalty is the difference of the means
+(the wait's own time not included; means, as real/call_time.py says why). `flashsim bench flash` writes it as the profile's
+`flash.cold_wait_s` (the mean wait) / `cold_compute_s` / `framework_cold_compute_s`; the
 simulator adds it to every layer that waited for demand reads, at the demand batch's time, spread
 over that layer's FFN, its cache work and the next attention as the real runs pay it
 (sim/components/compute.py, COLD_SPLIT).
@@ -36,7 +36,7 @@ weights, KV cache and FFN rows stream megabytes through the caches, more than a 
 and evict the code and data the next layer's framework and kernels run (a probe layer run back to
 back keeps them warm). `swept_compute` times the same two probe layers back to back and right
 after touching every cache line of SWEEP_BYTES (each n in turn; one byte read and written per 64 B
-line, as a gather streams rows). `flashsim bench compute` writes the difference of the medians as
+line, as a gather streams rows). `flashsim bench compute` writes the difference of the means as
 the profile's `compute.evict_bytes` / `evict_layer_s` / `framework_evict_layer_s`; the simulator
 charges it to the code after every layer, at the bytes that layer streamed (ComputeModel.evict_s).
 """
@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from real.cache import LayerCache, TransposeScratch, gather_rows, gather_scratch
+from real.call_time import mean_call_s
 from real.reader import BundleReader
 from real.store import WeightStore
 from real.torch_threads import torch_threads
@@ -158,14 +159,14 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
         befores = [wait(*p) for p in points]
         result: dict[str, Any] = {"batch_neurons": [n for n, _ in points], "batch_repeats": [r for _, r in points],
                                   "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples}
-        result["kernel_warm_s"], result["kernel_cold_s"] = _medians_after(_kernel_times(torch, kernel, samples),
+        result["kernel_warm_s"], result["kernel_cold_s"] = _penalties_after(_kernel_times(torch, kernel, samples),
                                                                           befores)
         step = _framework_layer(torch, seed) if framework else None
         if step is not None:
-            result["framework_warm_s"], result["framework_cold_s"] = _medians_after(_fw_times(step, samples),
+            result["framework_warm_s"], result["framework_cold_s"] = _penalties_after(_fw_times(step, samples),
                                                                                     befores)
         # the x axis the simulator looks the penalty up by: how long the decoder waited
-        result["batch_wait_s"] = [float(np.median(waits[p])) for p in points]
+        result["batch_wait_s"] = [float(mean_call_s(waits[p])) for p in points]
         result["batch_reads"] = [float(np.median(reads[p])) for p in points]
     return result
 
@@ -195,11 +196,11 @@ def _fw_times(step: LayerTimes, samples: int) -> LayerTimes:
     return times
 
 
-def _medians_after(layer_times: LayerTimes,
+def _penalties_after(layer_times: LayerTimes,
                    befores: list[Callable[[], None]]) -> tuple[float, list[float]]:
-    """(median back to back, [median after each `before` less that]) of a probe's layer times."""
-    warm = float(np.median(layer_times(None)))
-    return warm, [max(0.0, float(np.median(layer_times(b))) - warm) for b in befores]
+    """(mean back to back, [mean after each `before` less that]) of a probe's layer times."""
+    warm = float(mean_call_s(layer_times(None)))
+    return warm, [max(0.0, float(mean_call_s(layer_times(b))) - warm) for b in befores]
 
 
 def swept_compute(seed: int, framework: bool = True, samples: int = COLD_SAMPLES,
@@ -221,9 +222,9 @@ def swept_compute(seed: int, framework: bool = True, samples: int = COLD_SAMPLES
     with torch_threads(torch, 1):
         sweeps = [sweep(n) for n in sweep_bytes]
         result: dict[str, Any] = {"sweep_bytes": list(sweep_bytes), "kernel_dims": list(KERNEL_DIMS), "samples": samples}
-        result["kernel_warm_s"], result["kernel_swept_s"] = _medians_after(
+        result["kernel_warm_s"], result["kernel_swept_s"] = _penalties_after(
             _kernel_times(torch, _kernel_layer(torch, seed), samples), sweeps)
         step = _framework_layer(torch, seed) if framework else None
         if step is not None:
-            result["framework_warm_s"], result["framework_swept_s"] = _medians_after(_fw_times(step, samples), sweeps)
+            result["framework_warm_s"], result["framework_swept_s"] = _penalties_after(_fw_times(step, samples), sweeps)
     return result

@@ -51,8 +51,9 @@
   small width, a tiny transformers llama layer) back to back and right after 1 to 64 MiB were
   streamed through the caches (`swept_compute`): what a layer's code pays after the previous
   layer's weights and rows evicted it (compute.evict_bytes, evict_layer_s, framework_evict_layer_s).
-Every figure is the median over repetitions (at least 5, for at least `min_time_s` in total); the
-JSON also gives the minima, whose gap to the medians shows contention from other work on the host.
+Every figure is the mean over repetitions (at least 5, for at least `min_time_s` in total; why the
+mean: real/call_time.py); the JSON also gives the minima, whose gap to the means shows contention
+from other work on the host.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from real.bench_dense_gemv import dense_gemv_table, pool_bytes
 from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
+from real.call_time import mean_call_s
 from real.profile_writer import sig4
 from real.torch_threads import torch_threads
 
@@ -116,8 +118,9 @@ def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5,
     return np.asarray(times)
 
 
-def _median_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5) -> float:
-    return float(np.median(_times_s(fn, min_time_s, min_reps)))
+def _call_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5) -> float:
+    """Seconds per call of `fn` (real.call_time: the mean of the timed calls)."""
+    return float(mean_call_s(_times_s(fn, min_time_s, min_reps)))
 
 
 def _have_torch() -> bool:
@@ -184,7 +187,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                 t_mv = _times_s(lambda buf=buf, x=x, out_g=out_g: torch.mv(buf, x, out=out_g), min_time_s)
             per_dtype[name] = _entry(M, K, len(idx), w.element_size(), t_dense, t_gather, t_mv)
         a, b, c = torch.ones(1), torch.ones(1), torch.empty(1)
-        t_op = _median_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
+        t_op = _call_s(lambda: torch.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"torch {torch.__version__}"
         extra = {"gemv_rows": _row_cost(torch, QUICK_ROW_SHAPES if quick else ROW_SHAPES, min_time_s),
                  "transpose": _transpose_rate(torch, rng, min_time_s),
@@ -208,7 +211,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
             t_mv = _times_s(lambda buf=buf, x=x: buf @ x, min_time_s)
             per_dtype[name] = _entry(M, K, len(idx), w.itemsize, t_dense, t_gather, t_mv)
         a, b, c = np.ones(1), np.ones(1), np.empty(1)
-        t_op = _median_s(lambda: np.add(a, b, out=c), min_time_s, min_reps=1000)
+        t_op = _call_s(lambda: np.add(a, b, out=c), min_time_s, min_reps=1000)
         fw = f"numpy {np.__version__}"
         extra = {}
     copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
@@ -217,7 +220,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
         "memory_capacity_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-        "load_average_1min": os.getloadavg()[0],   # other work on the host: compare medians with minima
+        "load_average_1min": os.getloadavg()[0],   # other work on the host: compare means with minima
         **extra,
     }
 
@@ -230,7 +233,7 @@ def _row_cost(torch: Any, shapes: tuple[tuple[int, int], ...], min_time_s: float
     for m, k in shapes:
         w, x = torch.randn(m, k), torch.randn(1, k)
         with torch.no_grad():
-            times.append(_median_s(lambda w=w, x=x: F.linear(x, w), min_time_s))
+            times.append(_call_s(lambda w=w, x=x: F.linear(x, w), min_time_s))
     row_s = max(0.0, (times[0] - times[1]) / (m1 - m2))
     return {"shapes": [list(s) for s in shapes], "gemv_s": times, "row_s": row_s}
 
@@ -267,7 +270,7 @@ def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
                 t = time.perf_counter()
                 _, past = _decode_step(model, ids, past, arg)
                 times.append(time.perf_counter() - t)
-        step_s[n_layers] = float(np.median(times[8:]))
+        step_s[n_layers] = float(mean_call_s(times[8:]))
     layer_s = max(0.0, (step_s[FRAMEWORK_LAYERS] - step_s[1]) / (FRAMEWORK_LAYERS - 1))
     return {"dims": FRAMEWORK_DIMS, "step_s": {str(k): v for k, v in step_s.items()},
             "layer_s": layer_s, "token_s": max(0.0, step_s[1] - layer_s)}
@@ -283,7 +286,7 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> 
     turn = itertools.cycle(range(GATHER_SETS))
     gathered = [gather_rows(rows, slots[i], scratch, torch.float32).clone()[:, 2 * d:3 * d] for i in range(2)]
     dst = TransposeScratch(torch)
-    t = _median_s(lambda: dst.transposed(gathered[next(turn) % 2], k, d, 4), min_time_s)
+    t = _call_s(lambda: dst.transposed(gathered[next(turn) % 2], k, d, 4), min_time_s)
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
 
 
@@ -311,7 +314,7 @@ def _row_move_rate(rng: np.random.Generator, evict: Callable[[], None], min_time
             t = time.perf_counter()
             st = cache.delete(victims)
             times.append((time.perf_counter() - t) / max(1, st.rows_moved))
-        per_row.append(float(np.median(times)))
+        per_row.append(float(mean_call_s(times)))
     (b1, b2), (t1, t2) = MOVE_ROW_BYTES, per_row
     s_per_byte = max((t2 - t1) / (b2 - b1), 1e-15)
     return {"shape": list(MOVE_SHAPE), "deleted": k, "row_bytes": list(MOVE_ROW_BYTES), "s_per_row_moved": per_row,
@@ -320,9 +323,9 @@ def _row_move_rate(rng: np.random.Generator, evict: Callable[[], None], min_time
 
 def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.ndarray,
            mv: np.ndarray) -> dict[str, float]:
-    """Medians (what the profile uses: typical conditions) and minima (the best seen: on a host
-    shared with other work, a large median/min gap shows contention, not the hardware)."""
-    t_dense, t_gather, t_mv = (float(np.median(a)) for a in (dense, gather, mv))
+    """Means (what the profile uses: real.call_time) and minima (the best seen: on a host shared
+    with other work, a large mean/min gap shows contention, not the hardware)."""
+    t_dense, t_gather, t_mv = (float(mean_call_s(a)) for a in (dense, gather, mv))
     return {
         "dense_gemv_s": t_dense, "dense_gemv_min_s": float(dense.min()), "dense_gemv_flops_per_s": 2.0 * M * K / t_dense,
         "gather_s": t_gather, "gather_min_s": float(gather.min()), "gather_bytes_per_s": rows * K * es / t_gather,
@@ -339,7 +342,7 @@ def sig4_rows(table: list[list[float]]) -> list[list[float]]:
 def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, float]:
     src = np.ones(nbytes, np.uint8)
     dst = np.zeros(nbytes, np.uint8)
-    t = _median_s(lambda: np.copyto(dst, src), min_time_s, min_reps=3)
+    t = _call_s(lambda: np.copyto(dst, src), min_time_s, min_reps=3)
     return {"copy_bytes": nbytes, "copy_s": t, "memcpy_bytes_per_s": nbytes / t,
             "stream_copy_bytes_per_s": 2.0 * nbytes / t}
 

@@ -22,7 +22,8 @@ the table priced a SmolLM2 layer's four projections at 152 us where the real run
 sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
 covers where a run has such a wait.) A cell is the median over PASSES passes through the dtype's
-whole grid of each pass's median of at least MIN_REPS calls (after one warm-up): on the first host
+whole grid of each pass's mean of at least MIN_REPS calls (after one warm-up; the mean, not the
+median, as real/call_time.py says why): on the first host
 a cell measured twice a minute apart moved by up to 20%. One dtype's pool is freed before the
 next one's is filled; a matrix larger than the pool (16384 x 16384 fp32: 1 GiB) gets its own.
 """
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from real.call_time import mean_call_s
 
 # the grid: in_features (model widths 576 .. 8192 and a 7B's d_ff 11008 as the down GEMV's width)
 # x out_features (a GQA k/v projection's 128-256 rows .. a vocabulary's tens of thousands; beyond
@@ -73,7 +76,7 @@ def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
                      min_time_s: float = 0.04, passes: int = PASSES) -> dict[str, Any]:
     """{dtype: {in_features, out_features, gemv_s ([i][j] seconds at in_features[i],
     out_features[j])}}, measured with torch on the CPU on the current thread setting: per cell, the
-    median over `passes` passes through the whole grid of each pass's median call."""
+    median over `passes` passes through the whole grid of each pass's mean call."""
     ks, ms = (QUICK_IN_FEATURES, QUICK_OUT_FEATURES) if quick else (IN_FEATURES, OUT_FEATURES)
     runs = {name: np.zeros((passes, len(ks), len(ms))) for name in dtypes}
     pool_b = pool_bytes()
@@ -83,7 +86,7 @@ def dense_gemv_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
             for i, k in enumerate(ks):
                 x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed)).to(tdt)
                 for j, m in enumerate(ms):
-                    runs[name][p, i, j] = _median_call_s(torch, pool, m, k, x, min_time_s)
+                    runs[name][p, i, j] = _mean_call_s(torch, pool, m, k, x, min_time_s)
         del pool
     return {name: {"in_features": list(ks), "out_features": list(ms),
                    "gemv_s": np.median(r, axis=0).tolist()} for name, r in runs.items()}
@@ -113,8 +116,8 @@ class WeightPool:
         return w
 
 
-def _median_call_s(torch: Any, pool: WeightPool, m: int, k: int, x: Any, min_time_s: float) -> float:
-    """One cell: the median F.linear call, each on the pool's next [m, k] matrix."""
+def _mean_call_s(torch: Any, pool: WeightPool, m: int, k: int, x: Any, min_time_s: float) -> float:
+    """One cell in one pass: the mean F.linear call, each on the pool's next [m, k] matrix."""
     F = torch.nn.functional
     times: list[float] = []
     t_all = time.perf_counter()
@@ -126,4 +129,4 @@ def _median_call_s(torch: Any, pool: WeightPool, m: int, k: int, x: Any, min_tim
             times.append(time.perf_counter() - t0)
             if len(times) > 10000:
                 break
-    return float(np.median(times[1:]))   # the first call: warm-up
+    return float(mean_call_s(times[1:]))   # the first call: warm-up

@@ -38,6 +38,7 @@ import numpy as np
 from devices.model_spec import ModelSpec
 from real.buffers import round_up
 from real.cache import LayerCache
+from real.call_time import mean_call_s
 from real.convert import write_shape_store
 from real.reader import BundleReader, ReadStats
 from real.store import WeightStore, open_store
@@ -108,7 +109,8 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     same chunks steadily at the same depth, the other half of the time. A batch's overhead is its
     reads' `seconds` less the table's time for them (`curve`, the grid just measured) scaled by the
     disk's state around its slice: the table's throughput over the steady reads' (the mean of the
-    measurements before and after). The profile takes the median over batches, clipped at 0.
+    measurements before and after). The profile takes the mean over batches (real/call_time.py: a
+    run pays every batch's drain, the slow ones' too), clipped at 0.
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
     0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling
@@ -134,9 +136,9 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
         measure()
         around = [(states[i] + states[i + 1]) / 2 for i in range(len(states) - 1)]
         extra = [sec - t_tab * around[i] for i, _, sec, t_tab in rows]
-        overhead.append(max(0.0, float(np.median(extra))))
-        batch_s.append([float(np.median([r[2] for r in rows if r[1] == n])) for n in sizes])
-        table_s.append([float(np.median([r[3] for r in rows if r[1] == n])) for n in sizes])
+        overhead.append(max(0.0, float(mean_call_s(extra))))
+        batch_s.append([float(mean_call_s([r[2] for r in rows if r[1] == n])) for n in sizes])
+        table_s.append([float(mean_call_s([r[3] for r in rows if r[1] == n])) for n in sizes])
         state_med.append(float(np.median(states)))
     return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
             "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
@@ -149,14 +151,14 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
     cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
     (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
     reads with `in_flight` threads from `store` (bench_store). Batches of PLAN_BATCH_NEURONS random
-    neurons alternate for `min_time_s`; a straight line through the two medians. (Timed alone,
+    neurons alternate for `min_time_s`; a straight line through the two means (real/call_time.py). (Timed alone,
     without reads in between, the same code took half as long here: it runs right after the
     thread waits on I/O, with cold caches.)"""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
     times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
     for n, st, call_s in reader_batches(store, in_flight, PLAN_BATCH_NEURONS, min_time_s, rng):
         times[n].append(call_s - st.seconds)
-    (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(np.median(times[n])) for n in PLAN_BATCH_NEURONS)
+    (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(mean_call_s(times[n])) for n in PLAN_BATCH_NEURONS)
     per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
     return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
             "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
@@ -185,7 +187,7 @@ def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: 
     work runs right after an I/O wait, with cold caches, as in a run). Alternately the second
     call keeps them all or drops them all, neither of which moves a row (the simulator times row
     moves as copies at compute.gather_bytes_per_s): the first gives the fixed part, the difference
-    per dropped neuron the rest. Medians over `min_time_s`."""
+    per dropped neuron the rest. Means (real/call_time.py) over `min_time_s`."""
     N = store.n_neurons
     n = min(INDEX_LAYER_NEURONS, N)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1DE]))
@@ -211,6 +213,6 @@ def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: 
                 cache.keep_only(keep)                       # after the FFN
                 cache.missing(np.flatnonzero(keep))         # what the next step keeps and is not resident
                 times[drop].append(time.perf_counter() - t0)
-    t_keep, t_drop = (float(np.median(times[d])) for d in (False, True))
+    t_keep, t_drop = (float(mean_call_s(times[d])) for d in (False, True))
     return {"layer_neurons": n, "n_neurons": N, "in_flight": in_flight, "keep_all_s": t_keep, "drop_all_s": t_drop,
             "per_layer_s": t_keep, "per_evicted_s": max(0.0, (t_drop - t_keep) / n), "samples": len(times[True])}

@@ -22,8 +22,8 @@ AlignedBuffer (the neuron cache's memory) of CACHE_SLACK x k rows, a seeded rand
 gathered with `real.cache.gather_rows` into a `gather_scratch`, after an untimed sweep that evicts
 the CPU caches (as a layer's other work does between two of its FFNs); then the two input GEMVs
 (`F.linear` on the strided views), the transposed copy (real.cache.TransposeScratch, as the backend)
-and the down GEMV, each timed on its own. The medians of at least MIN_REPS repetitions (after one
-warm-up) are kept.
+and the down GEMV, each timed on its own. The means (real/call_time.py) of at least MIN_REPS
+repetitions (after one warm-up) are kept.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 from devices.kernel_table import table_row_bytes
 from real.buffers import AlignedBuffer
 from real.cache import TransposeScratch, gather_rows, gather_scratch
+from real.call_time import mean_call_s
 
 # the grid: model widths x computed neurons per layer (SmolLM2 576 .. a 70B's 8192; a layer's
 # tens to thousands of computed neurons). --quick: the corners of a smaller square.
@@ -96,8 +97,8 @@ def sparse_ffn_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
                         times.append((t1 - t0, (t3 - t1) / 2, t4 - t3, t5 - t4))
                         if len(times) > 10000:
                             break
-                med = np.median(np.asarray(times[1:]), axis=0)    # the first call: warm-up
-                for key, v in zip(KERNELS, med):
+                per_call = mean_call_s(times[1:], axis=0)    # the first call: warm-up
+                for key, v in zip(KERNELS, per_call):
                     table[key][i][j] = float(v)
                 del rows, g, down_t, down_scratch
         out[name] = {"d_model": list(ds), "neurons": list(ks), **table}
