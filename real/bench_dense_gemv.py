@@ -105,6 +105,12 @@ class WeightPool:
         self.buf = torch.empty(nbytes // es, dtype=tdt).fill_(0.02)
         self.pos = 0
 
+    def warm(self) -> None:
+        """Read the whole buffer once, untimed: its page-table entries are then as recent as in a
+        table cell, whose calls cycle through the pool every few tens of milliseconds. (A pool last
+        touched seconds ago made the first GEMVs over it 1.2-1.5x slower here: real/drift.py.)"""
+        self.buf.sum()
+
     def next(self, m: int, k: int) -> Any:
         n = m * k
         if n > self.buf.numel():

@@ -27,7 +27,13 @@ run, so each run sits between two checks, for a host whose state flips within se
   from DRAM as the table's did, on the profile's compute.threads (1 without). Until the nineteenth
   round the check ran on PyTorch's default threads (2 here, against 1 in the profile) over two
   64 MiB matrices that a 480 MiB L3 kept: every check of a grid calibrated minutes before read
-  0.57-0.73x.
+  0.57-0.73x. Until the twenty-first round the check timed a pool it had last touched one or two
+  checks before (seconds), where a table cell's calls cycle through it every few tens of
+  milliseconds: a process that slept 5 / 20 / 40 s then ran its first GEMVs 1.19 / 1.46 / 1.55x
+  the profile's time and 1.04-1.09x right after, so the grids' checks climbed from 1.00 at their
+  start to 1.15-1.3 (20a, 21a) and read host drift that was the check's own cold start. It now
+  reads the whole pool once, untimed, first (WeightPool.warm): the same quick validation's checks
+  read 1.01-1.12x (median 1.06x) against 1.04-1.30x without.
 * **read_4k, read_16k, read_64k** (profiles with a read table): random reads of each of
   READ_CHECK_CHUNKS at the profile's deepest queue, `bench flash`'s own loop for READ_CHECK_S on
   the same small store's file, over the table's time for them. This disk's drift depends on the
@@ -151,6 +157,7 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
     times = []
     # on the threads the profile's GEMVs were timed on
     with torch_threads(torch, profile.compute.threads or 1), torch.no_grad():
+        pool.warm()
         for _ in range(repeats):
             w = pool.next(rows, cols)
             t = time.perf_counter()

@@ -523,3 +523,29 @@ def test_the_dense_gemv_pool_is_twice_the_last_level_cache(tmp_path):
     c = pool.next(10, 20)                                        # 256 + 200 > 400: back to the start
     assert c.data_ptr() == a.data_ptr() and float(c.sum()) == pytest.approx(200 * 0.02)
     assert pool.next(30, 30).shape == (30, 30)                   # larger than the pool: its own
+
+
+def test_the_cpu_check_warms_its_pool_before_timing(monkeypatch):
+    """The drift check reads its whole pool, untimed, before its timed GEMVs: a table cell cycles
+    through the pool every few tens of milliseconds, and a pool last touched seconds ago made the
+    first GEMVs 1.2-1.5x slower (real/drift.py), which the checks then reported as host drift."""
+    torch = pytest.importorskip("torch")
+    from devices import load_profile
+    from real import drift
+    from real.bench_dense_gemv import WeightPool
+
+    events: list[str] = []
+
+    class Pool(WeightPool):
+        def warm(self) -> None:
+            events.append("warm")
+            super().warm()
+
+        def next(self, m: int, k: int):
+            events.append("next")
+            return super().next(m, k)
+
+    monkeypatch.setattr(drift, "DRIFT_GEMV_SHAPE", (64, 64))
+    monkeypatch.setattr(drift, "_gemv_pool", lambda: Pool(torch, torch.float32, 64 * 64 * 4 * 3))
+    ratio = drift.cpu_ratio(load_profile("this-host"), seed=0, repeats=3)
+    assert events == ["warm", "next", "next", "next"] and ratio > 0
