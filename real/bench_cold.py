@@ -25,8 +25,9 @@ kernels: the shape-mode layer's kernels at small width: four projections, an RMS
 of cache rows and the three FFN GEMVs) back to back and right after a real.reader batch of n random
 neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after COLD_LONG_REPEATS
 batches of the largest back to back (longer waits); the penalty is the difference of the means
-(the wait's own time not included; means, as real/call_time.py says why). `flashsim bench flash` writes it as the profile's
-`flash.cold_wait_s` (the mean wait) / `cold_compute_s` / `framework_cold_compute_s`; the
+(real/call_time.py says why means; the wait's own time not included). `flashsim bench flash`
+writes it as the profile's `flash.cold_wait_s` (the mean wait) / `cold_compute_s` /
+`framework_cold_compute_s`; the
 simulator adds it to every layer that waited for demand reads, at the demand batch's time, spread
 over that layer's FFN, its cache work and the next attention as the real runs pay it
 (sim/components/compute.py, COLD_SPLIT).
@@ -160,11 +161,11 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
         result: dict[str, Any] = {"batch_neurons": [n for n, _ in points], "batch_repeats": [r for _, r in points],
                                   "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples}
         result["kernel_warm_s"], result["kernel_cold_s"] = _penalties_after(_kernel_times(torch, kernel, samples),
-                                                                          befores)
+                                                                            befores)
         step = _framework_layer(torch, seed) if framework else None
         if step is not None:
             result["framework_warm_s"], result["framework_cold_s"] = _penalties_after(_fw_times(step, samples),
-                                                                                    befores)
+                                                                                      befores)
         # the x axis the simulator looks the penalty up by: how long the decoder waited
         result["batch_wait_s"] = [float(mean_call_s(waits[p])) for p in points]
         result["batch_reads"] = [float(np.median(reads[p])) for p in points]
@@ -197,7 +198,7 @@ def _fw_times(step: LayerTimes, samples: int) -> LayerTimes:
 
 
 def _penalties_after(layer_times: LayerTimes,
-                   befores: list[Callable[[], None]]) -> tuple[float, list[float]]:
+                     befores: list[Callable[[], None]]) -> tuple[float, list[float]]:
     """(mean back to back, [mean after each `before` less that]) of a probe's layer times."""
     warm = float(mean_call_s(layer_times(None)))
     return warm, [max(0.0, float(mean_call_s(layer_times(b))) - warm) for b in befores]

@@ -22,10 +22,10 @@ the table priced a SmolLM2 layer's four projections at 152 us where the real run
 sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
 covers where a run has such a wait.) A cell is the median over PASSES passes through the dtype's
-whole grid of each pass's mean of at least MIN_REPS calls (after one warm-up; the mean, not the
-median, as real/call_time.py says why): on the first host
-a cell measured twice a minute apart moved by up to 20%. One dtype's pool is freed before the
-next one's is filled; a matrix larger than the pool (16384 x 16384 fp32: 1 GiB) gets its own.
+whole grid of each pass's mean of at least MIN_REPS calls (after one warm-up; real/call_time.py
+says why the mean): on the first host a cell measured twice a minute apart moved by up to 20%.
+One dtype's pool is freed before the next one's is filled; a matrix larger than the pool (16384 x
+16384 fp32: 1 GiB) gets its own.
 """
 
 from __future__ import annotations

@@ -137,8 +137,9 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
         around = [(states[i] + states[i + 1]) / 2 for i in range(len(states) - 1)]
         extra = [sec - t_tab * around[i] for i, _, sec, t_tab in rows]
         overhead.append(max(0.0, float(mean_call_s(extra))))
-        batch_s.append([float(mean_call_s([r[2] for r in rows if r[1] == n])) for n in sizes])
-        table_s.append([float(mean_call_s([r[3] for r in rows if r[1] == n])) for n in sizes])
+        # reported beside it: the median batch of each size (the typical batch, robust to one stall)
+        batch_s.append([float(np.median([r[2] for r in rows if r[1] == n])) for n in sizes])
+        table_s.append([float(np.median([r[3] for r in rows if r[1] == n])) for n in sizes])
         state_med.append(float(np.median(states)))
     return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
             "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
@@ -151,9 +152,9 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
     cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
     (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
     reads with `in_flight` threads from `store` (bench_store). Batches of PLAN_BATCH_NEURONS random
-    neurons alternate for `min_time_s`; a straight line through the two means (real/call_time.py). (Timed alone,
-    without reads in between, the same code took half as long here: it runs right after the
-    thread waits on I/O, with cold caches.)"""
+    neurons alternate for `min_time_s`; a straight line through the two means (real/call_time.py).
+    (Timed alone, without reads in between, the same code took half as long here: it runs right
+    after the thread waits on I/O, with cold caches.)"""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
     times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
     for n, st, call_s in reader_batches(store, in_flight, PLAN_BATCH_NEURONS, min_time_s, rng):

@@ -1,4 +1,4 @@
-"""The one estimator the compute benches turn repeated timings into a profile number with: the mean.
+"""How the benches turn a kernel's repeated timings into the profile's seconds per call: their mean.
 
 Why the mean, not the median. The simulator adds the profile's per-call times up into a token, and
 validate scores the mean token of a real run (real/validate_score.py), whose time is the sum of its
