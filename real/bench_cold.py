@@ -27,10 +27,9 @@ neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after CO
 batches of the largest back to back (longer waits); the penalty is the difference of the means
 (real/call_time.py says why means; the wait's own time not included). `flashsim bench flash`
 writes it as the profile's `flash.cold_wait_s` (the mean wait) / `cold_compute_s` /
-`framework_cold_compute_s`; the
-simulator adds it to every layer that waited for demand reads, at the demand batch's time, spread
-over that layer's FFN, its cache work and the next attention as the real runs pay it
-(sim/components/compute.py, COLD_SPLIT).
+`framework_cold_compute_s`; the simulator adds it to every layer that waited for demand reads, at
+the demand batch's time, spread over that layer's FFN, its cache work and the next attention as the
+real runs pay it (sim/components/compute.py, COLD_SPLIT).
 
 Compute after the caches were swept. A real layer needs no wait to find its code cold: its own
 weights, KV cache and FFN rows stream megabytes through the caches, more than a core's L2 holds,

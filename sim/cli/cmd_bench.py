@@ -168,9 +168,8 @@ def _flash(args: argparse.Namespace) -> int:
               "per evicted neuron")
     cold = result.get("cold_compute")
     if cold:
-        pts = _penalties([f"{w * 1e3:.1f} ms ({r:.0f} reads)" for w, r in zip(cold["batch_wait_s"], cold["batch_reads"])],
-                         cold["kernel_cold_s"],
-                         cold.get("framework_cold_s"))
+        waits = [f"{w * 1e3:.1f} ms ({r:.0f} reads)" for w, r in zip(cold["batch_wait_s"], cold["batch_reads"])]
+        pts = _penalties(waits, cold["kernel_cold_s"], cold.get("framework_cold_s"))
         print(f"compute after a read wait, per layer (kernels/framework, us): {pts}")
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
