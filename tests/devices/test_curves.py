@@ -18,9 +18,10 @@ def test_exact_at_table_points(tiny_curve: TableReadCurve) -> None:
     assert tiny_curve.bytes_per_s(65536, 4) == 2e9
 
 
-def test_interpolates_in_log_chunk_and_linear_in_flight(tiny_curve: TableReadCurve) -> None:
-    # 16 KiB is halfway between 4 KiB and 64 KiB in log2: (1e8 + 1e9) / 2
-    assert tiny_curve.bytes_per_s(16384, 1) == pytest.approx(5.5e8)
+def test_interpolates_time_linear_in_bytes_and_throughput_linear_in_flight(tiny_curve: TableReadCurve) -> None:
+    # a 4 KiB read at 1e8 B/s takes 40.96 us, a 64 KiB read at 1e9 B/s 65.536 us; 16 KiB is a fifth
+    # of the way in bytes ((16384 - 4096) / (65536 - 4096)): 40.96 + 0.2 * 24.576 = 45.8752 us
+    assert tiny_curve.bytes_per_s(16384, 1) == pytest.approx(16384 / 45.8752e-6)
     # 2 in flight at 4 KiB: one third of the way from 1 to 4
     assert tiny_curve.bytes_per_s(4096, 2) == pytest.approx(1e8 + (4e8 - 1e8) / 3)
 
@@ -47,6 +48,14 @@ def test_this_host_4k_monotone_in_depth_up_to_8(q1: int, q2: int) -> None:
     f = load_profile("this-host").flash
     lo, hi = sorted((min(q1, 8), min(q2, 8)))
     assert f.bytes_per_s(4096, lo) <= f.bytes_per_s(4096, hi)
+
+
+def test_count_bound_reads_cost_between_their_neighbours() -> None:
+    # reads bound by their count (the same time per read at 8 and 16 KiB, as on this host at 64 in
+    # flight): a 12 KiB read costs that same time, not less (log-chunk interpolation of the
+    # throughput gave it 5% less than either neighbour)
+    curve = TableReadCurve((8192, 16384), (64,), ((8192 / 19e-6,), (16384 / 19e-6,)))
+    assert 12288 / curve.bytes_per_s(12288, 64) == pytest.approx(19e-6)
 
 
 def test_vectorised_matches_scalar(tiny_curve: TableReadCurve) -> None:
