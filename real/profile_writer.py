@@ -46,6 +46,13 @@ def _represent_list(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
 _Dumper.add_representer(list, _represent_list)
 
 
+def profile_yaml(profile: DeviceProfile, comment: str) -> str:
+    """A profile as the bundled files store it (block style, table rows on one line), after a
+    `# comment` line; it loads back to an equal profile (floats are written exactly)."""
+    text = yaml.dump(profile.model_dump(mode="json", exclude_none=True), Dumper=_Dumper, sort_keys=False, width=120)
+    return f"# {comment}\n{text}"
+
+
 def default_path(name: str) -> Path:
     return BUNDLED_DIR / f"{name}.yaml"
 
@@ -113,11 +120,10 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     except ValidationError as e:
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.dump(profile.model_dump(mode="json", exclude_none=True), Dumper=_Dumper, sort_keys=False,
-                     width=120)
+    text = profile_yaml(profile, f"Written by `{command}`; merged sections keep their own sources.")
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        tmp.write_text(f"# Written by `{command}`; merged sections keep their own sources.\n{text}")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

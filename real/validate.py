@@ -192,7 +192,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
             try:
                 write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick,
                                                      "seed": seed, "repeats": repeats, "threads": threads,
-                                                     "modes": list(modes)}, t0)
+                                                     "modes": list(modes)}, t0, profile=profile)
             except OSError as e:    # the grid's report is worth more than the failed keep: say so, go on
                 print(f"WARNING: --keep {keep}: could not write it ({e.strerror or e}); nothing was kept, the report "
                       "is complete", file=sys.stderr)

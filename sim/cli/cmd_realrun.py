@@ -24,6 +24,7 @@ from devices.units import format_bytes, parse_bytes
 from sim.cli.output import print_json, print_table
 
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
+KEPT_PROFILE = "kept"
 RUN_OPTIONS = ("quick", "tokens", "seed", "workdir", "threads", "modes", "repeats", "check_every", "keep")
 
 
@@ -34,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--plot", metavar="DIR", help="write a sim-vs-real scatter plot (PNG) into DIR")
     v.add_argument("--profile", default="this-host", help="device profile the simulator replays with "
-                                                         "(name or YAML, e.g. one written by `flashsim bench`)")
+                                                         "(name or YAML, e.g. one written by `flashsim bench`); "
+                                                         f"with --rescore, `{KEPT_PROFILE}` replays each grid on "
+                                                         "the profile it was validated with")
     v.add_argument("--tokens", type=int, help="decode steps per configuration (default 12 quick, 24 full)")
     v.add_argument("--seed", type=int, default=0, help="seed of the store, trace and compute inputs")
     v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
@@ -225,6 +228,9 @@ def _validate(args: argparse.Namespace) -> int:
     if args.rescore is not None:
         return _rescore(args)
     modes = parse_modes(args.modes)
+    if args.profile == KEPT_PROFILE:
+        raise FlashsimError(f"--profile {KEPT_PROFILE}: only with --rescore DIR (the profile a kept grid was "
+                            "validated with); give a profile name or YAML file")
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
                             progress=validate_progress(args.json), threads=args.threads, modes=modes,
@@ -241,7 +247,8 @@ def _rescore(args: argparse.Namespace) -> int:
         flag = "--" + given[0].replace("_", "-")
         raise FlashsimError(f"{flag} with --rescore: a rescore runs nothing, it replays the kept grid as it ran; "
                             f"drop {flag}")
-    profile = load_profile(args.profile)
+    # `--profile kept`: each grid on the profile it was validated with (its profile.yaml)
+    profile = None if args.profile == KEPT_PROFILE else load_profile(args.profile)
     if len(args.rescore) == 1:
         report = rescore(args.rescore[0], profile, progress=validate_progress(args.json))
         return print_validation(report, args.json, args.plot)
@@ -331,10 +338,11 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
           f"{report['wall_s']:.0f} s")
     if report.get("rescored_from"):
         print(f"rescored: the real runs kept in {report['rescored_from']} ({report['repeats']} per configuration, "
-              f"validated with profile {report['validated_with_profile']}) against the simulator on {report['profile']}")
+              f"validated with profile {report['validated_with_profile']}) against the simulator on {report['profile']}"
+              f"{' (the profile kept with them)' if report.get('profile_kept') else ''}")
     elif report.get("kept"):
         print(f"kept the executed traces and real runs in {report['kept']} (score another profile: "
-              f"flashsim validate --rescore {report['kept']} --profile P)")
+              f"flashsim validate --rescore {report['kept']} --profile P, or --profile kept for this one)")
     tables = [("all", report)] + (list(report["per_mode"].items()) if len(report["per_mode"]) > 1 else [])
     for name, summary in tables:
         noise = summary.get("noise_floor", {})

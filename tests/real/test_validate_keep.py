@@ -47,7 +47,8 @@ def test_rescore_by_hand(tmp_path):
                                                           "seed": 0, "repeats": 2}, t0=0.5)
     doc = json.loads((keep / "grid.json").read_text())
     assert doc["version"] == K.KEEP_VERSION and doc["configs"][0]["run_times_s"] == [0.5, 1.5]
-    assert sorted(p.name for p in (keep / "config-000").iterdir()) == ["run-0.parquet", "run-1.parquet", "trace"]
+    assert sorted(p.name for p in keep.iterdir()) == ["grid.json", "runs.parquet", "traces"]    # no profile given
+    assert doc["configs"][0]["passes"] == 2 and doc["configs"][0]["trace"].startswith("traces/")
     rep = K.rescore(keep, load_profile("this-host"))
     m = rep["configs"][0]["metrics"]
     assert m["latency_s"]["error"] == pytest.approx(0.2)
@@ -130,7 +131,9 @@ def test_keep_and_rescore_through_the_cli(monkeypatch, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".kept")) == []   # no temporary left
     doc = K.load_kept_grid(keep)
     assert [c["config"] for c in doc["configs"]] == [c["config"] for c in out["configs"]]
-    assert all(len(c["runs"]) == 2 for c in doc["configs"])
+    assert all(c["passes"] == 2 for c in doc["configs"])
+    # the profile validate replayed with is kept, and `--profile kept` rescores on it
+    assert K.kept_profile(keep).model_dump() == load_profile("this-host").model_dump()
     # rescoring on the same profile gives the same errors: the replay is deterministic, the real runs kept
     assert main(["validate", "--rescore", str(keep), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
@@ -142,10 +145,64 @@ def test_keep_and_rescore_through_the_cli(monkeypatch, tmp_path, capsys):
             assert b["metrics"][metric]["real"] == pytest.approx(v["real"], rel=1e-12)
     assert again["latency_error_median"] == pytest.approx(out["latency_error_median"])
     assert set(again["per_mode"]) == {"shape", "model"} and "drift_corrected" not in again
-    assert main(["validate", "--rescore", str(keep)]) == 0
+    assert main(["validate", "--rescore", str(keep), "--profile", "kept", "--json"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert own["profile_kept"] is True and again["profile_kept"] is False
+    assert own["latency_error_median"] == again["latency_error_median"]
+    assert main(["validate", "--rescore", str(keep), "--profile", "kept"]) == 0
     text = capsys.readouterr().out
     assert f"rescored: the real runs kept in {keep} (2 per configuration" in text
+    assert "(the profile kept with them)" in text
     assert "latency_s" in text and "group (sim - real" in text
+
+
+def test_kept_profile_is_refused_without_rescore(capsys):
+    assert main(["validate", "--quick", "--profile", "kept"]) == 2
+    err = capsys.readouterr().err
+    assert "--profile kept: only with --rescore" in err and err.count("\n") == 1
+
+
+def test_equal_traces_are_kept_once_and_the_profile_loads_back_equal(tmp_path):
+    replays, _ = _sim_grid(tmp_path, (1.1,))
+    (row, trace, spec, cfg, runs, times), = replays
+    other = synthesize(tmp_path / "other", spec, 12, 1, active_fraction=0.3, overlap=0.7, hot_skew=0.3,
+                       prompt_tokens=12, overwrite=True)
+    three = [(row, trace, spec, cfg, runs, times), ({**row, "config": "shape: again"}, trace, spec, cfg, runs, times),
+             ({**row, "config": "shape: other"}, other, spec, cfg, runs, times)]
+    prof = load_profile("this-host")
+    keep = K.write_kept_grid(tmp_path / "kept", three, {"repeats": 1}, t0=0.0, profile=prof)
+    doc = K.load_kept_grid(keep)
+    assert doc["configs"][0]["trace"] == doc["configs"][1]["trace"] != doc["configs"][2]["trace"]
+    assert len(list((keep / "traces").iterdir())) == 2
+    assert K.kept_profile(keep).model_dump() == prof.model_dump()     # floats written exactly
+    rep = K.rescore(keep)                                              # None: the kept profile
+    assert rep["profile_kept"] and [c["config"] for c in rep["configs"]] == ["shape: hand", "shape: again",
+                                                                          "shape: other"]
+    assert rep["configs"][0]["metrics"] == rep["configs"][1]["metrics"]
+
+
+def test_a_version_1_grid_is_still_read(tmp_path):
+    # version 1: a folder per configuration with its trace and a Parquet file per pass, no profile
+    import shutil
+    from types import SimpleNamespace
+
+    from real.records import write_records
+
+    replays, sim_tokens = _sim_grid(tmp_path, (1.2, 1.3))
+    (row, trace, spec, cfg, runs, _), = replays
+    v1 = tmp_path / "v1"
+    shutil.copytree(trace, v1 / "config-000" / "trace")
+    for p, tokens in enumerate(runs):
+        write_records(v1 / "config-000" / f"run-{p}.parquet", SimpleNamespace(tokens=tokens))
+    entry = {**{k: row[k] for k in K.ROW_KEYS}, "trace": "config-000/trace",
+             "runs": ["config-000/run-0.parquet", "config-000/run-1.parquet"], "run_times_s": [1.0, 2.0],
+             "run_config": cfg.to_dict(), "spec": spec.model_dump(mode="json")}
+    (v1 / "grid.json").write_text(json.dumps({"format": "flashsim-validate-keep", "version": 1, "repeats": 2,
+                                              "configs": [entry]}))
+    rep = K.rescore(v1, load_profile("this-host"))
+    assert rep["configs"][0]["metrics"]["latency_s"]["error"] == pytest.approx(0.2)   # as test_rescore_by_hand
+    with pytest.raises(FlashsimError, match="no profile.yaml"):
+        K.rescore(v1)
 
 
 def test_keep_refuses_an_existing_folder_before_running(tmp_path, capsys):
@@ -178,17 +235,26 @@ def test_rescore_bad_input_is_one_line(tmp_path, capsys):
         return e
 
     assert "no grid.json" in err_of(str(tmp_path))
-    grid.write_text(good.replace('"version": 1', '"version": 99'))
+    grid.write_text(good.replace('"version": 2', '"version": 99'))
     assert "version 99" in err_of(str(keep))
     grid.write_text("{not json")
     assert "not readable JSON" in err_of(str(keep))
     grid.write_text(json.dumps({"format": "something-else"}))
     assert "not a kept validation grid" in err_of(str(keep))
     grid.write_text(good)
-    (keep / "config-000" / "run-0.parquet").write_bytes(b"PAR1 truncated")
+    assert "--profile kept: no profile.yaml" in err_of(str(keep), "--profile", "kept")    # none was given
+    runs = keep / "runs.parquet"
+    records = runs.read_bytes()
+    doc = json.loads(good)
+    doc["configs"][0]["passes"] = 2
+    grid.write_text(json.dumps(doc))
+    assert "no records of configuration 0, pass 1" in err_of(str(keep))
+    grid.write_text(good)
+    runs.write_bytes(b"PAR1 truncated")
     assert "not a readable Parquet file" in err_of(str(keep))
-    (keep / "config-000" / "run-0.parquet").unlink()
-    assert "run-0.parquet: missing" in err_of(str(keep))
+    runs.unlink()
+    assert "runs.parquet: missing" in err_of(str(keep))
+    runs.write_bytes(records)
     doc = json.loads(good)
     doc["configs"][0]["run_config"]["no_such_section"] = {}
     grid.write_text(json.dumps(doc))
