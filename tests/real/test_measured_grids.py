@@ -1,0 +1,47 @@
+"""The validation grids committed with the repository (docs/measured/grids/): each is a whole kept
+grid (real/validate_keep.py, format version 2) with the profile it was validated with, and the
+simulator scores it as `scores.json` says.
+
+What this holds fixed:
+* bytes: the simulator counts exactly the bytes the real reader moved in every configuration of
+  both modes (padding and coalescing included). A change to the layout's accounting fails here;
+* the scores: a change to the simulator that moves any grid's latency error, median or p90, on its
+  own calibration or on the committed `this-host`, fails here until `scores.json` is written again
+  (`python scripts/measured_scores.py`), so every fidelity change shows in the diff beside the code
+  that made it, and docs/validation.md's table can be checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from devices import load_profile
+from real.validate_keep import load_kept_grid, rescore
+
+GRIDS = Path(__file__).resolve().parents[2] / "docs" / "measured" / "grids"
+KEPT = sorted(p.parent for p in GRIDS.glob("*/grid.json"))
+
+
+def test_the_committed_grids_are_there():
+    assert len(KEPT) >= 2 and all((k / "profile.yaml").is_file() and (k / "scores.json").is_file() for k in KEPT)
+
+
+@pytest.mark.parametrize("keep", KEPT, ids=lambda p: p.name)
+def test_a_committed_grid_scores_as_recorded(keep: Path):
+    doc = load_kept_grid(keep)
+    assert doc["version"] == 2 and not doc["quick"] and doc["repeats"] >= 2
+    expected = json.loads((keep / "scores.json").read_text())
+    for key, profile in (("kept", None), ("this-host", load_profile("this-host"))):
+        rep = rescore(keep, profile)
+        assert rep["n_configs"] == len(doc["configs"]) == 80
+        assert {m for m in rep["per_mode"]} == {"shape", "model"}
+        # bytes: exact in every real pass of every configuration (the simulator reads what the real
+        # reader read; the mean over the passes may differ in its last bit)
+        assert all(e == 0.0 for c in rep["configs"] for e in c["metrics"]["bytes_read"]["pass_errors"])
+        got = {k: rep[k] for k in ("latency_error_median", "latency_error_p90", "latency_error_max")}
+        assert got == pytest.approx(expected[key], rel=1e-9, abs=1e-12), (
+            f"{keep.name} on {key}: the simulator now scores {got}; if the change is meant, run "
+            "`python scripts/measured_scores.py` and update docs/validation.md")
