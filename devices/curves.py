@@ -57,7 +57,7 @@ class TableReadCurve:
             )
         if not np.all(np.isfinite(bw)) or np.any(bw <= 0):
             raise ValueError("read_table.bytes_per_s values must be finite and > 0")
-        object.__setattr__(self, "_log_c", np.log2(c))
+        object.__setattr__(self, "_c", c)
         object.__setattr__(self, "_q", q)
         object.__setattr__(self, "_bw", bw)
 
@@ -74,25 +74,26 @@ class TableReadCurve:
             raise ValueError("chunk_bytes must be > 0")
         q_tab: np.ndarray = self._q  # type: ignore[attr-defined]
         bw_tab: np.ndarray = self._bw  # type: ignore[attr-defined]
-        log_c: np.ndarray = self._log_c  # type: ignore[attr-defined]
+        c_tab: np.ndarray = self._c  # type: ignore[attr-defined]
         # Step 1: the column for this in-flight count (linear in q, clamped at the ends).
         q_scale = 1.0
         q = float(in_flight)
         if q < q_tab[0]:
             q_scale, q = q / q_tab[0], q_tab[0]
-        col = np.array([np.interp(q, q_tab, bw_tab[i]) for i in range(len(log_c))]) * q_scale
+        col = np.array([np.interp(q, q_tab, bw_tab[i]) for i in range(len(c_tab))]) * q_scale
         # Step 2: along the chunk size, a read's time linear in its bytes between the two table
         # chunks around it (module docstring); below the table a read costs a smallest read's time,
         # above it the largest chunk's throughput holds.
-        c_tab = 2.0 ** log_c
-        c = np.clip(chunk, c_tab[0], c_tab[-1])
-        hi = np.clip(np.searchsorted(c_tab, c, side="right"), 1, len(c_tab) - 1)
-        lo = hi - 1
-        w = (c - c_tab[lo]) / (c_tab[hi] - c_tab[lo]) if len(c_tab) > 1 else np.zeros_like(c)
-        t_lo, t_hi = c_tab[lo] / col[lo], c_tab[hi] / col[hi]
-        out = c / ((1.0 - w) * t_lo + w * t_hi)
-        out[w == 0.0] = col[lo][w == 0.0]      # exact at table points (no round trip through a time)
-        out[w == 1.0] = col[hi][w == 1.0]
+        if len(c_tab) == 1:
+            out = np.full_like(chunk, col[0])
+        else:
+            c = np.clip(chunk, c_tab[0], c_tab[-1])
+            hi = np.clip(np.searchsorted(c_tab, c, side="right"), 1, len(c_tab) - 1)
+            lo = hi - 1
+            w = (c - c_tab[lo]) / (c_tab[hi] - c_tab[lo])
+            out = c / ((1.0 - w) * (c_tab[lo] / col[lo]) + w * (c_tab[hi] / col[hi]))
+            out[w == 0.0] = col[lo][w == 0.0]      # exact at table points (no round trip through a time)
+            out[w == 1.0] = col[hi][w == 1.0]
         small = chunk < c_tab[0]
         out[small] = col[0] * chunk[small] / c_tab[0]
         return out
