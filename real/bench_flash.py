@@ -53,6 +53,7 @@ from real.bench_host_cpu import (
     PROBE_LONG_DIM,
     PROBE_SLICE_S,
     PROBE_SLICES,
+    FfnStepProbe,
     probe_samples,
     probe_summary,
 )
@@ -107,11 +108,12 @@ class FlashBenchConfig:
             raise FlashsimError(f"--duration-s must be > 0, got {self.duration_s}")
 
 
-def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list]) -> None:
+def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list],
+               ffn_probe: FfnStepProbe | None = None) -> None:
     """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning,
     the cache index work and (host CPU probe on) compute after a read wait, on `store` (None: a
     folder without room for it), then the host CPU probe's slices for this round, kernel and
-    framework. Each is CPU work that moves with the host's state (one slow spell moved a single
+    framework, long kernels and (`ffn_probe`, when it could be built) a Python loop's FFN step. Each is CPU work that moves with the host's state (one slow spell moved a single
     0.3 s measurement of the planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile
     within 14 minutes), so the rounds are spread over the whole grid, one after each sweep, and the
     profile keeps the median of each (until the eighth round they ran back to back after the grid;
@@ -131,11 +133,25 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
+            if kind == "ffn_step" and ffn_probe is None:
+                continue
             raw = probe_samples(bf, chunk, q, slices=max(2, PROBE_SLICES // cfg.passes),
                                 slice_s=min(PROBE_SLICE_S, cfg.duration_s), compute_threads=cfg.compute_threads,
-                                seed=cfg.seed, kind=kind, round_=r)
+                                seed=cfg.seed, kind=kind, round_=r, probe=ffn_probe if kind == "ffn_step" else None)
             if raw is not None:
                 rounds[kind].append(raw)
+
+
+def _ffn_step_probe(folder: Path, cfg: FlashBenchConfig) -> FfnStepProbe | None:
+    """The FFN-step probe on a store written in `folder`; None without torch or room for its store."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return FfnStepProbe(folder, cfg.compute_threads, cfg.seed)
+    except (OSError, FlashsimError):
+        return None
 
 
 def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_file: bool = False,
@@ -162,6 +178,11 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 skipped = (f"batch overhead, reader planning and compute after a read wait not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
+            ffn_probe = None
+            if cfg.host_cpu and store is not None:
+                ffn_probe = _ffn_step_probe(path.resolve().parent, cfg)
+                if ffn_probe is not None:
+                    stack.callback(ffn_probe.close)
             for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
                 for i, j in (points if k % 2 == 0 else points[::-1]):
                     c, q = cfg.chunks[i], cfg.in_flight[j]
@@ -171,7 +192,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                     cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
                     if progress:
                         progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-                _cpu_round(bf, store, cfg, k, rounds)
+                _cpu_round(bf, store, cfg, k, rounds, ffn_probe)
                 if progress and cfg.host_cpu:
                     progress(f"host CPU (round {k + 1}/{cfg.passes})")
             # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
@@ -301,6 +322,19 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])
         extra.update({k: sig4(host[k]) for k in keys})
+        curves = {name: host[kind]["curve"] if kind != "host" else host["curve"]
+                  for kind, name in (("host", "kernel"), ("framework", "framework"), ("long", "long_kernel"),
+                                     ("ffn_step", "ffn_step"))
+                  if (host if kind == "host" else host.get(kind) or {}).get("curve")}
+        if curves:
+            extra["host_cpu_batch_reads"] = next(iter(curves.values()))["batch_reads"]
+            extra["host_cpu_curves"] = {name: {"compute_lost_s": [sig4(v) for v in c["compute_lost_s"]],
+                                               "read_delay_s": [sig4(v) for v in c["read_delay_s"]]}
+                                        for name, c in curves.items()
+                                        if c["batch_reads"] == extra["host_cpu_batch_reads"]}
+            source += (f"; host_cpu_curves at batches of {extra['host_cpu_batch_reads']} reads"
+                       + ("; the ffn_step curve with real.backend's FFN step as the compute (its reads not transferred)"
+                          if "ffn_step" in extra["host_cpu_curves"] else ""))
         if host.get("framework"):
             extra.update({f"framework_{k}": sig4(host["framework"][k]) for k in keys})
             source += "; the framework_ terms with a tiny transformers llama as the compute"

@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,19 @@ PROBE_SLICES = 20
 PROBE_SLICE_S = 0.1
 PROBE_DIM = 1024              # the probe GEMV: 4 MiB of fp32 weights, a decode layer's projection
 PROBE_LONG_DIM = 4096         # the long-kernel probe: 64 MiB of fp32 weights, about 1 ms per torch call
-PROBE_KINDS = ("host", "framework", "long")   # the kernel probe (profile's plain terms), framework_, long_kernel_
+# the kernel probe (profile's plain terms), framework_, long_kernel_, and a Python loop's FFN step
+# (host_cpu_curves' "ffn_step" only: FfnStepProbe, which needs a store, is handed in as `probe`)
+PROBE_KINDS = ("host", "framework", "long", "ffn_step")
+# the FFN-step probe's model: two layers of validate's shape (real/validate.py), bundled and padded
+FFN_PROBE_DIMS = {"n_layers": 2, "d_model": 1024, "d_ff": 2048, "n_heads": 8, "n_kv_heads": 4, "head_dim": 128,
+                  "vocab_size": 256}
+FFN_PROBE_TOKENS = 64
+
+
+def probe_batch_sizes(in_flight: int) -> tuple[int, ...]:
+    """Reads per batch the probe measures at `in_flight` reads in flight: a quarter of the threads'
+    worth, one read per thread, and 2x and 8x (the two the per-read and per-batch line goes through)."""
+    return tuple(sorted({max(1, in_flight // 4), in_flight, 2 * in_flight, 8 * in_flight}))
 
 
 class TorchCallCounter:
@@ -145,8 +158,90 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
     return run
 
 
+class FfnStepProbe:
+    """A Python decoder loop's FFN step as the compute probe: real.backend's `RealExecutor.ffn`, layer
+    after layer, on a store of FFN_PROBE_DIMS written in a temporary folder inside `folder`, under
+    the validation grid's bundled window policy (k=2, a quarter of the FFN, no prefetch; active sets
+    from a synthetic trace), its reads planned but not transferred (`transfer_reads=False`): the
+    cache bookkeeping in NumPy, the row moves, the gather and the sparse kernels, as every step runs
+    them. Called as run(until_perf_counter) -> steps; close() removes the store. The executor only
+    plans with `plan_profile` (a plan depends on the trace, the budget and the policies, never on a
+    timing), so any profile serves."""
+
+    def __init__(self, folder: Path, threads: int, seed: int, plan_profile: str = "this-host"):
+        import tempfile
+
+        import torch
+
+        from devices.model_spec import ModelSpec
+        from devices.schema import load_profile
+        from real.convert import write_shape_store
+        from real.shape_mode import shape_trace_like
+        from real.store import open_store
+        from traces.format import open_trace
+
+        self.torch, self.threads, self.seed = torch, threads, seed
+        self._tmp = tempfile.TemporaryDirectory(prefix="flashsim-ffnprobe-", dir=folder)
+        try:
+            root = Path(self._tmp.name)
+            spec = ModelSpec(name="ffn-step-probe", family="llama", dtype="fp32", ffn_kind="swiglu", **FFN_PROBE_DIMS)
+            self.store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="bundled"))
+            self.trace = open_trace(shape_trace_like(spec, root / "trace", FFN_PROBE_TOKENS, seed))
+            self.profile = load_profile(plan_profile)
+            self.spec = spec
+            self.ex: Any = None
+            self.step = 0
+            self.x = torch.randn(1, spec.d_model, generator=torch.Generator().manual_seed(seed)) * 0.02
+            self._fresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def _config(self) -> Any:
+        from real.backend import store_alignment_bytes, store_config
+        from real.validate import budget_for
+        from sim.config import RunConfig
+
+        budget = budget_for(self.spec, FFN_PROBE_TOKENS, 0.25, store_alignment_bytes(self.store))
+        cfg = RunConfig().with_overrides(["residency=window", "window.k=2", "predictor=oracle", "predictor.rank=0",
+                                          "layout=bundling", "bundling.bundled=true", "prefetch=none",
+                                          "workload.prompt_tokens=0", f"memory.dram_budget_bytes={budget}",
+                                          "flash.in_flight=1", "compute.framework=kernels", f"seed={self.seed}"])
+        return store_config(cfg, self.store)[0]
+
+    def _fresh(self) -> None:
+        from real.backend import RealExecutor
+
+        if self.ex is not None:
+            self.ex.close()
+        self.ex = RealExecutor(self.store, self.trace, self.profile, self._config(), threads=self.threads,
+                               transfer_reads=False)
+        self.step = 0
+
+    def __call__(self, until: float) -> int:
+        n = 0
+        with self.torch.no_grad():
+            while time.perf_counter() < until:
+                if self.step >= self.ex.n_steps:
+                    self._fresh()
+                ex = self.ex
+                ex.begin_step(self.step)
+                for layer in range(self.spec.n_layers):
+                    ex.ffn(layer, self.x)
+                ex.end_step()
+                self.step += 1
+                n += 1
+        return n
+
+    def close(self) -> None:
+        if getattr(self, "ex", None) is not None:
+            self.ex.close()
+            self.ex = None
+        self._tmp.cleanup()
+
+
 def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
-                  compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, int] | None = None,
+                  compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, ...] | None = None,
                   kind: str = "host", round_: int = 0,
                   probe: Callable[[float], int] | None = None) -> dict[str, Any] | None:
     """One round of the host CPU probe: `slices` slices per batch size, each the compute alone |
@@ -155,17 +250,20 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
     `probe`: any other compute, run(until_perf_counter) -> iterations (kind is then unused).
     Reads are issued as the real backend issues a prefetch: a background thread hands batches of B
     reads to a persistent pool of `in_flight` threads (the reader's own `_Workers`), one batch after
-    another. Two batch sizes separate the per-batch cost (waking and collecting the pool's threads)
-    from the per-read cost (`probe_summary`)."""
+    another, at each of `batch_reads` (default `probe_batch_sizes`): the two largest separate the
+    per-batch cost (waking and collecting the pool's threads) from the per-read cost, all of them
+    give the curve over the batch's reads (`probe_summary`)."""
     from real.reader import _Workers
 
     n_slots = (bf.size_bytes - chunk) // chunk + 1
     if n_slots < 1:
         raise FlashsimError(f"{bf.path}: {format_bytes(bf.size_bytes)} is smaller than a {format_bytes(chunk)} chunk")
-    sizes = batch_reads or (2 * in_flight, 8 * in_flight)
+    sizes = tuple(batch_reads or probe_batch_sizes(in_flight))
     torch_threads = _torch_threads()
     if kind not in PROBE_KINDS:
         raise ValueError(f"probe kind must be one of {PROBE_KINDS}, got {kind!r}")
+    if probe is None and kind == "ffn_step":
+        raise ValueError("the ffn_step probe needs a store: pass probe=FfnStepProbe(...)")
     if probe is None:
         probe = (_framework_probe(compute_threads, seed) if kind == "framework" else
                  _compute_probe(compute_threads, seed, PROBE_LONG_DIM if kind == "long" else PROBE_DIM))
@@ -257,12 +355,13 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
 def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The probe's result from the samples of one or more rounds (`probe_samples`, same chunk,
     depth and batch sizes): per batch size the medians over all slices, then a straight line
-    through the two batch sizes splits each effect into a per-batch and a per-read part (>= 0)."""
+    through the two largest batch sizes splits each effect into a per-batch and a per-read part
+    (>= 0), and `curve` keeps each effect at every size (>= 0: devices/schema.py host_cpu_curves)."""
     first = rounds[0]
     sizes = first["batch_reads"]
     med = {n: {k: float(np.median(v)) if (v := [x for r in rounds for x in r["per"][n][k]]) else float("nan")
                for k in ("alone", "both", "lost", "cpu")} for n in sizes}
-    (n1, n2) = sizes
+    n1, n2 = sizes[-2:] if len(sizes) > 1 else (sizes[0], sizes[0])
 
     def line(y1: float, y2: float) -> tuple[float, float]:
         """(per batch, per read) through the two batch sizes, both >= 0."""
@@ -270,14 +369,22 @@ def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         return max(0.0, y1 - per_read * n1), per_read
 
     delay = {n: med[n]["both"] - med[n]["alone"] for n in sizes}
-    lost_b, lost_r = line(med[n1]["lost"], med[n2]["lost"])
-    delay_b, delay_r = line(delay[n1], delay[n2])
+    if n1 == n2:   # one size: all of it per read
+        lost_b, lost_r, delay_b, delay_r = 0.0, max(0.0, med[n1]["lost"] / n1), 0.0, max(0.0, delay[n1] / n1)
+    else:
+        lost_b, lost_r = line(med[n1]["lost"], med[n2]["lost"])
+        delay_b, delay_r = line(delay[n1], delay[n2])
+    finite = all(np.isfinite(med[n]["lost"]) and np.isfinite(delay[n]) for n in sizes)
     return {"chunk_bytes": first["chunk_bytes"], "in_flight": first["in_flight"],
             "compute_threads": first["compute_threads"], "slices": sum(r["slices"] for r in rounds),
             "rounds": len(rounds), "slice_s": first["slice_s"], "batch_reads": list(sizes),
-            "cpu_s_per_read": float(np.nanmedian([med[n]["cpu"] for n in sizes])),
+            "cpu_s_per_read": float(np.nanmedian([med[n]["cpu"] for n in {n1, n2}])),
             "compute_lost_s_per_read": lost_r, "compute_lost_s_per_batch": lost_b,
             "read_delay_s_per_read": delay_r, "read_delay_s_per_batch": delay_b,
+            # None when a size had no batch end inside a slice (too few slices for it)
+            "curve": {"batch_reads": [int(n) for n in sizes],
+                      "compute_lost_s": [max(0.0, med[n]["lost"]) for n in sizes],
+                      "read_delay_s": [max(0.0, delay[n]) for n in sizes]} if finite else None,
             "per_batch_size": {str(n): {"batch_s": med[n]["alone"], "batch_with_compute_s": med[n]["both"],
                                         "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"],
                                         "delay_s": delay[n]}

@@ -261,7 +261,7 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead and segment cost x disk (the check times the first two together); the
     GEMV FLOP rates / cpu, gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's
-    cold GEMV); AFTER_IO_TERMS and the cold-compute curves x after_io.
+    cold GEMV); AFTER_IO_TERMS, the host-CPU curves and the cold-compute curves x after_io.
     `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
     chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
     of / disk. Nothing else changes."""
@@ -289,6 +289,9 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     for key in ("cold_compute_s", "framework_cold_compute_s"):
         if key in flash:
             flash[key] = [v * after_io for v in flash[key]]
+    for c in flash.get("host_cpu_curves", {}).values():   # the AFTER_IO_TERMS at each batch size
+        for key in ("compute_lost_s", "read_delay_s"):
+            c[key] = [v * after_io for v in c[key]]
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)

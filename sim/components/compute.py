@@ -106,6 +106,7 @@ while the planning holds the lock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -171,6 +172,12 @@ class HostCpu:
     # (seconds per torch call, lost per read, lost per batch, delay per read, delay per batch) of the
     # profile's three probes, by increasing seconds per call: a Python decoder loop's terms (`at`)
     probes: tuple[tuple[float, float, float, float, float], ...] = ()
+    # the profile's measured curves over the batch's reads (flash.host_cpu_curves): (probe, batch
+    # reads, compute lost per batch, read delay per batch) per probe that has one; a probe with a
+    # curve is priced by it instead of its per-read and per-batch terms (`batch_cost`). "ffn_step":
+    # a Python loop's FFN step, whose share of the compute takes that curve (`cost`).
+    curves: tuple[tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]], ...] = ()
+    probe_names: tuple[str, ...] = ("framework", "kernel", "long_kernel")   # of `probes`, in their order
     # a Python decoder loop: a prefetch's planning (NumPy on the reader's thread, holding the
     # interpreter lock) is compute the loop loses (module doc, "A Python decoder loop")
     python_loop: bool = False
@@ -179,6 +186,17 @@ class HostCpu:
         for name in ("lost_s_per_read", "lost_s_per_batch", "delay_s_per_read", "delay_s_per_batch"):
             if getattr(self, "fw_" + name) is None:
                 object.__setattr__(self, "fw_" + name, getattr(self, name))
+        curves = {c[0]: c[1:] for c in self.curves}
+        k = BatchCost(self.lost_s_per_read, self.lost_s_per_batch, self.delay_s_per_read, self.delay_s_per_batch,
+                      curves.get("kernel"))
+        fw = BatchCost(self.fw_lost_s_per_read, self.fw_lost_s_per_batch, self.fw_delay_s_per_read,  # type: ignore[arg-type]
+                       self.fw_delay_s_per_batch, curves.get("framework"))  # type: ignore[arg-type]
+        probe_costs = tuple(BatchCost(*pt[1:], curves.get(name)) for pt, name in zip(self.probes, self.probe_names))
+        ffn = curves.get("ffn_step")
+        object.__setattr__(self, "_k", k)
+        object.__setattr__(self, "_fw", fw)
+        object.__setattr__(self, "_probe_costs", probe_costs)
+        object.__setattr__(self, "_ffn", BatchCost(0.0, 0.0, 0.0, 0.0, ffn) if ffn and self.probes else None)
 
     @classmethod
     def of(cls, profile: DeviceProfile, python_loop: bool = False) -> HostCpu | None:
@@ -195,7 +213,14 @@ class HostCpu:
         probes = tuple(f.probe_points() or ()) if python_loop else ()
         if python_loop and not probes:
             k = fw
-        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes, python_loop)
+        names = {"framework": "framework", "kernel": "kernel", "long": "long_kernel"}
+        # a loop without the probes stands in the framework terms for the kernel ones: their curve too
+        kernel_curve = "framework" if python_loop and not probes else "kernel"
+        curves = tuple((name, *c) for name, src in (("kernel", kernel_curve), ("framework", "framework"),
+                                                    ("long_kernel", "long_kernel"), ("ffn_step", "ffn_step"))
+                       if (c := f.host_cpu_curve(src)) is not None)
+        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes, curves,
+                   tuple(names[p] for p in ("framework", "kernel", "long")), python_loop)
 
     def at(self, op_s: float) -> tuple[float, float, float, float]:
         """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that
@@ -210,38 +235,86 @@ class HostCpu:
                 return tuple(a + w * (b - a) for a, b in zip(lo[1:], hi[1:]))  # type: ignore[return-value]
         return pts[-1][1:]
 
+    def cost(self, nreads: float, framework: float = 0.0, op_s: float = 0.0, ffn: float = 0.0) -> tuple[float, float]:
+        """(compute lost, read delay) in seconds of one batch of `nreads` reads that runs while the
+        compute runs. `framework`: the share of the compute that is framework code (0 = kernels
+        only); `op_s`: a Python loop's seconds per torch call (with the probes it places the loop
+        between them, `at`, and `framework` is unused); `ffn`: the share of such a loop's compute
+        that is its FFN step, which takes the profile's FFN-step curve where it has one."""
+        if op_s > 0 and self.probes:
+            pts, costs = self.probes, self._probe_costs  # type: ignore[attr-defined]
+            if op_s <= pts[0][0]:
+                lost, delay = costs[0].at(nreads)
+            elif op_s >= pts[-1][0]:
+                lost, delay = costs[-1].at(nreads)
+            else:
+                i = next(j for j in range(1, len(pts)) if op_s < pts[j][0])
+                w = math.log(op_s / pts[i - 1][0]) / math.log(pts[i][0] / pts[i - 1][0])
+                (l0, d0), (l1, d1) = costs[i - 1].at(nreads), costs[i].at(nreads)
+                lost, delay = l0 + w * (l1 - l0), d0 + w * (d1 - d0)
+            f_cost = self._ffn  # type: ignore[attr-defined]
+            if f_cost is not None and ffn > 0:
+                w = ffn if ffn < 1.0 else 1.0
+                lf, df = f_cost.at(nreads)
+                lost, delay = lost + w * (lf - lost), delay + w * (df - delay)
+            return lost, delay
+        lost, delay = self._k.at(nreads)  # type: ignore[attr-defined]
+        if framework > 0:
+            lf, df = self._fw.at(nreads)  # type: ignore[attr-defined]
+            lost, delay = lost + framework * (lf - lost), delay + framework * (df - delay)
+        return lost, delay
+
     def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0, op_s: float = 0.0,
-                  plan_s: float = 0.0) -> float:
-        """The share of full speed the compute keeps while a batch of `nreads` runs for service_s;
-        `framework`: the share of the compute that is framework code (0 = kernels only); `op_s`: a
-        Python loop's seconds per torch call (with the probes, it decides and `framework` is unused);
-        `plan_s`: the reader's planning of the batch, lost whole by a Python loop."""
+                  plan_s: float = 0.0, ffn: float = 0.0) -> float:
+        """The share of full speed the compute keeps while a batch of `nreads` runs for service_s
+        (framework share, seconds per torch call and FFN-step share as in `cost`); `plan_s`: the
+        reader's planning of the batch, lost whole by a Python loop."""
         if service_s <= 0:
             return 1.0
-        if op_s > 0 and self.probes:
-            lost_r, lost_b, _, _ = self.at(op_s)
-            k = nreads * lost_r + lost_b
-        else:
-            k = nreads * self.lost_s_per_read + self.lost_s_per_batch
-            if framework > 0:
-                fw = nreads * self.fw_lost_s_per_read + self.fw_lost_s_per_batch  # type: ignore[operator]
-                k += framework * (fw - k)
+        k = self.cost(nreads, framework, op_s, ffn)[0]
         if self.python_loop:
             k += plan_s
         share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 
-    def delay_s(self, nreads: float, framework: float = 0.0, op_s: float = 0.0) -> float:
-        """How much longer a batch of `nreads` takes while the compute runs (framework share and
-        seconds per torch call as above)."""
-        if op_s > 0 and self.probes:
-            _, _, delay_r, delay_b = self.at(op_s)
-            return nreads * delay_r + delay_b
-        k = nreads * self.delay_s_per_read + self.delay_s_per_batch
-        if framework > 0:
-            fw = nreads * self.fw_delay_s_per_read + self.fw_delay_s_per_batch  # type: ignore[operator]
-            k += framework * (fw - k)
-        return k
+    def delay_s(self, nreads: float, framework: float = 0.0, op_s: float = 0.0, ffn: float = 0.0) -> float:
+        """How much longer a batch of `nreads` takes while the compute runs (as in `cost`)."""
+        return self.cost(nreads, framework, op_s, ffn)[1]
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """One probe's interference with a read batch: (compute lost, read delay) of a batch of n reads,
+    n x per read + per batch, or the measured curve over the batch's reads where there is one
+    (linear between its sizes, proportional below the first, the last segment's slope beyond the
+    last, never below 0; devices/schema.py `FlashSpec.host_cpu_curves` says why)."""
+
+    lost_s_per_read: float
+    lost_s_per_batch: float
+    delay_s_per_read: float
+    delay_s_per_batch: float
+    curve: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None = None
+
+    def at(self, n: float) -> tuple[float, float]:
+        if n <= 0:
+            return 0.0, 0.0
+        c = self.curve
+        if c is None:
+            return n * self.lost_s_per_read + self.lost_s_per_batch, n * self.delay_s_per_read + self.delay_s_per_batch
+        xs, lost, delay = c
+        return _curve_value(xs, lost, n), _curve_value(xs, delay, n)
+
+
+def _curve_value(xs: tuple[float, ...], ys: tuple[float, ...], n: float) -> float:
+    """`BatchCost`'s curve at n > 0 reads."""
+    if n <= xs[0] or len(xs) == 1:
+        return ys[0] * n / xs[0]
+    j = bisect.bisect_left(xs, n)
+    if j >= len(xs):
+        j = len(xs) - 1
+    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+    v = y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+    return v if v > 0.0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import json
 from pathlib import Path
 
@@ -143,7 +144,10 @@ def test_bench_flash_measures_host_cpu_per_read(tmp_path, capsys):
     assert len(cpu) == 3 and all(len(r) == 2 and all(0 < v < 0.1 for v in r) for r in cpu)
     h = res["host_cpu"]
     assert h["in_flight"] == 4 and h["chunk_bytes"] == 4096 and h["compute_threads"] == 1   # 16 KiB not in the grid
-    assert 0 < h["cpu_s_per_read"] < 0.1 and h["batch_reads"] == [8, 32]      # 2x and 8x the reads in flight
+    # a quarter of the reads in flight, one per thread, 2x and 8x (the line goes through the last two)
+    assert 0 < h["cpu_s_per_read"] < 0.1 and h["batch_reads"] == [1, 4, 8, 32]
+    assert h["curve"]["batch_reads"] == [1, 4, 8, 32]
+    assert all(v >= 0 for k in ("compute_lost_s", "read_delay_s") for v in h["curve"][k])
     for k in ("compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read", "read_delay_s_per_batch"):
         assert h[k] >= 0
     for d in h["per_batch_size"].values():
@@ -155,6 +159,14 @@ def test_bench_flash_measures_host_cpu_per_read(tmp_path, capsys):
         assert f.compute_lost_s_per_read == pytest.approx(h["compute_lost_s_per_read"], rel=1e-3, abs=1e-12)
         assert f.read_delay_s_per_batch == pytest.approx(h["read_delay_s_per_batch"], rel=1e-3, abs=1e-12)
         assert "compute probe" in f.source
+        # every probe's curve at the same sizes, the FFN step's among them (torch is installed here)
+        assert f.host_cpu_batch_reads == [1, 4, 8, 32]
+        assert set(f.host_cpu_curves) <= {"kernel", "framework", "long_kernel", "ffn_step"}
+        assert "kernel" in f.host_cpu_curves
+        if importlib.util.find_spec("torch") is not None:
+            assert "ffn_step" in f.host_cpu_curves and h["ffn_step"]["op_s"] > 0
+            assert f.host_cpu_curves["ffn_step"].read_delay_s == pytest.approx(h["ffn_step"]["curve"]["read_delay_s"],
+                                                                                rel=1e-3, abs=1e-12)
     off = flash_section(res, "measured", shares_cpu=False)
     assert "host_cpu_s_per_read" not in off and "compute_lost_s_per_read" not in off
 

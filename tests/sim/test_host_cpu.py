@@ -463,9 +463,9 @@ def test_each_phase_of_a_python_loop_takes_its_own_seconds_per_call(small_trace,
     seen: list[float] = []
     orig = FlashDevice.cpu_segments_after
 
-    def spy(self, t_s, framework=0.0, op_s=0.0):  # type: ignore[no-untyped-def]
+    def spy(self, t_s, framework=0.0, op_s=0.0, ffn=0.0):  # type: ignore[no-untyped-def]
         seen.append(op_s)
-        return orig(self, t_s, framework, op_s)
+        return orig(self, t_s, framework, op_s, ffn)
 
     monkeypatch.setattr(FlashDevice, "cpu_segments_after", spy)
     # a lookahead prefetch is issued at the FFN's start: it overlaps the FFN and the next attention
