@@ -166,9 +166,9 @@ class FfnStepProbe:
     cache bookkeeping in NumPy, the row moves, the gather and the sparse kernels, as every step runs
     them. Called as run(until_perf_counter) -> steps; close() removes the store. The executor only
     plans with `plan_profile` (a plan depends on the trace, the budget and the policies, never on a
-    timing), so any profile serves."""
+    timing), so any profile serves: a packaged one, never the file bench flash is writing."""
 
-    def __init__(self, folder: Path, threads: int, seed: int, plan_profile: str = "this-host"):
+    def __init__(self, folder: Path, threads: int, seed: int, plan_profile: str = "jetson-orin-nano-8gb"):
         import tempfile
 
         import torch

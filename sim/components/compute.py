@@ -102,6 +102,27 @@ reader's thread, holding the interpreter lock; `cpu_share`'s plan_s): batches of
 through real.reader cost the all-resident loop 1.34 ms against 0.93 ms for the same raw reads,
 with about 0.32 ms of planning per batch (twelfth round). A compiled loop (decoder=native) runs on
 while the planning holds the lock.
+
+**Interference over the batch's reads** (profiles with `flash.host_cpu_curves`, twenty-third
+round). The per-read and per-batch terms are a line through two large batches (2x and 8x the reads
+in flight). A batch with one read per thread or fewer waits on the device's latency with CPU to
+spare, where a batch several reads deep per thread is paced by the reads' own CPU work (about 30 us
+per read here, most of both cores), so the line over-stated a small batch's delay about 3x (16 KiB
+reads, 64 in flight, the kernel probe: 0.13 ms measured at 16 reads against 0.48 on the line).
+bench flash measures each probe at a quarter, 1x, 2x and 8x the reads in flight; a probe with a
+curve is priced by it (`BatchCost`: linear in the reads between the sizes, proportional below the
+first, the last segment's slope beyond the last).
+
+**The FFN step's own probe** (curve "ffn_step"). A Python loop's FFN step (real.backend's
+`RealExecutor.ffn`: the cache's bookkeeping in NumPy, its row moves, the gather, the sparse
+kernels) makes its torch calls at the kernel probe's rhythm (about 58 us apart), which placed it at
+the kernel terms, but the NumPy work between the calls holds the interpreter lock: with it as the
+compute, reads were delayed about twice as much as with the attention stand-in alone (0.56 / 1.10 /
+1.39 / 3.27 ms per batch of 16 / 64 / 128 / 512 reads against 0.13 / 0.52 / 0.84 / 2.08 for the
+kernel probe, the same session). bench flash runs that code itself as a probe (FfnStepProbe, its
+reads planned but not transferred). With the curve, the FFN step and the cache work of a Python
+loop take it (`HostCpu.cost`'s `ffn` share = 1), the attention keeps its rhythm's terms, and a
+prefetch's own delay, which spans both, takes it in proportion to the FFN step's share of the layer.
 """
 
 from __future__ import annotations
@@ -235,6 +256,11 @@ class HostCpu:
                 return tuple(a + w * (b - a) for a, b in zip(lo[1:], hi[1:]))  # type: ignore[return-value]
         return pts[-1][1:]
 
+    @property
+    def has_ffn_step(self) -> bool:
+        """A Python loop priced with the profile's FFN-step curve (`cost`'s `ffn` share applies)."""
+        return self._ffn is not None  # type: ignore[attr-defined]
+
     def cost(self, nreads: float, framework: float = 0.0, op_s: float = 0.0, ffn: float = 0.0) -> tuple[float, float]:
         """(compute lost, read delay) in seconds of one batch of `nreads` reads that runs while the
         compute runs. `framework`: the share of the compute that is framework code (0 = kernels
@@ -303,6 +329,22 @@ class BatchCost:
             return n * self.lost_s_per_read + self.lost_s_per_batch, n * self.delay_s_per_read + self.delay_s_per_batch
         xs, lost, delay = c
         return _curve_value(xs, lost, n), _curve_value(xs, delay, n)
+
+
+def ffn_overlap(t0_s: float, t1_s: float, attention_s: float, ffn_s: float, ffn_first: bool) -> float:
+    """The share of [t0, t1) (seconds after a prefetch's issue) that falls on FFN steps, when the
+    decoder's compute from the issue on repeats attention_s of attention and ffn_s of FFN step
+    (the FFN step first when `ffn_first`): which code a batch's reads wait behind."""
+    period = attention_s + ffn_s
+    if period <= 0 or t1_s <= t0_s:
+        return 0.0
+
+    def ffn_before(t: float) -> float:   # FFN-step seconds in [0, t)
+        k = math.floor(t / period)
+        r = t - k * period
+        return k * ffn_s + (min(r, ffn_s) if ffn_first else max(0.0, r - attention_s))
+
+    return (ffn_before(t1_s) - ffn_before(t0_s)) / (t1_s - t0_s)
 
 
 def _curve_value(xs: tuple[float, ...], ys: tuple[float, ...], n: float) -> float:

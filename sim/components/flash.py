@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from devices.curves import ReadCurve
-from sim.components.compute import HostCpu
+from sim.components.compute import HostCpu, ffn_overlap
 
 
 class ReadCost:
@@ -137,15 +137,23 @@ class FlashDevice:
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
                step: int = -1, layer: int = -1, overlap_s: float = float("inf"), framework: float = 0.0,
-               op_s: float = 0.0, plan_s: float = 0.0, ffn: float = 0.0) -> float:
+               op_s: float = 0.0, plan_s: float = 0.0, ffn: float = 0.0,
+               pattern: tuple[float, float, bool, float] | None = None) -> float:
         """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
         before it needs a prefetch (a batch waits for the compute at most that long); `framework`:
         the framework-code share of that compute; `op_s`: its seconds per torch call; `plan_s`: the
-        reader's planning inside service_s; `ffn`: the FFN-step share of a Python loop's compute (HostCpu)."""
+        reader's planning inside service_s; `ffn`: the FFN-step share of a Python loop's compute (HostCpu).
+        `pattern` (attention s, FFN step s, whether the FFN step comes first, the attention's seconds
+        per torch call): the Python loop's compute from the issue on, layer after layer; with the
+        profile's FFN-step curve the batch's delay takes it for the share of the batch's interval that
+        falls on FFN steps, and the attention's rhythm for the rest (`ffn_overlap`)."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
         host = self.host
         if host is not None and nreads > 0:
             if tag == "prefetch":   # the decoder computes while it runs: its CPU work waits for the compute's
+                if pattern is not None and host.has_ffn_step:
+                    a_s, f_s, ffn_first, op_s = pattern
+                    ffn = ffn_overlap(start - now_s, start - now_s + service_s, a_s, f_s, ffn_first)
                 extra = host.delay_s(nreads, framework, op_s, ffn)
                 if extra > overlap_s:
                     extra = overlap_s

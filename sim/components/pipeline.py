@@ -82,7 +82,7 @@ class Decoder:
         attn_ops = p.loop_attention_ops            # ... of them in the attention phase
         ffn_ops = loop_ops - attn_ops              # ... and in the FFN step
         lop = lop_a = lop_f = 0.0                  # its seconds per call: the layer's, the attention's, the FFN step's
-        f_step = 0.0                               # the FFN step's share of the layer's compute (HostCpu.terms)
+        a_pat = f_pat = 0.0                        # the layer's attention and FFN step: what a prefetch overlaps
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
         lookahead = self.trigger == "previous-layer"
@@ -101,7 +101,7 @@ class Decoder:
             carry = 0.0     # the previous layer's wait penalty that falls on the code after its FFN
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
-                                   a_tot, 0.0, lop, p.pf_plan_s[s, 0], f_step)
+                                   a_tot, 0.0, lop, p.pf_plan_s[s, 0], pattern=(a_pat, f_pat, False, lop_a))
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -121,7 +121,7 @@ class Decoder:
                     lop = ov / loop_ops
                     lop_a = a_tot / attn_ops
                     lop_f = (ov - a_tot) / ffn_ops
-                    f_step = (ov - a_tot) / ov if ov > 0 else 0.0
+                    a_pat, f_pat = a_tot, ov - a_tot
                 # 1. streamed attention weights
                 if st > 0:
                     end = submit(now, st, st_b, st_r, "stream", s, layer)
@@ -166,7 +166,7 @@ class Decoder:
                 f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               f_ov, lop, c_next[16], f_step)
+                                               f_ov, lop, c_next[16], pattern=(a_pat, f_pat, True, lop_a))
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -204,11 +204,11 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   f_ov, lop, n_pf[16], f_step)
+                                                   f_ov, lop, n_pf[16], pattern=(a_pat, f_pat, False, lop_a))
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
                                                p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop,
-                                               p.pf_plan_s[s + 1, layer], f_step)
+                                               p.pf_plan_s[s + 1, layer], pattern=(a_pat, f_pat, False, lop_a))
                 yield timeout(pending + d_mg + d_ffn)
                 carry = cn
             # lm_head
