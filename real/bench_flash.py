@@ -178,8 +178,10 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 skipped = (f"batch overhead, reader planning and compute after a read wait not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
+            # the FFN-step probe writes a 60 MB store and plans a run: a full bench's (a short bench,
+            # --quick or short points, skips it, as it skips the cold compute's long waits)
             ffn_probe = None
-            if cfg.host_cpu and store is not None:
+            if cfg.host_cpu and store is not None and cfg.duration_s >= 0.5:
                 ffn_probe = _ffn_step_probe(path.resolve().parent, cfg)
                 if ffn_probe is not None:
                     stack.callback(ffn_probe.close)
