@@ -8,22 +8,25 @@ Host CPU of the reads (`probe_samples` rounds, `probe_summary`; the profile's
 largest reads in flight (bench flash's grid records the CPU time per read at every point besides),
 reads are issued the way the real backend prefetches (a background thread handing
 batches of B reads to a persistent pool of reader threads, real.reader's own `_Workers`, each
-thread's reads landing in its next slot of the destination region, as the grid's do), for two
-batch sizes B (2x and 8x the reads in flight), and short slices alternate: a decode-like compute
+thread's reads landing in its next slot of the destination region, as the grid's do), for four
+batch sizes B (`probe_batch_sizes`: 1/4, 1, 2 and 8 times the reads in flight), and short slices alternate: a decode-like compute
 probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
 `compute_threads` threads) | batches alone | both at once, PROBE_SLICES slices in all, in rounds
 after each sweep of bench flash's grid, like the reader's planning (how much reads and compute slow each other
 moved by a quarter within five minutes here). Medians over all slices (bursts of load from
 other processes hit the three alike) give, per batch size, the batch time alone and with the
-probe, the probe's time lost per batch and the CPU per read; a straight line through the two batch
-sizes splits each effect into a per-batch and a per-read part (clipped at 0):
+probe, the probe's time lost per batch and the CPU per read; a straight line through the two
+largest batch sizes splits each effect into a per-batch and a per-read part (clipped at 0):
   * cpu_s_per_read: CPU time per read, batches alone;
   * compute_lost_s_per_read / _per_batch: the probe's lost time;
-  * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs.
-The probe runs three times: with the GEMV compute (kernels, which release the interpreter lock),
+  * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs;
+  * curve: both effects per batch at every size (the profile's `flash.host_cpu_curves`): a batch
+    of one read per thread or fewer is delayed far less than that line says (twenty-third round).
+The probe runs four times: with the GEMV compute (kernels, which release the interpreter lock),
 with decode steps of a tiny transformers llama (framework code, which holds it: the profile's
 framework_* terms; it interferes 3-4x more here, compute lost 16-19 vs 5 us per read) and with a
-PROBE_LONG_DIM-wide GEMV (long kernels, about 1 ms per torch call: long_kernel_*). Each probe's
+PROBE_LONG_DIM-wide GEMV (long kernels, about 1 ms per torch call: long_kernel_*) and, in a full
+bench flash, with the real backend's FFN step (`FfnStepProbe`: host_cpu_curves' ffn_step). Each probe's
 torch calls per iteration are counted once (a TorchFunctionMode, untimed), so the profile keeps
 its seconds per call (`*_probe_op_s`): a Python decoder loop re-takes the interpreter lock after
 every call, and the simulator places a loop between the probes by its own seconds per call

@@ -122,7 +122,10 @@ compute, reads were delayed about twice as much as with the attention stand-in a
 kernel probe, the same session). bench flash runs that code itself as a probe (FfnStepProbe, its
 reads planned but not transferred). With the curve, the FFN step and the cache work of a Python
 loop take it (`HostCpu.cost`'s `ffn` share = 1), the attention keeps its rhythm's terms, and a
-prefetch's own delay, which spans both, takes it in proportion to the FFN step's share of the layer.
+prefetch's own delay takes it for the share of the batch's interval that falls on FFN steps
+(`ffn_overlap`, from the decoder's repeating attention / FFN-step pattern after the issue: a 64-read
+bundled batch issued at a layer's end, about 2 ms, ends within the next attention) and the
+attention's rhythm for the rest.
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ class HostCpu:
     probes: tuple[tuple[float, float, float, float, float], ...] = ()
     # the profile's measured curves over the batch's reads (flash.host_cpu_curves): (probe, batch
     # reads, compute lost per batch, read delay per batch) per probe that has one; a probe with a
-    # curve is priced by it instead of its per-read and per-batch terms (`batch_cost`). "ffn_step":
+    # curve is priced by it instead of its per-read and per-batch terms (`cost`, `BatchCost`). "ffn_step":
     # a Python loop's FFN step, whose share of the compute takes that curve (`cost`).
     curves: tuple[tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]], ...] = ()
     probe_names: tuple[str, ...] = ("framework", "kernel", "long_kernel")   # of `probes`, in their order
