@@ -324,10 +324,9 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])
         extra.update({k: sig4(host[k]) for k in keys})
-        curves = {name: host[kind]["curve"] if kind != "host" else host["curve"]
-                  for kind, name in (("host", "kernel"), ("framework", "framework"), ("long", "long_kernel"),
-                                     ("ffn_step", "ffn_step"))
-                  if (host if kind == "host" else host.get(kind) or {}).get("curve")}
+        probes = {"kernel": host, "framework": host.get("framework"), "long_kernel": host.get("long"),
+                  "ffn_step": host.get("ffn_step")}
+        curves = {name: p["curve"] for name, p in probes.items() if p and p.get("curve")}
         if curves:
             extra["host_cpu_batch_reads"] = next(iter(curves.values()))["batch_reads"]
             extra["host_cpu_curves"] = {name: {"compute_lost_s": [sig4(v) for v in c["compute_lost_s"]],

@@ -193,7 +193,8 @@ class FfnStepProbe:
             self.profile = load_profile(plan_profile)
             self.spec = spec
             self.ex: Any = None
-            self.step = 0
+            self.n_step = 0
+            self.config = self._config()
             self.x = torch.randn(1, spec.d_model, generator=torch.Generator().manual_seed(seed)) * 0.02
             self._fresh()
         except BaseException:
@@ -201,39 +202,40 @@ class FfnStepProbe:
             raise
 
     def _config(self) -> Any:
-        from real.backend import store_alignment_bytes, store_config
-        from real.validate import budget_for
-        from sim.config import RunConfig
+        """The validation grid's point (k=2, bundled, no prefetch, a quarter of the FFN) under shape
+        mode's config, with one reader thread (its reads are not transferred)."""
+        from real.shape_mode import shape_config
+        from real.validate import GridPoint
 
-        budget = budget_for(self.spec, FFN_PROBE_TOKENS, 0.25, store_alignment_bytes(self.store))
-        cfg = RunConfig().with_overrides(["residency=window", "window.k=2", "predictor=oracle", "predictor.rank=0",
-                                          "layout=bundling", "bundling.bundled=true", "prefetch=none",
-                                          "workload.prompt_tokens=0", f"memory.dram_budget_bytes={budget}",
-                                          "flash.in_flight=1", "compute.framework=kernels", f"seed={self.seed}"])
-        return store_config(cfg, self.store)[0]
+        _, cfg = GridPoint(2, True, "none", 0.25).run_config(self.store, FFN_PROBE_TOKENS, self.seed)
+        return shape_config(cfg).with_overrides(["flash.in_flight=1"])
 
     def _fresh(self) -> None:
         from real.backend import RealExecutor
 
         if self.ex is not None:
             self.ex.close()
-        self.ex = RealExecutor(self.store, self.trace, self.profile, self._config(), threads=self.threads,
+        self.ex = RealExecutor(self.store, self.trace, self.profile, self.config, threads=self.threads,
                                transfer_reads=False)
-        self.step = 0
+        self.n_step = 0
+
+    def step(self) -> None:
+        """One decode step's FFN steps, every layer (a fresh executor when the trace's steps are done)."""
+        if self.n_step >= self.ex.n_steps:
+            self._fresh()
+        ex = self.ex
+        with self.torch.no_grad():
+            ex.begin_step(self.n_step)
+            for layer in range(self.spec.n_layers):
+                ex.ffn(layer, self.x)
+            ex.end_step()
+        self.n_step += 1
 
     def __call__(self, until: float) -> int:
         n = 0
-        with self.torch.no_grad():
-            while time.perf_counter() < until:
-                if self.step >= self.ex.n_steps:
-                    self._fresh()
-                ex = self.ex
-                ex.begin_step(self.step)
-                for layer in range(self.spec.n_layers):
-                    ex.ffn(layer, self.x)
-                ex.end_step()
-                self.step += 1
-                n += 1
+        while time.perf_counter() < until:
+            self.step()
+            n += 1
         return n
 
     def close(self) -> None:

@@ -250,14 +250,19 @@ class HostCpu:
         """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that
         spends `op_s` seconds per torch call: linear in log(op_s) between the two probes around it,
         the nearest probe's outside them (module doc, "A Python decoder loop")."""
+        i, j, w = self._between(op_s)
+        lo, hi = self.probes[i][1:], self.probes[j][1:]
+        return tuple(a + w * (b - a) for a, b in zip(lo, hi))  # type: ignore[return-value]
+
+    def _between(self, op_s: float) -> tuple[int, int, float]:
+        """(i, j, w): a loop at `op_s` seconds per torch call takes (1 - w) x probe i + w x probe j."""
         pts = self.probes
         if op_s <= pts[0][0]:
-            return pts[0][1:]
-        for lo, hi in zip(pts, pts[1:]):
-            if op_s < hi[0]:
-                w = math.log(op_s / lo[0]) / math.log(hi[0] / lo[0])
-                return tuple(a + w * (b - a) for a, b in zip(lo[1:], hi[1:]))  # type: ignore[return-value]
-        return pts[-1][1:]
+            return 0, 0, 0.0
+        for j in range(1, len(pts)):
+            if op_s < pts[j][0]:
+                return j - 1, j, math.log(op_s / pts[j - 1][0]) / math.log(pts[j][0] / pts[j - 1][0])
+        return len(pts) - 1, len(pts) - 1, 0.0
 
     @property
     def has_ffn_step(self) -> bool:
@@ -271,16 +276,12 @@ class HostCpu:
         between them, `at`, and `framework` is unused); `ffn`: the share of such a loop's compute
         that is its FFN step, which takes the profile's FFN-step curve where it has one."""
         if op_s > 0 and self.probes:
-            pts, costs = self.probes, self._probe_costs  # type: ignore[attr-defined]
-            if op_s <= pts[0][0]:
-                lost, delay = costs[0].at(nreads)
-            elif op_s >= pts[-1][0]:
-                lost, delay = costs[-1].at(nreads)
-            else:
-                i = next(j for j in range(1, len(pts)) if op_s < pts[j][0])
-                w = math.log(op_s / pts[i - 1][0]) / math.log(pts[i][0] / pts[i - 1][0])
-                (l0, d0), (l1, d1) = costs[i - 1].at(nreads), costs[i].at(nreads)
-                lost, delay = l0 + w * (l1 - l0), d0 + w * (d1 - d0)
+            i, j, w = self._between(op_s)
+            costs = self._probe_costs  # type: ignore[attr-defined]
+            lost, delay = costs[i].at(nreads)
+            if w > 0:
+                l1, d1 = costs[j].at(nreads)
+                lost, delay = lost + w * (l1 - lost), delay + w * (d1 - delay)
             f_cost = self._ffn  # type: ignore[attr-defined]
             if f_cost is not None and ffn > 0:
                 w = ffn if ffn < 1.0 else 1.0
