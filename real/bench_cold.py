@@ -88,10 +88,12 @@ def _kernel_layer(torch: Any, seed: int) -> Callable[[], Any]:
     return layer
 
 
-def _framework_layer(torch: Any, seed: int) -> Callable[[Callable[[], None] | None], list[float]] | None:
+def _framework_layer(torch: Any, seed: int,
+                     ffn_step: Callable[[], None] | None = None) -> Callable[[Callable[[], None] | None], list[float]] | None:
     """A tiny transformers llama whose decoder layers run `before()` (untimed) and are timed one by
     one through forward hooks: returns step(before) -> the layers' times of one decode step, or None
-    without transformers."""
+    without transformers. `ffn_step`: each layer's MLP is replaced by it (the backend's FFN step, as
+    model mode replaces SmolLM2's: real.model_mode), its output zeros of the MLP's shape."""
     from real.bench_compute import tiny_llama
     from real.model_mode import _decode_step
 
@@ -99,6 +101,14 @@ def _framework_layer(torch: Any, seed: int) -> Callable[[Callable[[], None] | No
     if tiny is None:
         return None
     model, arg, ids = tiny
+    if ffn_step is not None:
+        class _FfnStep(torch.nn.Module):
+            def forward(self, x: Any) -> Any:
+                ffn_step()
+                return torch.zeros_like(x)
+
+        for layer in model.model.layers:
+            layer.mlp = _FfnStep()
     state: dict[str, Any] = {"before": None, "t0": 0.0, "times": [], "past": None, "steps": 0}
 
     def pre(_mod: Any, _args: Any) -> None:
@@ -126,12 +136,15 @@ def _framework_layer(torch: Any, seed: int) -> Callable[[Callable[[], None] | No
 
 
 def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool = True,
-                 samples: int = COLD_SAMPLES, long_repeats: tuple[int, ...] = COLD_LONG_REPEATS) -> dict[str, Any]:
+                 samples: int = COLD_SAMPLES, long_repeats: tuple[int, ...] = COLD_LONG_REPEATS,
+                 ffn_step: Callable[[], None] | None = None) -> dict[str, Any]:
     """Per wait: a layer's time right after the decoder waited for reads, less its time back to back
     (module docstring), for the kernel probe and (framework=True, transformers installed) the tiny
     llama's decoder layer; `samples` timed layers per point. The waits are one batch of n neurons for
     each n in COLD_BATCH_NEURONS, then `long_repeats` batches of the largest back to back (one long
-    wait, as a layer of many small reads waits). Runs on one torch thread, as the decoder does."""
+    wait, as a layer of many small reads waits). `ffn_step` (one layer's FFN step of the real
+    backend, real.bench_host_cpu.FfnStepProbe.layer): both probe layers run it as their FFN, as the
+    decoder's layers do (module docstring). Runs on one torch thread, as the decoder does."""
     import torch
 
     N = store.n_neurons
@@ -156,12 +169,19 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
             return run
 
         kernel = _kernel_layer(torch, seed)
+        if ffn_step is not None:
+            attention_side = kernel
+
+            def kernel() -> None:   # the shape-mode layer's kernels, then the backend's FFN step
+                attention_side()
+                ffn_step()
         befores = [wait(*p) for p in points]
         result: dict[str, Any] = {"batch_neurons": [n for n, _ in points], "batch_repeats": [r for _, r in points],
-                                  "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples}
+                                  "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples,
+                                  "ffn_step": ffn_step is not None}
         result["kernel_warm_s"], result["kernel_cold_s"] = _penalties_after(_kernel_times(torch, kernel, samples),
                                                                             befores)
-        step = _framework_layer(torch, seed) if framework else None
+        step = _framework_layer(torch, seed, ffn_step) if framework else None
         if step is not None:
             result["framework_warm_s"], result["framework_cold_s"] = _penalties_after(_fw_times(step, samples),
                                                                                       befores)

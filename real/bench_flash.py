@@ -129,7 +129,8 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
             full = cfg.duration_s >= 0.5
             n = max(8, COLD_SAMPLES // cfg.passes) if full else 8
             rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n,
-                                               long_repeats=COLD_LONG_REPEATS if full else COLD_LONG_REPEATS[:1]))
+                                               long_repeats=COLD_LONG_REPEATS if full else COLD_LONG_REPEATS[:1],
+                                               ffn_step=ffn_probe.layer if ffn_probe is not None else None))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
@@ -317,9 +318,10 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         if cold.get("framework_cold_s"):
             extra["framework_cold_compute_s"] = [sig4(cold["framework_cold_s"][i]) for i in keep]
         waits = ", ".join(f"{n}" + (f" x {r}" if r > 1 else "") for n, r in zip(cold["batch_neurons"], cold["batch_repeats"]))
-        source += ("; compute after a read wait: a layer's kernels (and a tiny transformers llama layer) timed right "
-                   f"after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less back "
-                   "to back, by the wait's seconds")
+        ffn = " with real.backend's FFN step as their FFN" if cold.get("ffn_step") else ""
+        source += (f"; compute after a read wait: a layer's kernels (and a tiny transformers llama layer){ffn} timed "
+                   f"right after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less "
+                   "back to back, by the wait's seconds")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])

@@ -193,7 +193,7 @@ class FfnStepProbe:
             self.profile = load_profile(plan_profile)
             self.spec = spec
             self.ex: Any = None
-            self.n_step = 0
+            self.n_step = self.n_layer = 0
             self.config = self._config()
             self.x = torch.randn(1, spec.d_model, generator=torch.Generator().manual_seed(seed)) * 0.02
             self._fresh()
@@ -217,19 +217,27 @@ class FfnStepProbe:
             self.ex.close()
         self.ex = RealExecutor(self.store, self.trace, self.profile, self.config, threads=self.threads,
                                transfer_reads=False)
-        self.n_step = 0
+        self.n_step = self.n_layer = 0
 
     def step(self) -> None:
-        """One decode step's FFN steps, every layer (a fresh executor when the trace's steps are done)."""
-        if self.n_step >= self.ex.n_steps:
-            self._fresh()
-        ex = self.ex
+        """One decode step's FFN steps, every layer."""
+        for _ in range(self.spec.n_layers):
+            self.layer()
+
+    def layer(self) -> None:
+        """The next layer's FFN step: a decode step begins at layer 0 and ends after the last (a
+        fresh executor when the trace's steps are done)."""
+        if self.n_layer == 0:
+            if self.n_step >= self.ex.n_steps:
+                self._fresh()
+            self.ex.begin_step(self.n_step)
         with self.torch.no_grad():
-            ex.begin_step(self.n_step)
-            for layer in range(self.spec.n_layers):
-                ex.ffn(layer, self.x)
-            ex.end_step()
-        self.n_step += 1
+            self.ex.ffn(self.n_layer, self.x)
+        self.n_layer += 1
+        if self.n_layer == self.spec.n_layers:
+            self.ex.end_step()
+            self.n_layer = 0
+            self.n_step += 1
 
     def __call__(self, until: float) -> int:
         n = 0

@@ -594,3 +594,38 @@ def test_ffn_step_probe_runs_the_backends_ffn_step_without_transfers(tmp_path):
     assert section["host_cpu_batch_reads"] == [1, 4, 8, 32]
     assert set(section["host_cpu_curves"]) == {"kernel", "ffn_step"}
     assert "FFN step" in section["source"]
+
+
+def test_cold_compute_runs_the_backends_ffn_step_as_both_probe_layers_ffn(tmp_path):
+    """cold_compute(ffn_step=...): the kernel probe runs it after its attention-side kernels and the
+    tiny llama runs it as every decoder layer's MLP (as model mode runs SmolLM2's), in the
+    back-to-back timings and after each wait alike; the result says so. Without it, neither does."""
+    pytest.importorskip("torch")
+    from real.bench_cold import cold_compute
+    from real.bench_host_cpu import FfnStepProbe
+    from real.bench_reader import bench_store
+
+    probe = FfnStepProbe(tmp_path, 1, 0)
+    calls = []
+
+    def step() -> None:
+        calls.append(probe.n_layer)
+        probe.layer()
+
+    try:
+        with bench_store(tmp_path, 0) as store:
+            res = cold_compute(store, 4, 0, samples=8, long_repeats=(2,), ffn_step=step)
+            n_with = len(calls)
+            plain = cold_compute(store, 4, 0, samples=8, long_repeats=(2,))
+        assert len(calls) == n_with          # the plain probe never calls it
+    finally:
+        probe.close()
+    points = len(res["batch_neurons"])
+    # kernel probe: (samples + 5 untimed) layers back to back and after each wait; the tiny llama at
+    # least `samples` + 8 layers each: every layer ran the FFN step once
+    assert n_with >= (points + 1) * ((8 + 5) + (8 + 8))
+    assert calls[:4] == [0, 1, 0, 1]                                   # layer after layer of its store
+    assert probe.n_step > 0                                           # whole decode steps completed
+    assert res["ffn_step"] is True and plain["ffn_step"] is False
+    assert len(res["framework_cold_s"]) == points and res["framework_warm_s"] > plain["framework_warm_s"]
+    assert res["kernel_warm_s"] > plain["kernel_warm_s"]
