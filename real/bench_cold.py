@@ -20,9 +20,21 @@ Measured here:
   layer for 400-860 small reads, longer than any single batch of this bench's store, whose reads
   coalesce.
 
+* The penalty is paid at the first touch of each piece of code and data the wait left alone, and
+  it is not only a refill of caches (twenty-fourth round, the same host): after a 32 / 64 ms spin
+  of the decoder's own Python (no reads, no sleep, the core busy), a 5 us torch.add of one element
+  took 584 / 1,849 us, a 576 x 576 GEMV over matrices that miss the L3 anyway 849 / 1,494 us
+  against 115, and the call right after each ran at its usual time. So a layer pays for the code
+  it runs, and the probe must run the decoder's code: model mode's layer is transformers' llama
+  layer with real.backend's FFN step as its MLP (its NumPy cache work, the gather, the sparse
+  kernels), not the tiny llama's own dense MLP. After 7.8 / 41.5 ms waits for SmolLM2-store
+  batches, the tiny llama alone paid 0.88 / 3.8 ms and with the FFN step inside 1.2 / 8.6 ms.
+
 `cold_compute` times one layer of each kind (hf: a tiny llama decoder layer through forward hooks;
 kernels: the shape-mode layer's kernels at small width: four projections, an RMS norm, the gather
-of cache rows and the three FFN GEMVs) back to back and right after a real.reader batch of n random
+of cache rows and the three FFN GEMVs; given `ffn_step`, bench flash's full bench: both run
+real.backend's FFN step as their FFN, `real.bench_host_cpu.FfnStepProbe.layer`, its reads planned
+but not transferred) back to back and right after a real.reader batch of n random
 neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after COLD_LONG_REPEATS
 batches of the largest back to back (longer waits); the penalty is the difference of the means
 (real/call_time.py says why means; the wait's own time not included). `flashsim bench flash`
