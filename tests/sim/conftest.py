@@ -61,7 +61,7 @@ def base_profile() -> DeviceProfile:
               "cache_index_s_per_evicted", "cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s",
               "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
               "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
-              "long_kernel_read_delay_s_per_batch"):
+              "long_kernel_read_delay_s_per_batch", "host_cpu_batch_reads", "host_cpu_curves"):
         data["flash"].pop(k, None)
     for k in ("evict_bytes", "evict_layer_s", "framework_evict_layer_s"):
         data["compute"].pop(k, None)
