@@ -29,12 +29,17 @@ Measured here:
   layer with real.backend's FFN step as its MLP (its NumPy cache work, the gather, the sparse
   kernels), not the tiny llama's own dense MLP. After 7.8 / 41.5 ms waits for SmolLM2-store
   batches, the tiny llama alone paid 0.88 / 3.8 ms and with the FFN step inside 1.2 / 8.6 ms.
+  Against SmolLM2's own layers (tests/benchmarks/test_bench_wait_penalty.py, paired runs without
+  the reads' I/O), that probe priced 0.84x the real cost at 18 and 37 ms waits, where the tiny
+  llama alone had priced 1.2-2x short (twentieth round). The kernel probe keeps its own small
+  FFN: with the FFN step inside, it priced validate shape's layers 4-6x short at 2 ms waits
+  (36 us against 156-209), where alone it had priced 124-166 us.
 
 `cold_compute` times one layer of each kind (hf: a tiny llama decoder layer through forward hooks;
 kernels: the shape-mode layer's kernels at small width: four projections, an RMS norm, the gather
-of cache rows and the three FFN GEMVs; given `ffn_step`, bench flash's full bench: both run
-real.backend's FFN step as their FFN, `real.bench_host_cpu.FfnStepProbe.layer`, its reads planned
-but not transferred) back to back and right after a real.reader batch of n random
+of cache rows and the three FFN GEMVs; given `ffn_step`, bench flash's full bench, the tiny llama
+runs real.backend's FFN step as its MLP, `real.bench_host_cpu.FfnStepProbe.layer`, its reads
+planned but not transferred) back to back and right after a real.reader batch of n random
 neurons of the bench store, for each n in COLD_BATCH_NEURONS, and right after COLD_LONG_REPEATS
 batches of the largest back to back (longer waits); the penalty is the difference of the means
 (real/call_time.py says why means; the wait's own time not included). `flashsim bench flash`
@@ -155,8 +160,8 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
     llama's decoder layer; `samples` timed layers per point. The waits are one batch of n neurons for
     each n in COLD_BATCH_NEURONS, then `long_repeats` batches of the largest back to back (one long
     wait, as a layer of many small reads waits). `ffn_step` (one layer's FFN step of the real
-    backend, real.bench_host_cpu.FfnStepProbe.layer): both probe layers run it as their FFN, as the
-    decoder's layers do (module docstring). Runs on one torch thread, as the decoder does."""
+    backend, real.bench_host_cpu.FfnStepProbe.layer): the tiny llama runs it as its MLP, as model
+    mode's layers do (module docstring). Runs on one torch thread, as the decoder does."""
     import torch
 
     N = store.n_neurons
@@ -181,12 +186,6 @@ def cold_compute(store: WeightStore, in_flight: int, seed: int, framework: bool 
             return run
 
         kernel = _kernel_layer(torch, seed)
-        if ffn_step is not None:
-            attention_side = kernel
-
-            def kernel() -> None:   # the shape-mode layer's kernels, then the backend's FFN step
-                attention_side()
-                ffn_step()
         befores = [wait(*p) for p in points]
         result: dict[str, Any] = {"batch_neurons": [n for n, _ in points], "batch_repeats": [r for _, r in points],
                                   "in_flight": in_flight, "kernel_dims": list(KERNEL_DIMS), "samples": samples,

@@ -318,8 +318,8 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         if cold.get("framework_cold_s"):
             extra["framework_cold_compute_s"] = [sig4(cold["framework_cold_s"][i]) for i in keep]
         waits = ", ".join(f"{n}" + (f" x {r}" if r > 1 else "") for n, r in zip(cold["batch_neurons"], cold["batch_repeats"]))
-        ffn = " with real.backend's FFN step as their FFN" if cold.get("ffn_step") else ""
-        source += (f"; compute after a read wait: a layer's kernels (and a tiny transformers llama layer){ffn} timed "
+        ffn = " with real.backend's FFN step as its MLP" if cold.get("ffn_step") else ""
+        source += (f"; compute after a read wait: a layer's kernels (and a tiny transformers llama layer{ffn}) timed "
                    f"right after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less "
                    "back to back, by the wait's seconds")
     if shares_cpu and host and host["cpu_s_per_read"] > 0:

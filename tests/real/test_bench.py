@@ -596,10 +596,10 @@ def test_ffn_step_probe_runs_the_backends_ffn_step_without_transfers(tmp_path):
     assert "FFN step" in section["source"]
 
 
-def test_cold_compute_runs_the_backends_ffn_step_as_both_probe_layers_ffn(tmp_path):
-    """cold_compute(ffn_step=...): the kernel probe runs it after its attention-side kernels and the
-    tiny llama runs it as every decoder layer's MLP (as model mode runs SmolLM2's), in the
-    back-to-back timings and after each wait alike; the result says so. Without it, neither does."""
+def test_cold_compute_runs_the_backends_ffn_step_as_the_tiny_llamas_mlp(tmp_path):
+    """cold_compute(ffn_step=...): the tiny llama runs it as every decoder layer's MLP (as model mode
+    runs SmolLM2's), in the back-to-back timings and after each wait alike, and the result says so;
+    the kernel probe keeps its own small FFN. Without it, nothing calls it."""
     pytest.importorskip("torch")
     from real.bench_cold import cold_compute
     from real.bench_host_cpu import FfnStepProbe
@@ -621,11 +621,10 @@ def test_cold_compute_runs_the_backends_ffn_step_as_both_probe_layers_ffn(tmp_pa
     finally:
         probe.close()
     points = len(res["batch_neurons"])
-    # kernel probe: (samples + 5 untimed) layers back to back and after each wait; the tiny llama at
-    # least `samples` + 8 layers each: every layer ran the FFN step once
-    assert n_with >= (points + 1) * ((8 + 5) + (8 + 8))
+    # the tiny llama: at least `samples` + 8 layers back to back and after each wait, every layer's
+    # MLP one FFN step (decode steps of 4 layers: at most 3 layers more per point)
+    assert (points + 1) * (8 + 8) <= n_with <= (points + 1) * (8 + 8 + 3)
     assert calls[:4] == [0, 1, 0, 1]                                   # layer after layer of its store
     assert probe.n_step > 0                                           # whole decode steps completed
     assert res["ffn_step"] is True and plain["ffn_step"] is False
     assert len(res["framework_cold_s"]) == points and res["framework_warm_s"] > plain["framework_warm_s"]
-    assert res["kernel_warm_s"] > plain["kernel_warm_s"]
