@@ -83,6 +83,9 @@ QUICK_IN_FLIGHT = (1, 4)
 STAGED_CHUNK_BYTES = 4096     # staged reads: a padded row of an unaligned unit (SmolLM2 fp32: 2304 B)
 
 
+FULL_POINT_S = 0.5   # a point this long or longer makes a full bench (FlashBenchConfig.full)
+
+
 @dataclass(frozen=True)
 class FlashBenchConfig:
     chunks: tuple[int, ...] = DEFAULT_CHUNKS
@@ -93,6 +96,12 @@ class FlashBenchConfig:
     host_cpu: bool = True          # also measure the reads' host CPU cost (probe_samples)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
     passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (mean time)
+
+    @property
+    def full(self) -> bool:
+        """A full bench (points of FULL_POINT_S or longer): the cold compute's long waits and the
+        FFN-step probe; --quick and short points skip them."""
+        return self.duration_s >= FULL_POINT_S
 
     def __post_init__(self) -> None:
         if self.passes < 1:
@@ -126,10 +135,9 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
         if cfg.host_cpu:
             # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
             # and in a short bench one long wait (two batches), not three (up to eight batches)
-            full = cfg.duration_s >= 0.5
-            n = max(8, COLD_SAMPLES // cfg.passes) if full else 8
+            n = max(8, COLD_SAMPLES // cfg.passes) if cfg.full else 8
             rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n,
-                                               long_repeats=COLD_LONG_REPEATS if full else COLD_LONG_REPEATS[:1],
+                                               long_repeats=COLD_LONG_REPEATS if cfg.full else COLD_LONG_REPEATS[:1],
                                                ffn_step=ffn_probe.layer if ffn_probe is not None else None))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
@@ -182,7 +190,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             # the FFN-step probe writes a 60 MB store and plans a run: a full bench's (a short bench,
             # --quick or short points, skips it, as it skips the cold compute's long waits)
             ffn_probe = None
-            if cfg.host_cpu and store is not None and cfg.duration_s >= 0.5:
+            if cfg.host_cpu and store is not None and cfg.full:
                 ffn_probe = _ffn_step_probe(path.resolve().parent, cfg)
                 if ffn_probe is not None:
                     stack.callback(ffn_probe.close)
