@@ -232,7 +232,8 @@ class Planner:
         a.before[rows, layer] = c.before
         a.after[rows, layer] = c.after
         a.peak[rows, layer] = c.peak
-        ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, self.stack.residency.gathers)
+        gathers = self.stack.residency.gathers_at(n_comp)
+        ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, gathers)
         a.ffn_flop_s[rows, layer] = ffn.flop_s
         a.ffn_mem_s[rows, layer] = ffn.mem_s
         a.ffn_gather_s[rows, layer] = ffn.gather_s
@@ -242,7 +243,7 @@ class Planner:
         # time and planning, the whole wait without prefetch; probed against a layer run back to
         # back): one refill, so only the wait's penalty beyond the eviction's is added, and its FFN,
         # its cache work and the next attention each pay a share of it (COLD_SPLIT)
-        evict = self.compute.evict_s(self.attn_bytes[rows] + self.compute.ffn_bytes(n_comp, self.stack.residency.gathers))
+        evict = self.compute.evict_s(self.attn_bytes[rows] + self.compute.ffn_bytes(n_comp, gathers))
         wait = a.dem_s[rows, layer] + a.dem_plan_s[rows, layer]
         cold = np.maximum(self.compute.cold_s(wait, n_dem) - evict, 0.0)
         on_ffn, on_mgmt, on_next = COLD_SPLIT
@@ -334,7 +335,7 @@ class Planner:
             a.rec_num[rows] += rn
             a.rec_den[rows] += rd
         a.hits[rows] = pages["ffn_hit_neurons"]
-        ffn = self.compute.ffn(self.steps.n_tokens[rows], a.computed[rows])
+        ffn = self.compute.ffn(self.steps.n_tokens[rows], a.computed[rows], gathers=False)  # the mapped dense weights
         # dense layers: each streams its attention and all its FFN weights (evict_s on the code after)
         streamed = self.attn_bytes[rows, None] + self.compute.ffn_bytes(a.computed[rows], gathers=False)
         a.cold_next_s[rows] = self.compute.evict_s(streamed)

@@ -460,7 +460,7 @@ class ComputeModel:
         kv_entries = np.where(decode, ctx_sum, kv_tokens).astype(np.float64)
         return s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
 
-    def ffn_bytes(self, n_computed: np.ndarray, gathers: bool = True) -> np.ndarray:
+    def ffn_bytes(self, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> np.ndarray:
         """Distinct bytes an FFN of n_computed neurons streams through the CPU caches: a sparse FFN
         its cache rows, the gathered copy and the transposed down copy; a dense one its weights."""
         s = self.spec
@@ -468,9 +468,11 @@ class ComputeModel:
         gathered = 2.0 * c * self.row_bytes + c * s.d_model * s.dtype_bytes
         return np.where(self._sparse(c, gathers), gathered, c * s.ffn_neuron_bytes)
 
-    def _sparse(self, c: np.ndarray, gathers: bool) -> np.ndarray:
-        """Where an FFN of c computed neurons gathers them out of a larger resident matrix."""
-        return (c > 0) & (c < self.spec.d_ff) & gathers
+    def _sparse(self, c: np.ndarray, gathers: bool | np.ndarray) -> np.ndarray:
+        """Where an FFN of c computed neurons gathers them out of the cache matrix (the caller's
+        `gathers`, Residency.gathers_at: every neuron computed included where the cache's rows sit
+        in arrival order, as real.backend gathers whatever the step computes)."""
+        return (c > 0) & gathers
 
     def evict_s(self, streamed_bytes: np.ndarray) -> np.ndarray:
         """Extra compute of the code after a layer that streamed that many bytes through the CPU
@@ -478,9 +480,10 @@ class ComputeModel:
         compute.framework=hf): the refill of the code and data they evicted (module doc)."""
         return self.profile.compute.evict_at(streamed_bytes, self.framework_code)
 
-    def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool = True) -> Phase:
-        """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers`: the
-        computed rows must be gathered out of a larger resident matrix (see Residency.gathers)."""
+    def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> Phase:
+        """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers` (a bool
+        or one per entry of n_computed): the computed rows are gathered out of the cache matrix
+        (Residency.gathers_at); False prices contiguous matrices (the dense GEMV table)."""
         s = self.spec
         c = np.asarray(n_computed, np.float64)
         n = np.asarray(n_tokens, np.float64)

@@ -264,11 +264,16 @@ class Residency(Policy):
     manages_cache: ClassVar[bool] = False
     #: True for page-granular policies (mmap) that plan the whole model's reads themselves.
     page_granular: ClassVar[bool] = False
-    #: True when a sparse FFN must gather its computed rows out of a larger resident matrix every
-    #: step (the set changes per token). False when computed rows are already contiguous: streamed
-    #: into a fresh buffer (naive), or a set fixed for the whole decode that is compacted once
-    #: (SelectInfer's static + dynamic neurons).
+    #: True when the FFN gathers its computed rows out of the cache matrix every step (the set
+    #: changes per token and the rows sit in arrival order), every neuron computed included: a
+    #: window run that keeps every neuron gathers all of them, as real.backend does. False when
+    #: computed rows are already contiguous: streamed into a fresh buffer (naive), or a set fixed
+    #: for the whole decode that is compacted once (SelectInfer's static + dynamic neurons).
     gathers: ClassVar[bool] = True
+
+    def gathers_at(self, n_computed: np.ndarray) -> np.ndarray:
+        """bool like n_computed [S, ...]: where a step's FFN gathers its computed rows (`gathers`)."""
+        return np.full(np.shape(n_computed), self.gathers)
 
     def static_mask(self, layer: int) -> np.ndarray:
         """words [W]: neurons resident for the whole run (default: none)."""

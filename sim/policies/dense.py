@@ -18,6 +18,12 @@ from sim.policies.registry import RESIDENCY
 class DenseResidency(CachedResidency, Residency):
     """All FFN neurons static (loaded before the first token)."""
 
+    def gathers_at(self, n_computed: np.ndarray) -> np.ndarray:
+        """The whole FFN sits in DRAM in neuron order: a layer computing every neuron runs dense on
+        it in place; a sparser predictor's subset is gathered out of it."""
+        assert self.ctx is not None
+        return np.asarray(n_computed) < self.ctx.n_neurons
+
     def window_k(self) -> int | None:
         return 0
 

@@ -89,7 +89,7 @@ def test_compute_phases_hand_computed() -> None:
     prof = load_profile("apple-m1-max")
     cm = ComputeModel(spec, prof)
     bw, fl, op = 4.0e11, 1.04e13, 1e-5
-    ffn = cm.ffn(np.array([1.0]), np.array([[1000.0, spec.d_ff]]))
+    ffn = cm.ffn(np.array([1.0]), np.array([[1000.0, spec.d_ff]]), gathers=np.array([[True, False]]))
     nb = 1000 * spec.ffn_neuron_bytes
     assert ffn.mem_s[0, 0] == pytest.approx(nb / bw)
     assert ffn.flop_s[0, 0] == pytest.approx(2 * 1000 * 3 * 4096 / fl)
@@ -97,6 +97,9 @@ def test_compute_phases_hand_computed() -> None:
     assert ffn.gather_s[0, 1] == 0.0                                  # dense: no gather
     assert ffn.ovh_s[0, 0] == pytest.approx((3 + 3 + 1) * op) and ffn.ovh_s[0, 1] == pytest.approx(6 * op)
     assert cm.ffn(np.array([1.0]), np.array([[1000.0]]), gathers=False).gather_s[0, 0] == 0.0
+    # a gathering cache gathers every neuron too when it computes them all (real.backend does)
+    full = cm.ffn(np.array([1.0]), np.array([[float(spec.d_ff)]]))
+    assert full.gather_s[0, 0] == pytest.approx(spec.d_ff * spec.ffn_neuron_bytes / 2.0e11)
     att = cm.attention(np.array([1]), np.array([100]), np.array([100]), np.array([True]))
     kv = 100 * spec.kv_bytes_per_token / spec.n_layers
     assert att.mem_s[0] == pytest.approx((spec.attn_bytes_per_layer + spec.norm_bytes_per_layer + kv) / bw)
@@ -207,7 +210,8 @@ def test_compute_sparse_ffn_from_the_measured_kernel_table() -> None:
     plain = ComputeModel(spec, _with_table(prof, None), row_bytes=8192)
     cm = ComputeModel(spec, _with_table(prof, {"fp32": table}), row_bytes=8192)
     n, c = np.array([1.0]), np.array([[100.0, 200.0, spec.d_ff, 0.0]])
-    f, f0 = cm.ffn(n, c), plain.ffn(n, c)
+    dense = np.array([[True, True, False, True]])      # the third: every neuron, contiguous (dense)
+    f, f0 = cm.ffn(n, c, dense), plain.ffn(n, c, dense)
     row_scale = 8192 / 8192          # the table's rows: 3 x 576 x 4 B = 6912, 4 KiB-aligned: 8192
     assert f.gather_s[0, 0] == pytest.approx(1e-4 * row_scale + 3e-5)
     assert f.mem_s[0, 0] == pytest.approx(2 * 2e-5 + 1e-5)               # gate + up, down
@@ -263,7 +267,7 @@ def test_compute_dense_gemvs_from_the_measured_table() -> None:
     assert head.ovh_s[0] == pytest.approx(2 * op + prof.compute.framework_token_s)
     # a dense FFN: gate and up [1536, 576], down [576, 1536]; a sparse one keeps the single rates
     c = np.array([[float(spec.d_ff), 100.0, 0.0]])
-    f, f0 = cm.ffn(n, c), plain.ffn(n, c)
+    f, f0 = cm.ffn(n, c, np.array([[False, True, True]])), plain.ffn(n, c, np.array([[False, True, True]]))
     assert f.mem_s[0, 0] == pytest.approx(2 * 1.2e-4 + 1.1e-4) and f.ovh_s[0, 0] == pytest.approx(3 * op)
     for ph in ("flop_s", "mem_s", "gather_s", "ovh_s"):
         assert getattr(f, ph)[0, 1:] == pytest.approx(getattr(f0, ph)[0, 1:])

@@ -82,8 +82,10 @@ def test_a_layer_streams_its_attention_and_its_ffn_rows_by_hand() -> None:
     fixed = spec.attn_bytes_per_layer + spec.norm_bytes_per_layer
     assert got.tolist() == pytest.approx([fixed + 10 * kv, fixed + 3 * kv])
     c = np.array([0, 5, 192])
-    assert cm.ffn_bytes(c).tolist() == [0.0, 5 * (2 * 4096 + spec.d_model * spec.dtype_bytes),
-                                        192 * spec.ffn_neuron_bytes]
+    gathered = 2 * 4096 + spec.d_model * spec.dtype_bytes
+    assert cm.ffn_bytes(c).tolist() == [0.0, 5 * gathered, 192 * gathered]   # every neuron gathered too
+    assert cm.ffn_bytes(c, gathers=np.array([True, True, False])).tolist() == [
+        0.0, 5 * gathered, 192 * spec.ffn_neuron_bytes]
     assert cm.ffn_bytes(c, gathers=False).tolist() == (c * spec.ffn_neuron_bytes).tolist()
 
 

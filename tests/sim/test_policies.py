@@ -295,3 +295,21 @@ def test_bundling_alignment_must_not_be_negative(gated_trace, host) -> None:
 
     with pytest.raises(FlashsimError, match="align_bytes"):
         preset_config("llm-in-a-flash").with_overrides(["bundling.align_bytes=-1"])
+
+
+def test_every_neuron_computed_is_gathered_by_a_window_and_run_in_place_by_dense(small_trace, host) -> None:
+    """A window step computing every neuron gathers them all out of its cache (rows in arrival
+    order, as real.backend does); dense holds the whole FFN in neuron order and runs it in place,
+    and gathers only a sparser predictor's subset."""
+    N, L = small_trace.n_neurons, small_trace.n_layers
+    win, w = run(small_trace, host, "llm-in-a-flash", "predictor=none", "prefetch=none")
+    den, d = run(small_trace, host, "dense", "predictor=none")
+    full, part = np.array([[N, N - 1]]), np.array([[N - 1]])
+    assert win.stack.residency.gathers_at(full).all()
+    assert den.stack.residency.gathers_at(full).tolist() == [[False, True]]
+    assert den.stack.residency.gathers_at(part).all()
+    assert all(t.computed == L * N for t in w.tokens + d.tokens)
+    gather_s = L * float(win.planner.compute.ffn(np.array([1.0]), np.array([[float(N)]])).gather_s[0, 0])
+    assert gather_s > 0
+    for tw, td in zip(decode(w), decode(d), strict=True):
+        assert tw.ffn_compute_s >= td.ffn_compute_s + 0.99 * gather_s
