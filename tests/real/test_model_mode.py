@@ -57,6 +57,31 @@ def test_every_neuron_kept_matches_the_dense_forward(tiny_llama, tmp_path, k, pr
     assert any("ORACLE" in n for n in run.notes)
 
 
+@pytest.mark.parametrize("residency, keep, in_place", [("naive", 1.0, True), ("naive", 0.25, True),
+                                                      ("dense", 1.0, True), ("dense", 0.25, False),
+                                                      ("window", 1.0, False)])
+def test_contiguous_rows_are_computed_in_place(tiny_llama, tmp_path, monkeypatch, residency, keep, in_place):
+    """Where the simulator prices a step's FFN on contiguous rows (Residency.gathers_at: naive's rows
+    read in neuron order, dense's whole FFN) the backend computes on the cache's rows without a
+    gather; a window, or dense under a sparser predictor, gathers. Every neuron kept, the logits
+    still match the dense forward (the down GEMV on the row layout: another summation order)."""
+    import real.backend
+    from real.model_mode import run_model
+
+    model, spec, store, ids, _ = tiny_llama
+    calls = []
+    gather = real.backend.gather_rows
+    monkeypatch.setattr(real.backend, "gather_rows", lambda *a: calls.append(1) or gather(*a))
+    sets = [f"residency={residency}", "predictor=oracle", "prefetch=none", "workload.prompt_tokens=0",
+            "memory.dram_budget_bytes=64MiB"]
+    run, q = run_model(model, spec, store, ids, load_profile("this-host"), RunConfig().with_overrides(sets),
+                       keep_fraction=keep, workdir=tmp_path)
+    assert (not calls) == in_place
+    assert all(t.computed == spec.n_layers * round(keep * spec.d_ff) for t in run.tokens)
+    if keep == 1.0:
+        assert q["max_abs_diff"] <= 1e-4 and q["greedy_agreement"] == 1.0
+
+
 def test_sparse_run_quality_and_records(tiny_llama, tmp_path):
     from real.model_mode import run_model
     from real.records import write_executed_trace
