@@ -512,10 +512,11 @@ def test_probe_summary_pools_the_rounds_slices_by_hand():
     assert out["cpu_s_per_read"] == pytest.approx(1e-5) and out["probe_iteration_s"] == pytest.approx(2e-4)
 
 
-def test_the_dense_gemv_pool_is_twice_the_last_level_cache(tmp_path):
-    """sysfs's highest cache level sets the pool (at least 64 MiB; 32 MiB assumed where sysfs says
-    nothing), and the pool hands out consecutive, line-aligned slices, wrapping at its end."""
+def test_the_dense_gemv_pool_is_four_times_the_last_level_cache(tmp_path, monkeypatch):
+    """sysfs's highest cache level sets the pool (4x it, at least 256 MiB; 32 MiB assumed where
+    sysfs says nothing), and the pool hands out consecutive, line-aligned slices, wrapping at its end."""
     torch = pytest.importorskip("torch")
+    import real.bench_dense_gemv as bdg
     from real.bench_dense_gemv import LLC_FALLBACK_BYTES, WeightPool, last_level_cache_bytes
 
     for i, (level, size) in enumerate(((1, "48K"), (2, "2048K"), (3, "491520K"), (1, "32K"))):
@@ -525,6 +526,10 @@ def test_the_dense_gemv_pool_is_twice_the_last_level_cache(tmp_path):
         (d / "size").write_text(f"{size}\n")
     assert last_level_cache_bytes(tmp_path) == 480 << 20
     assert last_level_cache_bytes(tmp_path / "none") == LLC_FALLBACK_BYTES
+    monkeypatch.setattr(bdg, "last_level_cache_bytes", lambda: 480 << 20)
+    assert bdg.pool_bytes() == 1920 << 20            # a 480 MiB L3: 4x
+    monkeypatch.setattr(bdg, "last_level_cache_bytes", lambda: 32 << 20)
+    assert bdg.pool_bytes() == 256 << 20             # a 32 MiB victim L3: the floor, 8x
     pool = WeightPool(torch, torch.float32, 4 * 100 * 4)       # 400 elements
     a, b = pool.next(10, 10), pool.next(10, 10)                  # 100 elements, the next at 128
     assert a.shape == (10, 10) and b.data_ptr() - a.data_ptr() == 128 * 4
