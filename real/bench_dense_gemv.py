@@ -23,7 +23,7 @@ the L3: on an AMD EPYC VM (32 MiB L3, a victim cache whose replacement keeps par
 cycled through it) a [1024, 1024] fp32 GEMV over a 64 MiB pool took 207-320 us where pools of
 128-512 MiB, and the validation shape's layers, read it at DRAM speed (240-340 us, the host's
 own drift between the two measurements), so the table priced shape mode's attention 7-30% short.
-(An untimed (An untimed
+(An untimed
 sweep over the caches before each call instead made fp32 [1024, 1024] 15-20% slower: the kernel's
 code and page-table entries go cold too, which the simulator's compute-after-a-read-wait term
 covers where a run has such a wait.) A cell is the median over PASSES passes through the dtype's

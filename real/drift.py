@@ -23,7 +23,7 @@ run, so each run sits between two checks, for a host whose state flips within se
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights) timed against the profile's
   prediction: its dense GEMV table's call where it has one, else FLOPs at
   compute.gemv_flops_per_s.fp32 + rows x gemv_row_s. Each check's calls take the next matrices of
-  the table's own pool (four times the last-level cache, real/bench_dense_gemv.py), so the GEMV streams
+  the table's own pool (real.bench_dense_gemv.pool_bytes), so the GEMV streams
   from DRAM as the table's did, on the profile's compute.threads (1 without). Until the nineteenth
   round the check ran on PyTorch's default threads (2 here, against 1 in the profile) over two
   64 MiB matrices that a 480 MiB L3 kept: every check of a grid calibrated minutes before read

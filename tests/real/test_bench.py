@@ -517,20 +517,19 @@ def test_the_dense_gemv_pool_is_four_times_the_last_level_cache(tmp_path, monkey
     sysfs says nothing), and the pool hands out consecutive, line-aligned slices, wrapping at its end."""
     torch = pytest.importorskip("torch")
     import real.bench_dense_gemv as bdg
-    from real.bench_dense_gemv import LLC_FALLBACK_BYTES, WeightPool, last_level_cache_bytes
 
     for i, (level, size) in enumerate(((1, "48K"), (2, "2048K"), (3, "491520K"), (1, "32K"))):
         d = tmp_path / f"index{i}"
         d.mkdir()
         (d / "level").write_text(f"{level}\n")
         (d / "size").write_text(f"{size}\n")
-    assert last_level_cache_bytes(tmp_path) == 480 << 20
-    assert last_level_cache_bytes(tmp_path / "none") == LLC_FALLBACK_BYTES
+    assert bdg.last_level_cache_bytes(tmp_path) == 480 << 20
+    assert bdg.last_level_cache_bytes(tmp_path / "none") == bdg.LLC_FALLBACK_BYTES
     monkeypatch.setattr(bdg, "last_level_cache_bytes", lambda: 480 << 20)
     assert bdg.pool_bytes() == 1920 << 20            # a 480 MiB L3: 4x
     monkeypatch.setattr(bdg, "last_level_cache_bytes", lambda: 32 << 20)
     assert bdg.pool_bytes() == 256 << 20             # a 32 MiB victim L3: the floor, 8x
-    pool = WeightPool(torch, torch.float32, 4 * 100 * 4)       # 400 elements
+    pool = bdg.WeightPool(torch, torch.float32, 4 * 100 * 4)   # 400 elements
     a, b = pool.next(10, 10), pool.next(10, 10)                  # 100 elements, the next at 128
     assert a.shape == (10, 10) and b.data_ptr() - a.data_ptr() == 128 * 4
     c = pool.next(10, 20)                                        # 256 + 200 > 400: back to the start
