@@ -34,6 +34,16 @@ run, so each run sits between two checks, for a host whose state flips within se
   start to 1.15-1.3 (20a, 21a) and read host drift that was the check's own cold start. It now
   reads the whole pool once, untimed, first (WeightPool.warm): the same quick validation's checks
   read 1.01-1.12x (median 1.06x) against 1.04-1.30x without.
+* **cpu_512, cpu_1024** (profiles with an fp32 dense GEMV table): the same check on [2048, 512]
+  and [2048, 1024] GEMVs (table cells, so the prediction is a measured point, not an interpolation),
+  each over the profile's cell. This host's GEMV drift depends on the matrix's width, so the
+  [4096, 4096] check cannot stand for the narrow projections of the validation shape (d_model 1024)
+  and SmolLM2 (576): on an AMD EPYC VM one session's table read 1.23-1.42x the calibration's at
+  in_features 512 and 1.07-1.37x at 1024 against 0.85-1.06x at 2048-16384, for 6 minutes on end,
+  while the [4096, 4096] check read 0.98x (docs/validation-history.md, twenty-seventh round).
+  `profile_at_drift` scales each dense-table row by the ratio at its in_features (512, 1024 and the
+  cpu check's 4096, interpolated in log2 of the width, the nearest measured width's beyond them)
+  and the sparse-FFN kernels' GEMVs at theirs (d_model for gate / up, neurons for down).
 * **read_4k, read_16k, read_64k** (profiles with a read table): random reads of each of
   READ_CHECK_CHUNKS at the profile's deepest queue, `bench flash`'s own loop for READ_CHECK_S on
   the same small store's file, over the table's time for them. This disk's drift depends on the
@@ -71,7 +81,9 @@ WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its thre
 READ_CHECK_CHUNKS = (4096, 16384, 65536)   # the read-size checks (module doc)
 READ_CHECK_S = 0.15     # per size: ~3,000-20,000 reads at 32 in flight on this host
 READ_KEYS = {c: f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS}   # chunk bytes -> the check's ratio name
-RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values())
+WIDTH_CHECK_ROWS = 2048                    # out_features of the width checks: a table column
+WIDTH_KEYS = {512: "cpu_512", 1024: "cpu_1024"}   # in_features -> the width check's ratio name (module doc)
+RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values(), *WIDTH_KEYS.values())
 # flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio (the cold-compute
 # curves too): the reader's planning and the cache index work (timed right after a read batch), and
 # the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
@@ -147,15 +159,38 @@ def cpu_check_predicted_s(profile: Any) -> float:
 def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
     """Measured / profiled time of a cold fp32 GEMV (None without torch)."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         return None
     rows, cols = DRIFT_GEMV_SHAPE
-    predicted = cpu_check_predicted_s(profile)
+    return _cold_gemv_s(profile, rows, cols, seed, repeats) / cpu_check_predicted_s(profile)
+
+
+def width_ratios(profile: Any, seed: int, repeats: int = 15) -> dict[str, float]:
+    """{"cpu_512": ratio, "cpu_1024": ratio}: measured / profiled time of cold fp32 [WIDTH_CHECK_ROWS,
+    width] GEMVs, the profile's time its fp32 dense table's cell there (module docstring); {} without
+    torch or without a table that has those cells."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return {}
+    c = profile.compute
+    table = c.dense_gemv.tables.get("fp32") if c.dense_gemv is not None else None
+    if table is None or WIDTH_CHECK_ROWS not in table.out_features:
+        return {}
+    j = table.out_features.index(WIDTH_CHECK_ROWS)
+    cells = {w: table.gemv_s[table.in_features.index(w)][j] for w in WIDTH_KEYS if w in table.in_features}
+    return {WIDTH_KEYS[w]: _cold_gemv_s(profile, WIDTH_CHECK_ROWS, w, seed, repeats) / s for w, s in cells.items()}
+
+
+def _cold_gemv_s(profile: Any, rows: int, cols: int, seed: int, repeats: int) -> float:
+    """Median seconds of `repeats` fp32 [rows, cols] GEMVs, each on the next matrix of the check's
+    pool (warmed first: module docstring), on the threads the profile's GEMVs were timed on."""
+    import torch
+
     pool = _gemv_pool()
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(seed))
     times = []
-    # on the threads the profile's GEMVs were timed on
     with torch_threads(torch, profile.compute.threads or 1), torch.no_grad():
         pool.warm()
         for _ in range(repeats):
@@ -163,7 +198,7 @@ def cpu_ratio(profile: Any, seed: int, repeats: int = 7) -> float | None:
             t = time.perf_counter()
             torch.nn.functional.linear(x, w)
             times.append(time.perf_counter() - t)
-    return float(np.median(times)) / predicted
+    return float(np.median(times))
 
 
 @functools.lru_cache(maxsize=1)
@@ -179,13 +214,14 @@ def _gemv_pool() -> Any:
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
     """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "read_4k" ... (the read-size
-    ratios, absent on a RAM filesystem), "t_s": perf_counter at the check's midpoint} (module
+    ratios, absent on a RAM filesystem), "cpu_512" ... (the width ratios, absent without a table), "t_s": perf_counter at the check's midpoint} (module
     docstring). The midpoint, not the end: a check takes ~1.2 s, as long as a shape-mode run, and a
     run checked right before and after (`flashsim validate --check-every 0`) sits halfway between them."""
     t = time.perf_counter()
     disk, after_io, reads = disk_ratio(profile, folder, seed)
     cpu = cpu_ratio(profile, seed)
-    return {"disk": disk, "after_io": after_io, "cpu": cpu, **reads, "t_s": (t + time.perf_counter()) / 2}
+    widths = width_ratios(profile, seed)
+    return {"disk": disk, "after_io": after_io, "cpu": cpu, **reads, **widths, "t_s": (t + time.perf_counter()) / 2}
 
 
 def _finite(x: Any) -> bool:
@@ -241,6 +277,13 @@ class DriftLog:
         check timed the read sizes (their 1.0 would undo the disk ratio)."""
         return {c: ratios[k] for c, k in READ_KEYS.items()} if self.measured_reads else None
 
+    def width_ratios_at(self, ratios: dict[str, float]) -> dict[int, float] | None:
+        """{in_features: ratio} out of `ratios_at`'s values (the width checks and the cpu check's
+        4096), for profile_at_drift; None when no check timed the widths."""
+        if not any(k in c for c in self.checks for k in WIDTH_KEYS.values()):
+            return None
+        return {**{w: ratios[k] for w, k in WIDTH_KEYS.items()}, DRIFT_GEMV_SHAPE[1]: ratios["cpu"]}
+
     def ratios_at(self, t_s: float) -> dict[str, float] | None:
         """Each of RATIOS at time t_s; None before any check measured the disk."""
         out = {}
@@ -256,15 +299,27 @@ class DriftLog:
         return out
 
 
+def gemv_ratio_at(in_features: list[int], cpu: float, widths: dict[int, float] | None) -> np.ndarray:
+    """The GEMV drift ratio at each of `in_features`: `widths` ({in_features: ratio}) interpolated in
+    log2 of the width, the nearest measured width's beyond them; `cpu` everywhere without widths."""
+    if not widths:
+        return np.full(len(in_features), cpu)
+    ws = sorted(widths)
+    return np.interp(np.log2(in_features), np.log2(ws), [widths[w] for w in ws])
+
+
 def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0,
-                     reads: dict[int, float] | None = None) -> Any:
+                     reads: dict[int, float] | None = None, widths: dict[int, float] | None = None) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead and segment cost x disk (the check times the first two together); the
     GEMV FLOP rates / cpu, gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's
     cold GEMV); AFTER_IO_TERMS, the host-CPU curves and the cold-compute curves x after_io.
     `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
     chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
-    of / disk. Nothing else changes."""
+    of / disk. `widths` ({in_features: ratio}, the width checks and the cpu check): each dense-table
+    row's seconds x the ratio at its in_features, the sparse-FFN tables' gate / up GEMVs at their
+    d_model and down GEMVs at their neurons (interpolated in log2 of the width, clamped), instead of
+    x cpu. Nothing else changes."""
     data = profile.model_dump(mode="json", exclude_none=True)
     flash, compute = data["flash"], data["compute"]
     if "read_table" in flash:
@@ -295,9 +350,13 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)
+    def at(width: list[int]) -> np.ndarray:
+        return gemv_ratio_at(width, cpu, widths)
+
     for t in compute.get("dense_gemv", {}).get("tables", {}).values():
-        t["gemv_s"] = [[v * cpu for v in row] for row in t["gemv_s"]]
+        t["gemv_s"] = [[v * float(r) for v in row] for row, r in zip(t["gemv_s"], at(t["in_features"]), strict=True)]
     for t in compute.get("sparse_ffn", {}).get("tables", {}).values():
-        for key in ("input_gemv_s", "down_gemv_s"):
-            t[key] = [[v * cpu for v in row] for row in t[key]]
+        by_d, by_n = at(t["d_model"]), at(t["neurons"])
+        t["input_gemv_s"] = [[v * float(r) for v in row] for row, r in zip(t["input_gemv_s"], by_d, strict=True)]
+        t["down_gemv_s"] = [[v * float(r) for v, r in zip(row, by_n, strict=True)] for row in t["down_gemv_s"]]
     return type(profile).model_validate(data)

@@ -377,15 +377,19 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         def ratio(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.2f}x"
 
-        from real.drift import READ_KEYS
+        from real.drift import READ_KEYS, WIDTH_KEYS
 
         def reads(c: dict) -> str:    # the read-size checks, when measured
             r = [f"{key[5:]} {ratio(c[key])}" for key in READ_KEYS.values() if key in c]
             return f", reads {' '.join(r)}" if r else ""
 
+        def widths(c: dict) -> str:   # the GEMV width checks, when measured
+            r = [f"{key[4:]} {ratio(c[key])}" for key in WIDTH_KEYS.values() if key in c]
+            return f" (in_features {' '.join(r)})" if r else ""
+
         print("host vs profile (measured / profiled time): " + "; ".join(
             f"{when} disk {ratio(c.get('disk'))}, after I/O {ratio(c.get('after_io'))}, cpu {ratio(c.get('cpu'))}"
-            f"{reads(c)}" for when, c in drift.items()))
+            f"{widths(c)}{reads(c)}" for when, c in drift.items()))
     dc = report.get("drift_corrected")
     if dc:
         print(f"replayed on the profile as {dc['checks']} host checks found it during each run (mean disk "

@@ -632,3 +632,34 @@ def test_cold_compute_runs_the_backends_ffn_step_as_the_tiny_llamas_mlp(tmp_path
     assert probe.n_step > 0                                           # whole decode steps completed
     assert res["ffn_step"] is True and plain["ffn_step"] is False
     assert len(res["framework_cold_s"]) == points and res["framework_warm_s"] > plain["framework_warm_s"]
+
+
+def test_the_width_checks_time_table_cells_and_skip_a_profile_without_them(monkeypatch):
+    """The width checks: [2048, 512] and [2048, 1024] fp32 GEMVs over the profile's own dense-table
+    cells there (measured points, no interpolation); {} for a profile without a dense table."""
+    torch = pytest.importorskip("torch")
+    from devices import load_profile
+    from real import drift
+    from real.bench_dense_gemv import WeightPool
+
+    shapes: list[tuple[int, int]] = []
+
+    class Pool(WeightPool):
+        def next(self, m: int, k: int):
+            shapes.append((m, k))
+            return super().next(m, k)
+
+    monkeypatch.setattr(drift, "_gemv_pool", lambda: Pool(torch, torch.float32, 2048 * 1024 * 4 * 2))
+    p = load_profile("this-host")
+    got = drift.width_ratios(p, seed=0, repeats=2)
+    assert set(got) == {"cpu_512", "cpu_1024"} and all(r > 0 for r in got.values())
+    assert shapes == [(2048, 512)] * 2 + [(2048, 1024)] * 2
+    # the ratio is the measured median over the table's cell: a cell twice as long halves it
+    t = p.compute.dense_gemv.tables["fp32"]
+    doubled = [[2 * v for v in row] for row in t.gemv_s]
+    slow = p.model_copy(update={"compute": p.compute.model_copy(update={"dense_gemv": p.compute.dense_gemv.model_copy(
+        update={"tables": {"fp32": t.model_copy(update={"gemv_s": doubled})}})})})
+    monkeypatch.setattr(drift, "_cold_gemv_s", lambda prof, rows, cols, seed, repeats: 1e-3)
+    fast, half = drift.width_ratios(p, 0), drift.width_ratios(slow, 0)
+    assert all(half[k] == pytest.approx(fast[k] / 2) for k in fast)
+    assert drift.width_ratios(load_profile("apple-m1-max"), 0) == {}

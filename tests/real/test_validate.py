@@ -353,6 +353,22 @@ def test_profile_at_drift_scales_what_the_check_measured():
     for i, c in enumerate(chunks):
         assert np.allclose(np.array(r.flash.read_table.bytes_per_s[i]) * want.get(c, 1.0), p.flash.read_table.bytes_per_s[i])
     assert np.allclose(r.flash.batch_overhead_s, np.array(p.flash.batch_overhead_s) * 3.0)     # still x disk
+    # width checks: each dense-table row x the ratio at its in_features, the sparse GEMVs at their
+    # d_model (gate / up) and neurons (down), log2-interpolated, clamped; the single rates still / cpu
+    w = profile_at_drift(p, 1.0, 0.5, widths={512: 2.0, 1024: 1.5, 4096: 1.0})
+    want_w = {512: 2.0, 1024: 1.5, 2048: 1.25}                  # 4096 and beyond: 1.0; below 512: 2.0
+    for dt, t in p.compute.dense_gemv.tables.items():
+        for i, k in enumerate(t.in_features):
+            assert np.allclose(w.compute.dense_gemv.tables[dt].gemv_s[i],
+                               np.array(t.gemv_s[i]) * want_w.get(k, 1.0 if k > 512 else 2.0))
+    for dt, t in p.compute.sparse_ffn.tables.items():
+        u = w.compute.sparse_ffn.tables[dt]
+        by = np.interp(np.log2(t.d_model), np.log2([512, 1024, 4096]), [2.0, 1.5, 1.0])
+        bn = np.interp(np.log2(t.neurons), np.log2([512, 1024, 4096]), [2.0, 1.5, 1.0])
+        assert np.allclose(u.input_gemv_s, np.array(t.input_gemv_s) * by[:, None])
+        assert np.allclose(u.down_gemv_s, np.array(t.down_gemv_s) * bn[None, :])
+        assert u.gather_s == t.gather_s and u.transpose_s == t.transpose_s
+    assert w.compute.gemv_flops_per_s["fp32"] == pytest.approx(p.compute.gemv_flops_per_s["fp32"] / 0.5)
     closed = load_profile("apple-m1-max")
     c = profile_at_drift(closed, 2.0, 1.0)
     assert c.flash.iops_max == closed.flash.iops_max / 2 and c.flash.read_latency_s == closed.flash.read_latency_s * 2
@@ -376,8 +392,12 @@ def test_drift_log_interpolates_its_checks_in_time(monkeypatch, tmp_path):
     log.maybe_check()                      # 6 s after: due
     assert len(log.checks) == 2
     assert log.ratios_at(15.0) == {"disk": 1.5, "after_io": 1.0, "cpu": 2.0, "read_4k": 1.0, "read_16k": 1.0,
-                                   "read_64k": 1.0}
+                                   "read_64k": 1.0, "cpu_512": 1.0, "cpu_1024": 1.0}
+    assert log.width_ratios_at(log.ratios_at(15.0)) is None      # no check timed the widths
     assert log.ratios_at(0.0)["disk"] == 1.0 and log.ratios_at(99.0)["disk"] == 2.0
+    wide = D.DriftLog(None, tmp_path, 0)
+    wide.checks = [{"disk": 1.0, "cpu": 0.9, "cpu_512": 1.4, "cpu_1024": 1.2, "t_s": 1.0}]
+    assert wide.width_ratios_at(wide.ratios_at(1.0)) == {512: 1.4, 1024: 1.2, 4096: 0.9}
     # every_s = 0: a check at every call, however soon after the last
     seq = iter({"disk": 1.0, "after_io": None, "cpu": 1.0, "t_s": 30.0 + i} for i in range(3))
     monkeypatch.setattr(D, "host_drift", lambda *a: next(seq))
@@ -392,13 +412,14 @@ def test_host_check_measures_each_read_size(tmp_path):
     """A check on a real folder: the reader-batch ratios and one read ratio per READ_CHECK_CHUNKS
     size, each finite and positive; on a RAM filesystem (nothing of the disk) no read ratios."""
     from devices import load_profile
-    from real.drift import READ_KEYS, host_drift, read_ratios
+    from real.drift import READ_KEYS, WIDTH_KEYS, host_drift, read_ratios
 
     profile = load_profile("this-host")   # outside the timed span: only the check's own time is bracketed
     before = time.perf_counter()
     c = host_drift(profile, tmp_path, 0)
     after = time.perf_counter()
     assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("disk", *READ_KEYS.values()))
+    assert all(np.isfinite(c[k]) and c[k] > 0 for k in ("cpu", *WIDTH_KEYS.values()))   # this-host has the cells
     assert before < c["t_s"] < after and abs(c["t_s"] - (before + after) / 2) < 0.05   # stamped at its midpoint
     if Path("/dev/shm").is_dir():
         f = Path("/dev/shm") / f"flashsim-test-{os.getpid()}"
