@@ -180,19 +180,23 @@ def width_ratios(profile: Any, seed: int, repeats: int = 15) -> dict[str, float]
         return {}
     j = table.out_features.index(WIDTH_CHECK_ROWS)
     cells = {w: table.gemv_s[table.in_features.index(w)][j] for w in WIDTH_KEYS if w in table.in_features}
-    return {WIDTH_KEYS[w]: _cold_gemv_s(profile, WIDTH_CHECK_ROWS, w, seed, repeats) / s for w, s in cells.items()}
+    # the pool was warmed by the first width's timing: the second's follows it within milliseconds
+    return {WIDTH_KEYS[w]: _cold_gemv_s(profile, WIDTH_CHECK_ROWS, w, seed, repeats, warm=i == 0) / s
+            for i, (w, s) in enumerate(cells.items())}
 
 
-def _cold_gemv_s(profile: Any, rows: int, cols: int, seed: int, repeats: int) -> float:
+def _cold_gemv_s(profile: Any, rows: int, cols: int, seed: int, repeats: int, warm: bool = True) -> float:
     """Median seconds of `repeats` fp32 [rows, cols] GEMVs, each on the next matrix of the check's
-    pool (warmed first: module docstring), on the threads the profile's GEMVs were timed on."""
+    pool (warmed first unless `warm` is False: module docstring), on the threads the profile's GEMVs
+    were timed on."""
     import torch
 
     pool = _gemv_pool()
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(seed))
     times = []
     with torch_threads(torch, profile.compute.threads or 1), torch.no_grad():
-        pool.warm()
+        if warm:
+            pool.warm()
         for _ in range(repeats):
             w = pool.next(rows, cols)
             t = time.perf_counter()
@@ -214,9 +218,10 @@ def _gemv_pool() -> Any:
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
     """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "read_4k" ... (the read-size
-    ratios, absent on a RAM filesystem), "cpu_512" ... (the width ratios, absent without a table), "t_s": perf_counter at the check's midpoint} (module
-    docstring). The midpoint, not the end: a check takes ~1.2 s, as long as a shape-mode run, and a
-    run checked right before and after (`flashsim validate --check-every 0`) sits halfway between them."""
+    ratios, absent on a RAM filesystem), "cpu_512" ... (the width ratios, absent without a table),
+    "t_s": perf_counter at the check's midpoint} (module docstring). The midpoint, not the end: a
+    check takes ~1.2 s, as long as a shape-mode run, and a run checked right before and after
+    (`flashsim validate --check-every 0`) sits halfway between them."""
     t = time.perf_counter()
     disk, after_io, reads = disk_ratio(profile, folder, seed)
     cpu = cpu_ratio(profile, seed)
@@ -350,13 +355,11 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)
-    def at(width: list[int]) -> np.ndarray:
-        return gemv_ratio_at(width, cpu, widths)
-
     for t in compute.get("dense_gemv", {}).get("tables", {}).values():
-        t["gemv_s"] = [[v * float(r) for v in row] for row, r in zip(t["gemv_s"], at(t["in_features"]), strict=True)]
+        by_k = gemv_ratio_at(t["in_features"], cpu, widths)
+        t["gemv_s"] = [[v * float(r) for v in row] for row, r in zip(t["gemv_s"], by_k, strict=True)]
     for t in compute.get("sparse_ffn", {}).get("tables", {}).values():
-        by_d, by_n = at(t["d_model"]), at(t["neurons"])
+        by_d, by_n = gemv_ratio_at(t["d_model"], cpu, widths), gemv_ratio_at(t["neurons"], cpu, widths)
         t["input_gemv_s"] = [[v * float(r) for v in row] for row, r in zip(t["input_gemv_s"], by_d, strict=True)]
         t["down_gemv_s"] = [[v * float(r) for v, r in zip(row, by_n, strict=True)] for row in t["down_gemv_s"]]
     return type(profile).model_validate(data)

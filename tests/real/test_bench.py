@@ -659,7 +659,7 @@ def test_the_width_checks_time_table_cells_and_skip_a_profile_without_them(monke
     doubled = [[2 * v for v in row] for row in t.gemv_s]
     slow = p.model_copy(update={"compute": p.compute.model_copy(update={"dense_gemv": p.compute.dense_gemv.model_copy(
         update={"tables": {"fp32": t.model_copy(update={"gemv_s": doubled})}})})})
-    monkeypatch.setattr(drift, "_cold_gemv_s", lambda prof, rows, cols, seed, repeats: 1e-3)
+    monkeypatch.setattr(drift, "_cold_gemv_s", lambda prof, rows, cols, seed, repeats, warm=True: 1e-3)
     fast, half = drift.width_ratios(p, 0), drift.width_ratios(slow, 0)
     assert all(half[k] == pytest.approx(fast[k] / 2) for k in fast)
     assert drift.width_ratios(load_profile("apple-m1-max"), 0) == {}
