@@ -3,14 +3,15 @@
 `flashsim bench flash` runs these after its read grid, on a one-layer random-weight store of 4 KiB
 bundles that it writes next to the bench file (the disk under test) and removes afterwards:
 
-Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_s`, one value per reads-in-
-flight entry of the table): the reader issues each layer's reads as one batch to its pool of threads
-and returns when the last read completes. Beyond its reads at the grid's steady throughput a batch
-costs the call's setup, waking and collecting the threads and the drain to its slowest read. At each
-depth q, real.reader reads batches of q and 4q random neurons of a one-layer store of 4 KiB bundles
-(`bench_store`) into cache rows; the overhead is
-the median of each batch's time less the table's time for its reads (here ~20 us at q=1, ~370 us at
-32; the same reads through the bare thread pool: 160-290 us at 32).
+Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_by_ratio_s`, one row per
+reads-in-flight entry of the table, one value per reads per thread): the reader issues each layer's
+reads as one batch to its pool of threads and returns when the last read completes. Beyond its reads
+at the grid's steady throughput a batch costs the call's setup, waking and collecting the threads and
+the drain to its slowest read, and how much of that its reads hide depends on how many each thread
+takes. At each depth q, real.reader reads batches of q, 2q, 4q and 8q random, non-adjacent neurons of
+a one-layer store of 4 KiB bundles (`bench_store`) into cache rows; the overhead is the mean of each
+size's batch time less the table's time for its reads (here, 64 in flight: ~0.5 ms at one read per
+thread, ~0.2 ms at four).
 
 Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
@@ -48,6 +49,7 @@ PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
 INDEX_LAYER_NEURONS = 512         # resident neurons of the layer cache_index_cost times
 BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
 OVERHEAD_SLICES = 4               # batch_overhead: slices of reader batches per depth, steady reads around each
+BATCH_READS_PER_THREAD = (1, 2, 4, 8)   # batch_overhead: batches of r x q reads at each depth q
 
 
 @contextlib.contextmanager
@@ -62,11 +64,12 @@ def bench_store(folder: Path, seed: int) -> Iterator[WeightStore]:
 
 def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], duration_s: float,
                    rng: np.random.Generator, pause: Callable[[], None] | None = None,
-                   pause_every_s: float = float("inf")) -> Iterator[tuple[int, ReadStats, float]]:
+                   pause_every_s: float = float("inf"), spaced: bool = False) -> Iterator[tuple[int, ReadStats, float]]:
     """real.reader with `in_flight` threads reading batches of `sizes` random neurons (cycled; sorted,
     as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`, as the backend does
     (`LayerCache.missing`, `append`, `BundleReader.read`): yields (neurons, ReadStats, seconds of
     the three calls) per batch; the seconds less the reads' are read_plan_cost's quantity.
+    `spaced`: only even neurons, so no two are adjacent and each neuron is one read (at most N / 2).
     `pause()`, when given, is called between batches every `pause_every_s` (its time does not count
     against `duration_s`)."""
     N = store.n_neurons
@@ -76,7 +79,8 @@ def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], dur
         t_pause = time.perf_counter() + pause_every_s
         while time.perf_counter() < t_end:
             for n in sizes:
-                ids = np.sort(rng.choice(N, min(n, N), replace=False))
+                ids = (2 * np.sort(rng.choice(N // 2, min(n, N // 2), replace=False)) if spaced
+                       else np.sort(rng.choice(N, min(n, N), replace=False)))
                 cache.clear()
                 t0 = time.perf_counter()
                 miss = cache.missing(ids)
@@ -99,18 +103,25 @@ def table_time_s(curve: Any, chunk_bytes: np.ndarray, in_flight: int) -> float:
 
 def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], duration_s: float,
                    rng: np.random.Generator, steady_bytes_per_s: Callable[[int, int, float], float],
-                   slices: int = OVERHEAD_SLICES) -> dict[str, Any]:
-    """Per depth q: what one read batch of real.reader costs beyond its reads at the disk's steady
-    throughput (the profile's `flash.batch_overhead_s`): starting and collecting its q threads, the
-    call's setup and the drain to the slowest read. At each depth a BundleReader with q threads
-    reads batches of q and 4q random neurons (4 KiB bundles, coalesced where adjacent) of `store`
-    into cache rows, alternating, for half of `duration_s`, in `slices` slices; before the first
-    slice and after each, `steady_bytes_per_s(chunk, q, seconds)` (bench flash's own loop) reads the
-    same chunks steadily at the same depth, the other half of the time. A batch's overhead is its
-    reads' `seconds` less the table's time for them (`curve`, the grid just measured) scaled by the
-    disk's state around its slice: the table's throughput over the steady reads' (the mean of the
-    measurements before and after). The profile takes the mean over batches (real/call_time.py: a
-    run pays every batch's drain, the slow ones' too), clipped at 0.
+                   slices: int = OVERHEAD_SLICES, ratios: Sequence[int] = BATCH_READS_PER_THREAD) -> dict[str, Any]:
+    """Per depth q and reads per thread r: what one read batch of real.reader costs beyond its reads
+    at the disk's steady throughput (the profile's `flash.batch_overhead_by_ratio_s`): starting and
+    collecting its q threads, the call's setup and the drain to the slowest read. At each depth a
+    BundleReader with q threads reads batches of r * q random neurons for each r in `ratios` (4 KiB
+    bundles, no two adjacent, so each neuron is one read) of `store` into cache rows, in turn, for
+    `duration_s`, in `slices` slices; before the first slice and after each, `steady_bytes_per_s(chunk,
+    q, seconds)` (bench flash's own loop) reads the same chunks steadily at the same depth, for half
+    of `duration_s` in all. A batch's overhead is its reads' `seconds` less the table's time for
+    them (`curve`, the grid just measured) scaled by the disk's state around its slice: the table's
+    throughput over the steady reads' (the mean of the measurements before and after). The profile
+    takes the mean over each size's batches (real/call_time.py: a run pays every batch's drain, the
+    slow ones' too), clipped at 0.
+    Why per ratio: with one read per thread nothing hides the threads' wake-ups, while with several
+    the later threads wake while the earlier ones read. On the 2-vCPU EPYC host at 64 in flight the
+    overhead was 0.46-0.59 ms at one read per thread and 0.13-0.24 ms at four (4 and 12 KiB
+    bundles); the one value per depth this replaces, the mean of batches of q and 4q, came out 0 to
+    0.07 ms at 64 in two calibrations, and validation's demand batches of 47-80 reads at 64 in
+    flight ran 0.4-0.5 ms longer than it (twenty-eighth round).
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
     0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling
@@ -121,7 +132,7 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     steady_s = duration_s / 2 / (slices + 1)
     overhead, batch_s, table_s, state_med = [], [], [], []
     for q in depths:
-        sizes = (q, 4 * q)
+        sizes = tuple(r * q for r in ratios)
         tab = float(curve.bytes_per_s_many(np.array([float(chunk)]), q)[0])
         states: list[float] = []     # measured / table time per byte of steady reads, at each pause
 
@@ -130,20 +141,20 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
 
         measure()
         rows: list[tuple[int, int, float, float]] = []    # (slice, neurons, seconds, table seconds)
-        for n, st, _ in reader_batches(store, q, sizes, duration_s / 2, rng, pause=measure,
-                                       pause_every_s=duration_s / 2 / slices):
+        for n, st, _ in reader_batches(store, q, sizes, duration_s, rng, pause=measure,
+                                       pause_every_s=duration_s / slices, spaced=True):
             rows.append((len(states) - 1, n, st.seconds, table_time_s(curve, st.chunk_bytes, q)))
         measure()
         around = [(states[i] + states[i + 1]) / 2 for i in range(len(states) - 1)]
-        extra = [sec - t_tab * around[i] for i, _, sec, t_tab in rows]
-        overhead.append(max(0.0, float(mean_call_s(extra))))
+        overhead.append([max(0.0, float(mean_call_s([sec - t_tab * around[i] for i, m, sec, t_tab in rows if m == n])))
+                         for n in sizes])
         # reported beside it: the median batch of each size (the typical batch, robust to one stall)
         batch_s.append([float(np.median([r[2] for r in rows if r[1] == n])) for n in sizes])
         table_s.append([float(np.median([r[3] for r in rows if r[1] == n])) for n in sizes])
         state_med.append(float(np.median(states)))
-    return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths),
-            "batch_neurons": [[q, 4 * q] for q in depths], "batch_s": batch_s, "table_s": table_s,
-            "disk_state": state_med, "overhead_s": overhead, "duration_s_per_depth": duration_s}
+    return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths), "reads_per_thread": list(ratios),
+            "batch_neurons": [[r * q for r in ratios] for q in depths], "batch_s": batch_s, "table_s": table_s,
+            "disk_state": state_med, "overhead_s": overhead, "duration_s_per_depth": 1.5 * duration_s}
 
 
 def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:

@@ -58,6 +58,13 @@ def test_this_host_is_the_measured_table() -> None:
     assert f.max_in_flight == t.in_flight[-1]
 
 
+def _by_ratio(data: dict, ratios: list[float], rows: list[list[float]]) -> None:
+    """The profile's batch overhead by reads per thread instead of its one value per depth."""
+    assert len(data["flash"]["read_table"]["in_flight"]) == 7
+    data["flash"].pop("batch_overhead_s", None)
+    data["flash"].update(batch_overhead_reads_per_thread=ratios, batch_overhead_by_ratio_s=rows)
+
+
 def _write(tmp_path: Path, mutate) -> Path:
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
     mutate(data)
@@ -79,6 +86,13 @@ def _write(tmp_path: Path, mutate) -> Path:
         (lambda d: d["flash"].update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
         (lambda d: d["flash"].update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
          r"batch_overhead_s values must be >= 0"),
+        (lambda d: d["flash"].update(batch_overhead_reads_per_thread=[1.0, 4.0]), r"go together"),
+        (lambda d: _by_ratio(d, [4.0, 1.0], [[0.0, 0.0]] * 7), r"increasing values >= 1"),
+        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0]]),
+         r"one row per read_table.in_flight entry, one value per batch_overhead_reads_per_thread entry"),
+        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0, -1e-5]] * 7), r"batch_overhead_by_ratio_s values must be >= 0"),
+        (lambda d: d["flash"].update(batch_overhead_reads_per_thread=[1.0], batch_overhead_by_ratio_s=[[0.0]] * 7),
+         r"not both"),
     ],
 )
 def test_malformed_profile_names_file_and_field(tmp_path: Path, mutate, expect: str) -> None:
@@ -120,6 +134,26 @@ def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     assert got.tolist() == pytest.approx([0.0, 1.5e-5, 4e-5, 1.2e-4, 1.6e-4])
     data["flash"].pop("batch_overhead_s")
     assert DeviceProfile.model_validate(data).flash.batch_overhead_at(np.array([4])).tolist() == [0.0]
+
+
+def test_batch_overhead_by_reads_per_thread_by_hand() -> None:
+    """Rows per depth, columns per reads per thread (1, 4): linear in the depth, log2-linear in the
+    ratio reads / depth, the end values beyond either; without `reads` one read per thread."""
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    table = data["flash"]["read_table"]
+    table["bytes_per_s"] = [row[:2] for row in table["bytes_per_s"]]
+    table["in_flight"] = [8, 64]
+    data["flash"].pop("batch_overhead_s", None)
+    data["flash"]["batch_overhead_reads_per_thread"] = [1.0, 4.0]
+    data["flash"]["batch_overhead_by_ratio_s"] = [[1e-4, 1e-5], [5e-4, 2e-4]]
+    f = DeviceProfile.model_validate(data).flash
+    depth = np.array([64, 64, 64, 64, 36, 8, 4])
+    reads = np.array([64, 128, 256, 1024, 72, 8, 1])
+    # ratio 1, 2 (halfway in log2), 4, 16 (clamped to 4); depth 36 halfway between the rows at ratio 2
+    # ((3e-4 + 1.05e-4) / 2 at ratio 1 and 4 -> halfway); depth 8 at ratio 1; depth 4 clamped to 8's row
+    want = [5e-4, 3.5e-4, 2e-4, 2e-4, ((3e-4 + 1.05e-4) / 2), 1e-4, 1e-4]
+    assert f.batch_overhead_at(depth, reads).tolist() == pytest.approx(want)
+    assert f.batch_overhead_at(np.array([64])).tolist() == pytest.approx([5e-4])    # default: one read per thread
 
 
 COLD_FIELDS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s")

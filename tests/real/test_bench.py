@@ -262,18 +262,22 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
 
 
 def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
-    """real.reader's batches of q and 4q neurons at each depth of the grid, less the table's time."""
+    """real.reader's batches of 1, 2, 4 and 8 reads per thread at each depth q of the grid, less the
+    table's time: one row per depth, one value per reads per thread."""
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
     res = json.loads(capsys.readouterr().out)
     b = res["batches"]
-    assert b["in_flight"] == [1, 4] and b["batch_neurons"] == [[1, 4], [4, 16]] and b["bundle_bytes"] == 3072
-    assert all(len(t) == 2 and 0 < t[0] < t[1] for t in b["batch_s"])          # 4x the neurons take longer
-    assert all(len(t) == 2 and 0 < t[0] < t[1] for t in b["table_s"])
-    assert all(x >= 0 for x in b["overhead_s"])
+    assert b["in_flight"] == [1, 4] and b["bundle_bytes"] == 3072 and b["reads_per_thread"] == [1, 2, 4, 8]
+    assert b["batch_neurons"] == [[1, 2, 4, 8], [4, 8, 16, 32]]
+    assert all(len(t) == 4 and 0 < t[0] < t[3] for t in b["batch_s"])          # 8x the neurons take longer
+    assert all(len(t) == 4 and 0 < t[0] < t[1] < t[2] < t[3] for t in b["table_s"])
+    assert all(len(row) == 4 and all(x >= 0 for x in row) for row in b["overhead_s"])
     prof = load_profile(out)
-    assert prof.flash.batch_overhead_s == pytest.approx(b["overhead_s"], rel=1e-3, abs=1e-12)
-    assert "batch overhead" in prof.flash.source
+    assert prof.flash.batch_overhead_s is None and prof.flash.batch_overhead_reads_per_thread == [1, 2, 4, 8]
+    for got, want in zip(prof.flash.batch_overhead_by_ratio_s, b["overhead_s"], strict=True):
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-12)
+    assert "batch overhead" in prof.flash.source and "batches of q, 2q, 4q and 8q" in prof.flash.source
 
 
 def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
@@ -371,7 +375,8 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
     curve = TableReadCurve((4096, 65536), (1, 4), ((4.0e7, 8.0e7), (2.0e8, 4.0e8)))
     steady = iter([1 / 1.5, 1 / 1.5, 1 / 0.8])          # x the table's throughput, at each call
 
-    def fake_batches(store, q, sizes, duration_s, rng, pause=None, pause_every_s=0.0):
+    def fake_batches(store, q, sizes, duration_s, rng, pause=None, pause_every_s=0.0, spaced=False):
+        assert spaced                                    # one read per neuron: no two adjacent
         for slice_state in (1.5, 1.15):
             for n in sizes:
                 chunks = np.full(n, 4096, np.int64)
@@ -388,9 +393,10 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
         return next(steady) * curve.bytes_per_s_many(np.array([4096.0]), q)[0]
 
     store = SimpleNamespace(bundle_bytes=3072)               # padded to 4 KiB reads
-    out = BR.batch_overhead(store, curve, [4], 1.0, np.random.default_rng(0), steady_bytes_per_s, slices=2)
+    out = BR.batch_overhead(store, curve, [4], 1.0, np.random.default_rng(0), steady_bytes_per_s, slices=2,
+                            ratios=(1, 4))
     assert calls == [(4096, 4)] * 3                          # before the first slice, after each
-    assert out["overhead_s"] == [pytest.approx(2e-4)]
+    assert out["overhead_s"] == [[pytest.approx(2e-4), pytest.approx(2e-4)]]     # at each reads per thread
     assert out["disk_state"] == [pytest.approx(1.5)]         # the median of the three
     t4 = BR.table_time_s(curve, np.full(4, 4096, np.int64), 4)
     assert out["batch_s"][0][0] == pytest.approx(np.median([1.5 * t4, 1.15 * t4]) + 2e-4)
