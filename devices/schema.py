@@ -358,7 +358,7 @@ class FlashSpec(_Strict):
     # How much of that start-up and drain a batch hides depends on how many reads each thread takes:
     # a batch of about one read per thread pays every thread's wake-up and collection on its own,
     # while with several reads per thread the later threads wake while the earlier ones read (on the
-    # 2-vCPU EPYC host at 64 in flight: 0.46-0.59 ms at one read per thread, 0.13-0.24 ms at four;
+    # 2-vCPU EPYC host at 64 in flight: 0.34 ms at one read per thread, 0.30 at two, none at four;
     # docs/validation-history.md, twenty-eighth round). bench flash then measures each depth at
     # several reads per thread, and a batch of n reads at depth q = min(n, in flight) takes the value
     # at n / q (log2-interpolated between the ratios, the end values beyond them).

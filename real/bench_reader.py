@@ -10,8 +10,8 @@ at the grid's steady throughput a batch costs the call's setup, waking and colle
 the drain to its slowest read, and how much of that its reads hide depends on how many each thread
 takes. At each depth q, real.reader reads batches of q, 2q, 4q and 8q random, non-adjacent neurons of
 a one-layer store of 4 KiB bundles (`bench_store`) into cache rows; the overhead is the mean of each
-size's batch time less the table's time for its reads (here, 64 in flight: ~0.5 ms at one read per
-thread, ~0.2 ms at four).
+size's batch time less the table's time for its reads (here, 64 in flight: 0.34 ms at one read per
+thread, 0.30 ms at two, none at four and eight).
 
 Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
@@ -118,10 +118,10 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     slow ones' too), clipped at 0.
     Why per ratio: with one read per thread nothing hides the threads' wake-ups, while with several
     the later threads wake while the earlier ones read. On the 2-vCPU EPYC host at 64 in flight the
-    overhead was 0.46-0.59 ms at one read per thread and 0.13-0.24 ms at four (4 and 12 KiB
-    bundles); the one value per depth this replaces, the mean of batches of q and 4q, came out 0 to
-    0.07 ms at 64 in two calibrations, and validation's demand batches of 47-80 reads at 64 in
-    flight ran 0.4-0.5 ms longer than it (twenty-eighth round).
+    one value per depth this replaces, the mean of batches of q and 4q, was 0.07 ms (26a's
+    calibration), while validation's demand batches of 47-80 reads there (about one per thread)
+    ran ~0.9 ms longer than the simulator priced them (twenty-seventh round); by ratio, 28a's
+    calibration measured 0.34 ms at one read per thread and none at four (twenty-eighth round).
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
     0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling

@@ -59,10 +59,16 @@ def test_this_host_is_the_measured_table() -> None:
 
 
 def _by_ratio(data: dict, ratios: list[float], rows: list[list[float]]) -> None:
-    """The profile's batch overhead by reads per thread instead of its one value per depth."""
+    """The profile's batch overhead by reads per thread (whichever form the bundled profile has)."""
     assert len(data["flash"]["read_table"]["in_flight"]) == 7
-    data["flash"].pop("batch_overhead_s", None)
+    _no_batch_overhead(data)
     data["flash"].update(batch_overhead_reads_per_thread=ratios, batch_overhead_by_ratio_s=rows)
+
+
+def _no_batch_overhead(data: dict) -> dict:
+    for key in ("batch_overhead_s", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s"):
+        data["flash"].pop(key, None)
+    return data["flash"]
 
 
 def _write(tmp_path: Path, mutate) -> Path:
@@ -83,16 +89,16 @@ def _write(tmp_path: Path, mutate) -> Path:
          r"chunk_bytes must be positive and strictly increasing"),
         (lambda d: d["memory"].update(reserved_bytes=d["memory"]["capacity_bytes"]), r"reserved_bytes"),
         (lambda d: d["compute"].update(gemv_flops_per_s={"fp64": 1.0}), r"compute.gemv_flops_per_s"),
-        (lambda d: d["flash"].update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
-        (lambda d: d["flash"].update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
+        (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
+        (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
          r"batch_overhead_s values must be >= 0"),
-        (lambda d: d["flash"].update(batch_overhead_reads_per_thread=[1.0, 4.0]), r"go together"),
+        (lambda d: (_by_ratio(d, [1.0, 4.0], [[0.0, 0.0]] * 7), d["flash"].pop("batch_overhead_by_ratio_s")),
+         r"go together"),
         (lambda d: _by_ratio(d, [4.0, 1.0], [[0.0, 0.0]] * 7), r"increasing values >= 1"),
         (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0]]),
          r"one row per read_table.in_flight entry, one value per batch_overhead_reads_per_thread entry"),
         (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0, -1e-5]] * 7), r"batch_overhead_by_ratio_s values must be >= 0"),
-        (lambda d: d["flash"].update(batch_overhead_reads_per_thread=[1.0], batch_overhead_by_ratio_s=[[0.0]] * 7),
-         r"not both"),
+        (lambda d: (_by_ratio(d, [1.0], [[0.0]] * 7), d["flash"].update(batch_overhead_s=[0.0] * 7)), r"not both"),
     ],
 )
 def test_malformed_profile_names_file_and_field(tmp_path: Path, mutate, expect: str) -> None:
@@ -128,7 +134,7 @@ def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     table = data["flash"]["read_table"]
     table["bytes_per_s"] = [row[:6] for row in table["bytes_per_s"]]    # six depths, whatever was measured
     table["in_flight"] = [1, 2, 4, 8, 16, 32]
-    data["flash"]["batch_overhead_s"] = [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4]
+    _no_batch_overhead(data)["batch_overhead_s"] = [0.0, 1e-5, 2e-5, 4e-5, 8e-5, 1.6e-4]
     f = DeviceProfile.model_validate(data).flash
     got = f.batch_overhead_at(np.array([1, 3, 8, 24, 64]))
     assert got.tolist() == pytest.approx([0.0, 1.5e-5, 4e-5, 1.2e-4, 1.6e-4])
@@ -143,7 +149,7 @@ def test_batch_overhead_by_reads_per_thread_by_hand() -> None:
     table = data["flash"]["read_table"]
     table["bytes_per_s"] = [row[:2] for row in table["bytes_per_s"]]
     table["in_flight"] = [8, 64]
-    data["flash"].pop("batch_overhead_s", None)
+    _no_batch_overhead(data)
     data["flash"]["batch_overhead_reads_per_thread"] = [1.0, 4.0]
     data["flash"]["batch_overhead_by_ratio_s"] = [[1e-4, 1e-5], [5e-4, 2e-4]]
     f = DeviceProfile.model_validate(data).flash
