@@ -296,13 +296,10 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
                    f"buffer and into {seg['segments']} discontiguous 4 KiB buffers")
     batches = result.get("batches")
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
-        ratios = batches.get("reads_per_thread")
-        if ratios is None:   # a bench result from before the ratios: one value per depth
-            extra["batch_overhead_s"] = [sig4(x) for x in batches["overhead_s"]]
-        else:
-            extra["batch_overhead_reads_per_thread"] = [float(r) for r in ratios]
-            extra["batch_overhead_by_ratio_s"] = [[sig4(x) for x in row] for row in batches["overhead_s"]]
-        names = [f"{r:g}q" if r != 1 else "q" for r in (ratios or (1, 4))]
+        ratios = batches["reads_per_thread"]
+        extra["batch_overhead_reads_per_thread"] = [float(r) for r in ratios]
+        extra["batch_overhead_by_ratio_s"] = [[sig4(x) for x in row] for row in batches["overhead_s"]]
+        names = [f"{r:g}q" if r != 1 else "q" for r in ratios]
         sizes = ", ".join(names[:-1]) + " and " + names[-1]
         source += (f"; batch overhead: real.reader's batches of {sizes} {format_bytes(batches['bundle_bytes'])} bundles "
                    "at each depth q less the read table's time for their reads, scaled by the disk's state "

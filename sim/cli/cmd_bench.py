@@ -156,10 +156,9 @@ def _flash(args: argparse.Namespace) -> int:
               f"{sg['one_s_per_read'] * 1e6:.1f} into one: {sg['segment_s'] * 1e6:.2f} us per extra segment")
     b = result.get("batches")
     if b:
-        ratios = b.get("reads_per_thread", [1, 4])
         print(f"batch overhead (real.reader, {format_bytes(b['bundle_bytes'])} bundles, us at "
-              + "/".join(f"{r:g}" for r in ratios) + " reads per thread): "
-              + ", ".join(f"q={q} " + "/".join(f"{x * 1e6:.0f}" for x in (row if isinstance(row, list) else [row]))
+              + "/".join(f"{r:g}" for r in b["reads_per_thread"]) + " reads per thread): "
+              + ", ".join(f"q={q} " + "/".join(f"{x * 1e6:.0f}" for x in row)
                           for q, row in zip(b["in_flight"], b["overhead_s"], strict=True))
               + "; the disk meanwhile at " + ", ".join(f"{x:.2f}x" for x in b["disk_state"]) + " the table's time")
     pl = result.get("read_plan")
