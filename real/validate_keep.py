@@ -270,11 +270,12 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     simulator, `pass_latency_error_median` / `_p90`, and by the other passes' mean,
     `rest_latency_error_median` / `_p90` (real.validate_score.repeatability); None with one pass),
     `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
-    `repeatability` and `per_group` (real.validate_score's, over the configurations of all the grids) and
-    `per_grid` (each grid's whole rescore report)."""
+    `repeatability`, `convergence` and `per_group` (real.validate_score's, over the configurations of
+    all the grids) and `per_grid` (each grid's whole rescore report). A grid's
+    `unlimited_latency_error_median` / `_p90` are its `convergence` estimate for unlimited passes."""
     import numpy as np
 
-    from real.validate_score import per_group, repeatability
+    from real.validate_score import convergence, per_group, repeatability
 
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
@@ -293,10 +294,12 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
         noise = (rep.get("noise_floor") or {}).get("latency_s") or {}
         alone = (rep.get("repeatability") or {}).get("latency_s") or {}
         sim, rest = alone.get("simulator") or {}, alone.get("other_passes") or {}
+        left = ((rep.get("convergence") or {}).get("latency_s") or {}).get("unlimited") or {}
         grids.append({**{k: rep.get(k) for k in GRID_SUMMARY_KEYS},
                       "noise_latency_median": noise.get("median"), "noise_latency_p90": noise.get("p90"),
                       "pass_latency_error_median": sim.get("median"), "pass_latency_error_p90": sim.get("p90"),
-                      "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90")})
+                      "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90"),
+                      "unlimited_latency_error_median": left.get("median"), "unlimited_latency_error_p90": left.get("p90")})
 
     def spread(key: str) -> dict[str, float]:
         v = [g[key] for g in grids]
@@ -305,5 +308,6 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     rows = [row for rep in reports for row in rep["configs"]]    # every configuration of every grid
     return {"profile": profile.name if profile is not None else "kept", "n_grids": len(grids), "grids": grids,
             "latency_error_median": spread("latency_error_median"), "latency_error_p90": spread("latency_error_p90"),
-            "n_configs": len(rows), "repeatability": repeatability(rows), "per_group": per_group(rows),
+            "n_configs": len(rows), "repeatability": repeatability(rows),
+            "convergence": {"latency_s": convergence(rows)}, "per_group": per_group(rows),
             "per_grid": reports, "wall_s": time.perf_counter() - t0}

@@ -17,10 +17,16 @@ noise floor, and how far the host repeats itself is scored on the headline's sca
 (`repeatability`): each real pass alone, against the simulator and against the mean of the other
 passes. On a shared host whose state moves over minutes the second is the floor under the first: no
 model of the machine's typical run can be checked closer than the runs agree with each other.
+`convergence` says whether more passes would help: the simulator against the mean of n passes for
+each n, and an estimate of the error that unlimited passes would leave (the simulator's squared
+error less the sampling variance of the passes' mean). What stays is the model's error plus the
+calibration's (the host's state while it was calibrated against its average state over the passes):
+more --repeats cannot narrow that part.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -29,6 +35,7 @@ METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
 OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s", "ffn_compute_s", "other_compute_s")   # where both sides have them
 DERIVED_METRICS = {"other_compute_s": lambda t: t.compute_s - t.ffn_compute_s}
 WARMUP_STEPS = 2
+MAX_SUBSETS = 64   # `convergence` scores at most this many subsets of n passes per configuration
 
 
 def rel_error(sim: float, real: float) -> float:
@@ -97,6 +104,42 @@ def repeatability(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, f
     return out
 
 
+def convergence(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict[str, Any]:
+    """How the simulator's error on `metric` falls as more real passes are averaged (module docstring);
+    {} without repeated runs.
+
+    `by_passes`: for n = 1 .. the most passes a configuration has, `error_stats` of the simulator
+    against the mean of n of a configuration's passes, pooled over the configurations with n or more
+    and over their subsets of n passes (all of them, or MAX_SUBSETS spread evenly over them in
+    itertools.combinations order). `unlimited`: `error_stats` over the configurations of
+    sqrt(max(0, d^2 - v)), with d = (sim - mean) / mean over the configuration's P passes and v =
+    their sample variance (ddof 1) / mean^2 / P, the variance of that mean: d^2 - v is an unbiased
+    estimate of the squared error against the mean of unlimited passes, so this is what more passes
+    cannot remove (noise the passes share, such as the calibration's moment, stays in it)."""
+    items = [(m["sim"], np.asarray(m["real_runs"], float)) for r in rows
+             if len((m := r["metrics"].get(metric, {})).get("real_runs", ())) > 1]
+    if not items:
+        return {}
+    by_passes = []
+    for n in range(1, max(len(x) for _, x in items) + 1):
+        errors = []
+        for sim, x in items:
+            if len(x) < n:
+                continue
+            subsets = list(itertools.combinations(range(len(x)), n))
+            if len(subsets) > MAX_SUBSETS:
+                subsets = [subsets[i] for i in np.linspace(0, len(subsets) - 1, MAX_SUBSETS).round().astype(int)]
+            errors += [rel_error(sim, float(x[list(c)].mean())) for c in subsets]
+        by_passes.append({"passes": n, "configs": sum(len(x) >= n for _, x in items), **error_stats(errors)})
+    left = []
+    for sim, x in items:
+        mean = float(x.mean())
+        d2 = ((sim - mean) / mean) ** 2 if mean else 0.0
+        v = float(x.var(ddof=1)) / mean ** 2 / len(x) if mean else 0.0
+        left.append(float(np.sqrt(max(0.0, d2 - v))))
+    return {"by_passes": by_passes, "unlimited": error_stats(left)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
@@ -115,6 +158,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rep = repeatability(rows)
     if rep:
         out["repeatability"] = rep
+        out["convergence"] = {"latency_s": convergence(rows)}
     return out
 
 

@@ -276,24 +276,41 @@ def _alone(rep: dict) -> str:
             f"mean's median {_pct(rest['median'])}, p90 {_pct(rest['p90'])} (the host's repeatability)")
 
 
+def print_convergence(conv: dict | None) -> None:
+    """real.validate_score.convergence of the latency, as a table: the simulator against the mean of
+    n passes, then the estimate for unlimited passes."""
+    if not conv:
+        return
+    rows = [[f"mean of {c['passes']} pass{'es' if c['passes'] > 1 else ''}", c["configs"], _pct(c["median"]),
+             _pct(c["p90"])] for c in conv["by_passes"]]
+    left = conv["unlimited"]
+    rows.append(["unlimited passes (estimate: error^2 less the mean's variance)", "", _pct(left["median"]),
+                 _pct(left["p90"])])
+    print_table(["simulator's latency error against", "configs", "median", "p90"], rows, align="lrrr")
+    print("more --repeats narrow the error towards the last row; what stays there is the model's and the "
+          "calibration's (the host while calibrated against its average over the passes)")
+
+
 def print_rescore_many(many: dict) -> None:
     """One profile on several kept grids (real.validate_keep.rescore_many): a row per grid, the
     spread over the grids, the groups pooled."""
     print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
           f"{many['wall_s']:.0f} s")
     print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90",
-                 "one pass: simulator median", "p90", "other passes median", "p90"],
+                 "one pass: simulator median", "p90", "other passes median", "p90", "unlimited passes median", "p90"],
                 [[g["rescored_from"], g["n_configs"], g["repeats"], _pct(g["latency_error_median"]),
                   _pct(g["latency_error_p90"]), _pct(g["latency_error_max"]), _pct(g["noise_latency_median"]),
                   _pct(g["noise_latency_p90"]), _pct(g["pass_latency_error_median"]), _pct(g["pass_latency_error_p90"]),
-                  _pct(g["rest_latency_error_median"]), _pct(g["rest_latency_error_p90"])] for g in many["grids"]],
-                align="lrrrrrrrrrrr")
+                  _pct(g["rest_latency_error_median"]), _pct(g["rest_latency_error_p90"]),
+                  _pct(g["unlimited_latency_error_median"]), _pct(g["unlimited_latency_error_p90"])] for g in many["grids"]],
+                align="lrrrrrrrrrrrrr")
     med, p90 = many["latency_error_median"], many["latency_error_p90"]
     print(f"over the {many['n_grids']} grids: latency error median {_pct(med['median'])} ({_pct(med['min'])}-"
           f"{_pct(med['max'])}), p90 {_pct(p90['median'])} ({_pct(p90['min'])}-{_pct(p90['max'])})")
     alone = many["repeatability"].get("latency_s")
     if alone:
         print(f"each real pass alone, pooled: {_alone(alone)}")
+    print_convergence(many.get("convergence", {}).get("latency_s"))
     groups = many["per_group"]
     head, phases = _phase_columns(groups)
     print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",
@@ -360,6 +377,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                      "p90"],
                     [[m, _pct(v["simulator"]["median"]), _pct(v["simulator"]["p90"]), _pct(v["other_passes"]["median"]),
                       _pct(v["other_passes"]["p90"])] for m, v in alone.items()], align="lrrrr")
+    print_convergence(report.get("convergence", {}).get("latency_s"))
     groups = report.get("per_group") or []
     if groups:
         head, phases = _phase_columns(groups)

@@ -56,6 +56,7 @@ def test_compare_with_repeats_averages_runs_and_reports_their_spread():
     assert rep["simulator"]["median"] == pytest.approx(1 / 11) and rep["simulator"]["max"] == pytest.approx(0.5)
     assert rep["other_passes"]["median"] == pytest.approx(0.1) and rep["other_passes"]["max"] == pytest.approx(0.75)
     assert "repeatability" not in S.summarize([{"metrics": S.compare(run(1.0), run(1.0))}])
+    assert [c["passes"] for c in S.summarize(rows)["convergence"]["latency_s"]["by_passes"]] == [1, 2, 3]
 
 
 def test_compare_adds_stall_and_mem_mgmt_when_records_have_them():
@@ -134,3 +135,35 @@ def test_per_group_by_hand():
     g = S.per_group(rows)
     assert g[1]["pass_latency_error_median"] == pytest.approx(0.2)
     assert g[1]["rest_latency_error_median"] == pytest.approx(0.225)
+
+
+def test_convergence_by_hand():
+    def row(sim, runs):
+        return {"metrics": {"latency_s": {"sim": sim, "real_runs": runs}}}
+
+    rows = [row(3.0, [2.0, 4.0, 3.0]), row(2.5, [2.0, 2.2]), {"metrics": {"latency_s": {"sim": 1.0}}}]
+    conv = S.convergence(rows)
+    one, two, three = conv["by_passes"]
+    # one pass: 3 against 2, 4, 3 (0.5, 0.25, 0) and 2.5 against 2, 2.2 (0.25, 0.3/2.2)
+    assert one["configs"] == 2 and one["median"] == pytest.approx(0.25) and one["max"] == pytest.approx(0.5)
+    # two: 3 against 3, 2.5, 3.5 (0, 0.2, 1/7); 2.5 against 2.1 (0.4/2.1)
+    assert two["configs"] == 2 and two["median"] == pytest.approx((1 / 7 + 0.4 / 2.1) / 2)
+    assert two["max"] == pytest.approx(0.2)
+    # three: only the first configuration has three passes; its mean is the simulator's
+    assert three["configs"] == 1 and three["max"] == 0.0
+    # unlimited: the first's d^2 = 0 is below its mean's variance (floored at 0); the second's
+    # d^2 = (0.4/2.1)^2 less v = 0.02 / 2.1^2 / 2
+    second = ((0.4 / 2.1) ** 2 - 0.02 / 2.1 ** 2 / 2) ** 0.5
+    assert conv["unlimited"]["median"] == pytest.approx(second / 2) and conv["unlimited"]["max"] == pytest.approx(second)
+    assert S.convergence([rows[2]]) == {}
+    summary = S.summarize([{"metrics": {m: {"error": 0.0, "sim": 1.0, "real": 1.0} for m in S.METRICS}}])
+    assert "convergence" not in summary
+
+
+def test_convergence_samples_many_subsets_evenly():
+    runs = [1.0 + 0.01 * i for i in range(12)]     # C(12, 6) = 924 subsets of six passes
+    conv = S.convergence([{"metrics": {"latency_s": {"sim": 1.0, "real_runs": runs}}}])
+    assert [c["passes"] for c in conv["by_passes"]] == list(range(1, 13))
+    # the extreme subsets of six lie at either end of combinations' order: both are scored
+    assert conv["by_passes"][5]["max"] == pytest.approx(S.rel_error(1.0, sum(runs[6:]) / 6))
+    assert conv["by_passes"][5]["p90"] < conv["by_passes"][5]["max"]
