@@ -27,6 +27,7 @@ more --repeats cannot narrow that part.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -126,10 +127,7 @@ def convergence(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict[s
         for sim, x in items:
             if len(x) < n:
                 continue
-            subsets = list(itertools.combinations(range(len(x)), n))
-            if len(subsets) > MAX_SUBSETS:
-                subsets = [subsets[i] for i in np.linspace(0, len(subsets) - 1, MAX_SUBSETS).round().astype(int)]
-            errors += [rel_error(sim, float(x[list(c)].mean())) for c in subsets]
+            errors += [rel_error(sim, float(x[list(c)].mean())) for c in _subsets(len(x), n)]
         by_passes.append({"passes": n, "configs": sum(len(x) >= n for _, x in items), **error_stats(errors)})
     left = []
     for sim, x in items:
@@ -138,6 +136,28 @@ def convergence(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict[s
         v = float(x.var(ddof=1)) / mean ** 2 / len(x) if mean else 0.0
         left.append(float(np.sqrt(max(0.0, d2 - v))))
     return {"by_passes": by_passes, "unlimited": error_stats(left)}
+
+
+def _subsets(p: int, n: int) -> list[tuple[int, ...]]:
+    """The subsets of n of range(p) `convergence` scores: all of them in itertools.combinations
+    (lexicographic) order, or MAX_SUBSETS spread evenly over that order, each found from its rank
+    without listing the others (C(p, n) grows past memory for a few dozen passes)."""
+    total = math.comb(p, n)
+    if total <= MAX_SUBSETS:
+        return list(itertools.combinations(range(p), n))
+    return [_combination(p, n, int(r)) for r in np.linspace(0, total - 1, MAX_SUBSETS).round()]
+
+
+def _combination(p: int, n: int, rank: int) -> tuple[int, ...]:
+    """The rank-th n-subset of range(p) in lexicographic order."""
+    out, first = [], 0
+    for left in range(n, 0, -1):
+        while (c := math.comb(p - first - 1, left - 1)) <= rank:   # subsets that start at `first`
+            rank -= c
+            first += 1
+        out.append(first)
+        first += 1
+    return tuple(out)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
