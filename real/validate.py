@@ -142,7 +142,8 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
                    modes: tuple[str, ...] = MODES, repeats: int = 1,
-                   check_every_s: float | None = None, keep: str | Path | None = None) -> dict[str, Any]:
+                   check_every_s: float | None = None, keep: str | Path | None = None,
+                   recalibrate_every_s: float | None = None) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
@@ -152,7 +153,12 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     each run sits between two checks); `drift_corrected`: the errors with each
     configuration replayed on the profile as the checks found the host while it ran (real/drift.py).
     `keep`: a new folder to keep the executed traces and the real runs' records in, for
-    `flashsim validate --rescore` (real/validate_keep.py); refused before any run if it exists."""
+    `flashsim validate --rescore` (real/validate_keep.py); refused before any run if it exists.
+    `recalibrate_every_s`: calibrate the host (bench flash + bench compute, real.calibration) at the
+    start, between real runs once that many seconds of runs have passed since the last calibration,
+    and at the end, and score the runs against the calibrations' mean (real.profile_merge) instead of
+    `profile`, which stays the base of each calibration and the drift checks' reference;
+    `recalibration` reports the calibrations' times and the errors against `profile` too."""
     from devices.errors import FlashsimError
     from real.drift import CHECK_EVERY_S, DriftLog, drift_warning
     from real.validate_keep import check_keep_target, write_kept_grid
@@ -163,6 +169,9 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         check_every_s = CHECK_EVERY_S
     if not check_every_s >= 0:
         raise FlashsimError(f"--check-every {check_every_s}: give seconds >= 0 (0 checks the host after every real run)")
+    if recalibrate_every_s is not None and not recalibrate_every_s > 0:
+        raise FlashsimError(f"--recalibrate-every {recalibrate_every_s}: give seconds > 0 of real runs between "
+                            "calibrations")
     if workdir is not None and not Path(workdir).is_dir():
         raise FlashsimError(f"--workdir {workdir}: no such folder; create it, or omit --workdir for the system temp folder")
     if threads is None:
@@ -177,22 +186,44 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     info: dict[str, Any] = {}
     n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
     log = DriftLog(profile, root, seed, every_s=check_every_s)
+    recal = None
+    if recalibrate_every_s is not None:
+        from real.calibration import Recalibrator
+
+        recal = Recalibrator(root / "calibration", profile, recalibrate_every_s, threads=threads, seed=seed)
+    between = _Between(log, recal)
     replays: list[tuple] = []     # (row, trace path, spec, config, real token runs, their times) for drift_corrected
+    scored_with, recalibration = profile, None
     try:
+        if recal is not None:
+            recal.run()
         log.check()
         if "shape" in modes:
             info["shape"] = _shape_rows(profile, quick, n_tokens, seed, root / "shape", threads, rows, progress, n_total,
-                                        repeats, replays=replays, drift=log)
+                                        repeats, replays=replays, drift=between)
         if "model" in modes:
             info["model"] = _model_rows(profile, quick, n_tokens, seed, root / "model", threads, rows, progress, n_total,
-                                        repeats, replays=replays, drift=log)
+                                        repeats, replays=replays, drift=between)
         log.check()
         corrected = _drift_corrected(profile, log, replays, t0)
+        if recal is not None:
+            recal.run()
+            given = summarize(rows)
+            scored_with = recal.merged()
+            _rescore_rows(scored_with, replays)
+            recalibration = {"every_s": recalibrate_every_s, "calibrations": recal.summary(t0),
+                             "given_profile": {k: given[k] for k in ("latency_error_median", "latency_error_p90",
+                                                                     "latency_error_max")}}
+            recal.close()
         if keep_path is not None:
+            extra = ({f"calibrations/{c.path.name}": c.path.read_text() for c in recal.calibrations}
+                     if recal is not None else {})
             try:
                 write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick,
                                                      "seed": seed, "repeats": repeats, "threads": threads,
-                                                     "modes": list(modes)}, t0, profile=profile)
+                                                     "modes": list(modes),
+                                                     "recalibrate_every_s": recalibrate_every_s}, t0,
+                                profile=scored_with, extra_files=extra)
             except OSError as e:    # the grid's report is worth more than the failed keep: say so, go on
                 print(f"WARNING: --keep {keep}: could not write it ({e.strerror or e}); nothing was kept, the report "
                       "is complete", file=sys.stderr)
@@ -220,10 +251,33 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    "busy_cores_start": load_start.get("busy_cores"), "busy_cores_end": load_end.get("busy_cores"),
                    "cores": load_start["cores"], "load_warning": warning, "drift": drift, "drift_checks": checks,
                    "drift_warning": drift_msg,
-                   "drift_corrected": corrected, "kept": str(keep_path) if keep_path is not None else None,
+                   "drift_corrected": corrected, "recalibration": recalibration,
+                   "kept": str(keep_path) if keep_path is not None else None,
                    "direct_io": all(r["direct_io"] for r in rows),
                    "configs": rows, "wall_s": time.perf_counter() - t0})
     return report
+
+
+class _Between:
+    """What runs between two real runs when it is due: the drift check, then a recalibration."""
+
+    def __init__(self, log: Any, recal: Any = None):
+        self.log, self.recal = log, recal
+
+    def maybe_check(self) -> None:
+        self.log.maybe_check()
+        if self.recal is not None:
+            self.recal.maybe_run()
+
+
+def _rescore_rows(profile: Any, replays: list[tuple]) -> None:
+    """Every replayed configuration simulated again on `profile`; its row's metrics replaced."""
+    from sim.engine import simulate
+    from traces.format import open_trace
+
+    for row, path, spec, cfg, runs, _times in replays:
+        sim = simulate(open_trace(path), spec, profile, cfg, fast=False)
+        row["metrics"] = compare(runs[0], sim.tokens, runs[1:])
 
 
 def _drift_corrected(profile: Any, log: Any, replays: list[tuple], t0: float) -> dict[str, Any] | None:

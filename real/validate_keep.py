@@ -84,10 +84,11 @@ def trace_digest(trace_dir: Path) -> str:
 
 
 def write_kept_grid(keep: Path, replays: list[tuple], settings: dict[str, Any], t0: float,
-                    profile: Any = None) -> Path:
+                    profile: Any = None, extra_files: dict[str, str] | None = None) -> Path:
     """Writes DIR from the validation's replays [(row, executed trace path, spec, run config, each
     pass's token records, each pass's perf_counter midpoint)] and the profile they were replayed
-    with (written as profile.yaml when given); returns DIR."""
+    with (written as profile.yaml when given); `extra_files`: {path in DIR: text} (a recalibrated
+    validation's calibrations); returns DIR."""
     import pandas as pd
 
     from sim.records import Recorder
@@ -115,6 +116,9 @@ def write_kept_grid(keep: Path, replays: list[tuple], settings: dict[str, Any], 
 
             (tmp / PROFILE_FILE).write_text(profile_yaml(profile, "flashsim validate --keep: the profile the grid "
                                                                   "was replayed with"))
+        for rel, text in (extra_files or {}).items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
         doc = {"format": "flashsim-validate-keep", "version": KEEP_VERSION, **settings, "configs": entries}
         (tmp / GRID_FILE).write_text(json.dumps(doc, indent=1))
         os.replace(tmp, keep)

@@ -7,6 +7,8 @@
     bench compute   dense and gathered GEMV per dtype, DRAM bandwidth, per-op overhead, at
                     `--threads` compute threads -> the profile's `compute` section (with
                     `threads`) and memory bandwidth/capacity
+    bench merge     several such profiles of one host -> their mean (real/profile_merge.py), for
+                    calibrations spread over the hours a validation or a deployment runs in
 
 By default the profile `this-host` in devices/profiles/ is updated (other sections kept);
 `--out FILE` writes elsewhere, `--name` names the profile, `--no-write` only measures.
@@ -62,6 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "profile's compute.threads; use the count the real runs will use (default: PyTorch's own)")
     _profile_args(c)
     c.set_defaults(func=_compute)
+
+    m = bsub.add_parser("merge", help="one profile from several calibrations of this host: rates as harmonic means, "
+                                      "times as arithmetic means (real/profile_merge.py)")
+    m.add_argument("profiles", nargs="+", metavar="PROFILE", help="two or more profiles (YAML files or names) written "
+                                                                  "by bench flash + bench compute with the same settings")
+    m.add_argument("--name", default="this-host", help="name of the merged profile (default this-host)")
+    m.add_argument("--out", help="profile file to write (default devices/profiles/NAME.yaml)")
+    m.add_argument("--json", action="store_true", help="print what was merged as JSON")
+    m.set_defaults(func=_merge)
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
@@ -298,4 +309,20 @@ def _compute(args: argparse.Namespace) -> int:
         print(f"compute after the caches were swept, per layer (kernels/framework, us): {pts}")
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
+    return 0
+
+
+# ---- merge ---------------------------------------------------------------------------------------------
+def _merge(args: argparse.Namespace) -> int:
+    from real.profile_merge import merge_profiles
+    from real.profile_writer import profile_yaml, write_text_atomic
+
+    profile = merge_profiles(args.profiles, args.name)
+    target = _target(args)
+    write_text_atomic(target, profile_yaml(profile, f"Written by `flashsim bench merge {' '.join(args.profiles)}`: "
+                                                    "the mean of these calibrations."))
+    if args.json:
+        print_json({"profile": {"name": profile.name, "path": str(target)}, "merged": list(args.profiles)})
+    else:
+        print(f"merged {len(args.profiles)} profiles into {target} (profile {profile.name!r})")
     return 0

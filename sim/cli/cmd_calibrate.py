@@ -5,23 +5,17 @@
     3. the profile    both sections merged into PROFILE.yaml with provenance (real.profile_writer)
     4. validate       `flashsim validate --quick` with that profile: the simulator's error per metric
 
-It only orchestrates the functions behind `flashsim bench flash|compute` and `flashsim validate`
-(real/bench_flash.py, real/bench_compute.py, real/profile_writer.py, real/validate.py), called by
-keyword; optional parameters those functions may not have (compute threads) are passed only when
-their signature takes them. Units: bytes, seconds, bytes/s.
+It only orchestrates: steps 1-3 are real.calibration.calibrate (the functions behind `flashsim
+bench flash|compute` and real/profile_writer.py), step 4 real.validate.run_validation. Units:
+bytes, seconds, bytes/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as dt
-import inspect
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
@@ -46,19 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_calibrate)
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
-
-
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.json:
         print(text, file=sys.stderr, flush=True)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from devices.schema import load_profile
-    from real import bench_compute, bench_flash
-    from real.profile_writer import MEASURED_PREFIX, default_path, write_profile
+    from real.calibration import calibrate
+    from real.profile_writer import default_path
     from real.validate import parse_modes, run_validation
     from sim.cli.cmd_realrun import print_validation, validate_progress
 
@@ -70,44 +59,15 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--path {args.path}: not a directory; give a folder on the disk to measure")
     target = Path(args.out) if args.out else default_path(args.name)
     size = parse_bytes(args.size, "--size") if args.size else (64 << 20 if args.quick else 2 << 30)
-    today = dt.date.today().isoformat()
     t0 = time.perf_counter()
 
-    # 1. flash
-    cfg_kw: dict[str, Any] = dict(
-        chunks=tuple(bench_flash.QUICK_CHUNKS if args.quick else bench_flash.DEFAULT_CHUNKS),
-        in_flight=tuple(bench_flash.QUICK_IN_FLIGHT if args.quick else bench_flash.DEFAULT_IN_FLIGHT),
-        duration_s=0.2 if args.quick else 1.0, seed=args.seed, direct=None, passes=1 if args.quick else 3)
-    if "compute_threads" in {f.name for f in dataclasses.fields(bench_flash.FlashBenchConfig)}:
-        cfg_kw["compute_threads"] = args.threads
-    cfg = bench_flash.FlashBenchConfig(**cfg_kw)
-    bench_file = folder / f"flashsim-calibrate-{os.getpid()}.dat"
-    if bench_file.exists():
-        raise FlashsimError(f"{bench_file}: already exists; remove it or choose another --path")
-    flash_cmd = (f"flashsim bench flash --path {bench_file} --size {size} --chunks "
-                 + ",".join(str(c) for c in cfg.chunks) + " --in-flight " + ",".join(map(str, cfg.in_flight))
-                 + f" --duration-s {cfg.duration_s:g} --passes {cfg.passes} --seed {cfg.seed} (via flashsim calibrate)")
-    _say(args, f"[1/4] bench flash: {len(cfg.chunks)} chunk sizes x {len(cfg.in_flight)} reads in flight on "
+    # 1-3. bench flash, bench compute, the profile (real.calibration; written atomically, read back)
+    _say(args, f"[1/4] bench flash, [2/4] bench compute ({args.threads} thread(s)) on "
                f"{format_bytes(size)} in {folder}")
-    flash = bench_flash.run_flash_bench(path=bench_file, size_bytes=size, cfg=cfg, keep_file=False, progress=None)
-    how = (f"{'direct I/O' if flash['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, python threads + "
-           f"os.preadv, {format_bytes(flash['file_bytes'])} file, {cfg.duration_s:g} s per point")
-    section = bench_flash.flash_section(result=flash, source=f"{MEASURED_PREFIX} flash ({today}): {how}; `{flash_cmd}`")
-    write_profile(path=target, name=args.name, flash=section, command=flash_cmd)
-
-    # 2. compute
-    _say(args, f"[2/4] bench compute ({'quick, ' if args.quick else ''}{args.threads} thread(s))")
-    ckw: dict[str, Any] = dict(quick=args.quick, framework="auto", seed=args.seed)
-    if _accepts(bench_compute.run_compute_bench, "threads"):
-        ckw["threads"] = args.threads
-    comp = bench_compute.run_compute_bench(**ckw)
-    comp_cmd = (f"flashsim bench compute --framework auto --seed {args.seed}" + (" --quick" if args.quick else "")
-                + (f" --threads {args.threads}" if "threads" in ckw else "") + " (via flashsim calibrate)")
-    base = load_profile(target)
-    compute, memory = bench_compute.compute_sections(result=comp, date=today, command=comp_cmd,
-                                                     old_memory_source=base.memory.source)
-    # 3. the profile (written atomically and read back by write_profile)
-    profile = write_profile(path=target, name=args.name, compute=compute, memory=memory, command=comp_cmd)
+    cal = calibrate(folder, target, args.name, threads=args.threads, seed=args.seed, quick=args.quick,
+                    size_bytes=size, say=lambda text: _say(args, f"      {text}"))
+    profile, flash, comp, flash_cmd, comp_cmd = (cal.profile, cal.flash, cal.compute, cal.flash_command,
+                                                 cal.compute_command)
     _say(args, f"[3/4] profile {profile.name!r} written: {target} (source: {profile.source.kind})")
 
     # 4. validate --quick against it

@@ -25,7 +25,8 @@ from sim.cli.output import print_json, print_table
 
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
 KEPT_PROFILE = "kept"
-RUN_OPTIONS = ("quick", "tokens", "seed", "workdir", "threads", "modes", "repeats", "check_every", "keep")
+RUN_OPTIONS = ("quick", "tokens", "seed", "workdir", "threads", "modes", "repeats", "check_every", "keep",
+               "recalibrate_every")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--check-every", type=float, metavar="S",
                    help="seconds between the host checks that drift_corrected replays at (default 10; 0 = after "
                         "every real run, so each run sits between two checks: ~1.2 s per check)")
+    v.add_argument("--recalibrate-every", type=float, metavar="S",
+                   help="calibrate the host (the full bench flash + bench compute at the runs' threads, ~5 min "
+                        "each, also with --quick) at the start, after every S seconds of real runs and at the end, and "
+                        "score against the calibrations' mean instead of --profile (for a shared host whose speed "
+                        "moves over minutes; the errors against --profile are reported too)")
     v.add_argument("--keep", metavar="DIR", help="keep the executed traces and every real run's per-token records in "
                                                  "this new folder, to score other profiles against them later (--rescore)")
     v.add_argument("--rescore", metavar="DIR", nargs="+",
@@ -234,7 +240,8 @@ def _validate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
                             progress=validate_progress(args.json), threads=args.threads, modes=modes,
-                            repeats=args.repeats, check_every_s=args.check_every, keep=args.keep)
+                            repeats=args.repeats, check_every_s=args.check_every, keep=args.keep,
+                            recalibrate_every_s=args.recalibrate_every)
     return print_validation(report, args.json, args.plot)
 
 
@@ -408,12 +415,20 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         print("host vs profile (measured / profiled time): " + "; ".join(
             f"{when} disk {ratio(c.get('disk'))}, after I/O {ratio(c.get('after_io'))}, cpu {ratio(c.get('cpu'))}"
             f"{widths(c)}{reads(c)}" for when, c in drift.items()))
+    rc = report.get("recalibration")
+    if rc:
+        g = rc["given_profile"]
+        print(f"scored against the mean of {len(rc['calibrations'])} calibrations of this host, taken at "
+              + ", ".join(f"{c['start_s']:.0f}-{c['end_s']:.0f} s" for c in rc["calibrations"])
+              + f" (every {rc['every_s']:g} s of real runs); against the given profile: latency error median "
+              f"{g['latency_error_median']:.1%}, p90 {g['latency_error_p90']:.1%}, max {g['latency_error_max']:.1%}")
     dc = report.get("drift_corrected")
     if dc:
         print(f"replayed on the profile as {dc['checks']} host checks found it during each run (mean disk "
               f"{dc['disk_ratio']:.2f}x, after I/O {dc['after_io_ratio']:.2f}x, cpu {dc['cpu_ratio']:.2f}x): "
               f"latency error median {dc['latency_error_median']:.1%}, p90 {dc['latency_error_p90']:.1%}, "
-              f"max {dc['latency_error_max']:.1%} (a diagnostic: the errors above use the profile as given)")
+              f"max {dc['latency_error_max']:.1%} (a diagnostic on the profile as given"
+              f"{'' if rc else ', which the errors above use'})")
     model = report["per_mode"].get("model")
     if model and model.get("quality"):
         q = model["quality"]

@@ -454,3 +454,61 @@ def test_the_cpu_check_is_predicted_from_the_dense_gemv_table_where_the_profile_
     data["compute"].pop("dense_gemv")
     data["compute"].update(gemv_flops_per_s={"fp32": 1e10}, gemv_row_s=1e-8)
     assert cpu_check_predicted_s(DeviceProfile.model_validate(data)) == pytest.approx(2 * 4096 * 4096 / 1e10 + 4096e-8)
+
+
+def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatch, tmp_path, capsys):
+    """--recalibrate-every: calibrations at the start, between runs when due, at the end; the rows
+    scored against their mean (real.profile_merge), the given profile's errors reported too, and
+    the kept grid rescores to both. The calibration itself is faked (each call writes the base
+    profile with its read table at a known speed): the real benches are test_calibrate.py's."""
+    import yaml
+
+    from devices import load_profile
+    from real import calibration as C
+    from real.profile_writer import write_text_atomic
+    from real.validate_keep import rescore
+
+    tiny_grids(monkeypatch, tmp_path)
+    speeds = iter([1.0, 0.5, 0.5, 0.5, 0.5, 0.5])   # the first calibration as profiled, the others half as fast
+
+    def fake_calibrate(folder, target, name, *, threads=1, seed=0, quick=False, size_bytes=None, bench_file=None,
+                       keep_file=False, say=None):
+        d = yaml.safe_load(target.read_text())
+        s = next(speeds)
+        d["flash"]["read_table"]["bytes_per_s"] = [[v * s for v in row] for row in d["flash"]["read_table"]["bytes_per_s"]]
+        profile = write_text_atomic(target, yaml.safe_dump(d, sort_keys=False))
+        return C.Calibration(profile, target, {}, {}, "flash", "compute", 0.0)
+
+    monkeypatch.setattr(C, "calibrate", fake_calibrate)
+    work, keep = tmp_path / "work", tmp_path / "kept"
+    work.mkdir()
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--modes", "shape", "--recalibrate-every", "1e6",
+                 "--workdir", str(work), "--keep", str(keep)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rc = out["recalibration"]
+    assert rc["every_s"] == 1e6 and len(rc["calibrations"]) == 2       # the start and the end: none was due between
+    assert rc["calibrations"][0]["end_s"] <= rc["calibrations"][1]["start_s"]
+    assert sorted(p.name for p in (keep / "calibrations").iterdir()) == ["cal-0.yaml", "cal-1.yaml"]
+    kept = load_profile(keep / "profile.yaml")     # the mean: harmonic of 1x and 0.5x the read table = 2/3x
+    given = load_profile("this-host")
+    assert kept.flash.read_table.bytes_per_s[3][2] == pytest.approx(given.flash.read_table.bytes_per_s[3][2] * 2 / 3,
+                                                                    rel=1e-3)
+    # the errors reported are the mean's; the given profile's are reported apart; a rescore reproduces both
+    again = rescore(keep)
+    assert again["latency_error_median"] == pytest.approx(out["latency_error_median"])
+    assert again["latency_error_max"] == pytest.approx(out["latency_error_max"])
+    on_given = rescore(keep, given)
+    assert on_given["latency_error_max"] == pytest.approx(rc["given_profile"]["latency_error_max"])
+    assert out["latency_error_max"] != pytest.approx(rc["given_profile"]["latency_error_max"])
+    assert list(work.iterdir()) == []       # the calibrations' folder went with the temporary one
+    # due after every run: a calibration before the grid, after each of its 2 runs (the last one is the end's)
+    assert main(["validate", "--quick", "--tokens", "6", "--modes", "shape", "--recalibrate-every", "1e-9",
+                 "--workdir", str(work)]) == 0
+    text = capsys.readouterr().out
+    assert "scored against the mean of 4 calibrations of this host" in text and "against the given profile" in text
+
+
+def test_recalibrate_every_must_be_positive(capsys):
+    assert main(["validate", "--quick", "--recalibrate-every", "0"]) == 2
+    assert "--recalibrate-every 0.0: give seconds > 0" in capsys.readouterr().err
+    assert main(["validate", "--rescore", "x", "--recalibrate-every", "5"]) == 2
