@@ -207,7 +207,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         log.check()
         corrected = _drift_corrected(profile, log, replays, t0)
         if recal is not None:
-            recal.run()
+            recal.finish()
             given = summarize(rows)
             scored_with = recal.merged()
             _rescore_rows(scored_with, replays)
@@ -216,7 +216,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                                                                      "latency_error_max")}}
             recal.close()
         if keep_path is not None:
-            extra = ({f"calibrations/{c.path.name}": c.path.read_text() for c in recal.calibrations}
+            extra = ({f"calibrations/{c.name}": c.read_text() for c in recal.calibrations}
                      if recal is not None else {})
             try:
                 write_kept_grid(keep_path, replays, {"profile": profile.name, "tokens": n_tokens, "quick": quick,

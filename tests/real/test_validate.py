@@ -471,15 +471,13 @@ def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatc
     tiny_grids(monkeypatch, tmp_path)
     speeds = iter([1.0, 0.5, 0.5, 0.5, 0.5, 0.5])   # the first calibration as profiled, the others half as fast
 
-    def fake_calibrate(folder, target, name, *, threads=1, seed=0, quick=False, size_bytes=None, bench_file=None,
-                       keep_file=False, say=None):
+    def fake_calibrate(self, target):
         d = yaml.safe_load(target.read_text())
         s = next(speeds)
         d["flash"]["read_table"]["bytes_per_s"] = [[v * s for v in row] for row in d["flash"]["read_table"]["bytes_per_s"]]
-        profile = write_text_atomic(target, yaml.safe_dump(d, sort_keys=False))
-        return C.Calibration(profile, target, {}, {}, "flash", "compute", 0.0)
+        write_text_atomic(target, yaml.safe_dump(d, sort_keys=False))
 
-    monkeypatch.setattr(C, "calibrate", fake_calibrate)
+    monkeypatch.setattr(C.Recalibrator, "_calibrate", fake_calibrate)
     work, keep = tmp_path / "work", tmp_path / "kept"
     work.mkdir()
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--modes", "shape", "--recalibrate-every", "1e6",
@@ -501,11 +499,12 @@ def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatc
     assert on_given["latency_error_max"] == pytest.approx(rc["given_profile"]["latency_error_max"])
     assert out["latency_error_max"] != pytest.approx(rc["given_profile"]["latency_error_max"])
     assert list(work.iterdir()) == []       # the calibrations' folder went with the temporary one
-    # due after every run: a calibration before the grid, after each of its 2 runs (the last one is the end's)
+    # due after every run: a calibration before the grid and after each of its 2 runs; the one after the
+    # last run is the end's (no second one right after it)
     assert main(["validate", "--quick", "--tokens", "6", "--modes", "shape", "--recalibrate-every", "1e-9",
                  "--workdir", str(work)]) == 0
     text = capsys.readouterr().out
-    assert "scored against the mean of 4 calibrations of this host" in text and "against the given profile" in text
+    assert "scored against the mean of 3 calibrations of this host" in text and "against the given profile" in text
 
 
 def test_recalibrate_every_must_be_positive(capsys):
