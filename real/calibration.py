@@ -9,9 +9,10 @@ bytes, seconds, bytes/s.
 `Recalibrator`: a validation of an hour meets the shared host's states in proportion (its checks
 moved 0.80-1.21x in 5-minute means over one grid, real/drift.py), while one calibration is a few
 minutes of one state. It calibrates at the validation's start, again between real runs once
-`every_s` seconds of runs have passed since the last calibration ended, and at the end, so the
-calibrations bracket the runs and are spread over them; `merged()` is their mean
-(real/profile_merge.py), the profile the runs are then scored with.
+`every_s` seconds of runs have passed since the last calibration ended, and at the end (unless the
+last one came after the last run), each in a fresh Python process, so the calibrations bracket the
+runs and are spread over them; `merged()` is their mean (real/profile_merge.py), the profile the
+runs are then scored with.
 """
 
 from __future__ import annotations
