@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,10 @@ class Calibration:
     """One calibration's outputs: the profile written, the raw bench results, the commands."""
 
     profile: Any
-    path: Path
     flash: dict[str, Any]
     compute: dict[str, Any]
     flash_command: str
     compute_command: str
-    wall_s: float
 
 
 def calibrate(folder: Path, target: Path, name: str, *, threads: int = 1, seed: int = 0, quick: bool = False,
@@ -56,7 +55,6 @@ def calibrate(folder: Path, target: Path, name: str, *, threads: int = 1, seed: 
 
     if threads < 1:
         raise FlashsimError(f"--threads {threads}: must be >= 1")
-    t0 = time.perf_counter()
     size = size_bytes if size_bytes is not None else QUICK_BENCH_BYTES if quick else FULL_BENCH_BYTES
     today = dt.date.today().isoformat()
     cfg = bench_flash.FlashBenchConfig(
@@ -89,28 +87,26 @@ def calibrate(folder: Path, target: Path, name: str, *, threads: int = 1, seed: 
     compute, memory = bench_compute.compute_sections(result=comp, date=today, command=comp_cmd,
                                                      old_memory_source=base.memory.source)
     profile = write_profile(path=target, name=name, compute=compute, memory=memory, command=comp_cmd)
-    return Calibration(profile, target, flash, comp, flash_cmd, comp_cmd, time.perf_counter() - t0)
+    return Calibration(profile, flash, comp, flash_cmd, comp_cmd)
 
 
 class Recalibrator:
     """Calibrations spread over a validation (module docstring), each the full benches (~5 minutes
     here: the quick benches' small grids and probes priced a quick validation 13.8% / 60.2% off,
     median / p90, where the profile they replaced priced it 10.4% / 19.9%). `folder`: where the bench file
-    (created once, read by every calibration, removed by `close`) and the profiles cal-0.yaml,
-    cal-1.yaml, ... go; `base`: the profile each calibration starts from (its unmeasured fields:
-    memory capacity, description); `every_s` > 0."""
+    (created once, read by every calibration, removed with the folder) and the profiles
+    cal-0.yaml, cal-1.yaml, ... go; `base`: the profile each calibration starts from (its unmeasured
+    fields: memory capacity, description); `every_s` > 0 (run_validation checks it before any work)."""
 
     def __init__(self, folder: Path, base: Any, every_s: float, *, threads: int, seed: int, say: Any = None):
         from real.profile_writer import profile_yaml
 
-        if not every_s > 0:
-            raise FlashsimError(f"--recalibrate-every {every_s}: give seconds > 0")
         self.folder, self.base, self.every_s = folder, base, every_s
         self.threads, self.seed, self.say = threads, seed, say
         self.folder.mkdir(parents=True, exist_ok=True)
         self.bench_file = folder / "bench.dat"
         self.base_text = profile_yaml(base, "the validation's profile, the base of each recalibration")
-        self.calibrations: list[Calibration] = []
+        self.calibrations: list[Path] = []            # each calibration's profile file
         self.times: list[tuple[float, float]] = []     # perf_counter (start, end) of each calibration
         self.runs_since = 0                           # real runs since the last calibration
 
@@ -136,7 +132,6 @@ class Recalibrator:
         against 8-10%; 4 KiB reads timed in validate's process right after a minute of model runs
         were 20% slower than before them, and in a new process at the same moment were not."""
         import subprocess
-        import sys
 
         cmd = [sys.executable, "-m", "real.calibration", str(self.folder), str(target), self.base.name,
                str(self.threads), str(self.seed), str(self.bench_file)]
@@ -173,15 +168,9 @@ class Recalibrator:
         return [{"start_s": round(a - t0, 1), "end_s": round(b - t0, 1), "wall_s": round(b - a, 1)}
                 for a, b in self.times]
 
-    def close(self) -> None:
-        self.bench_file.unlink(missing_ok=True)
-
-
 def _main(argv: list[str]) -> int:
     """`python -m real.calibration FOLDER TARGET NAME THREADS SEED BENCH_FILE`: one full calibration
     (Recalibrator._calibrate's child process); a FlashsimError is one line on stderr, exit 2."""
-    import sys
-
     folder, target, name, threads, seed, bench_file = argv
     try:
         calibrate(Path(folder), Path(target), name, threads=int(threads), seed=int(seed), quick=False,
@@ -193,6 +182,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(_main(sys.argv[1:]))

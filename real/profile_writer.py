@@ -119,11 +119,11 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
         profile = DeviceProfile.model_validate(data)
     except ValidationError as e:
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
-    return write_text_atomic(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
+    return write_profile_text(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
                                                          "own sources."))
 
 
-def write_text_atomic(path: Path, text: str) -> DeviceProfile:
+def write_profile_text(path: Path, text: str) -> DeviceProfile:
     """Writes a profile's YAML text at `path` (temporary name, then rename) and reads it back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")

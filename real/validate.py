@@ -214,7 +214,6 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
             recalibration = {"every_s": recalibrate_every_s, "calibrations": recal.summary(t0),
                              "given_profile": {k: given[k] for k in ("latency_error_median", "latency_error_p90",
                                                                      "latency_error_max")}}
-            recal.close()
         if keep_path is not None:
             extra = ({f"calibrations/{c.name}": c.read_text() for c in recal.calibrations}
                      if recal is not None else {})

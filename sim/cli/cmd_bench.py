@@ -315,11 +315,11 @@ def _compute(args: argparse.Namespace) -> int:
 # ---- merge ---------------------------------------------------------------------------------------------
 def _merge(args: argparse.Namespace) -> int:
     from real.profile_merge import merge_profiles
-    from real.profile_writer import profile_yaml, write_text_atomic
+    from real.profile_writer import profile_yaml, write_profile_text
 
     profile = merge_profiles(args.profiles, args.name)
     target = _target(args)
-    write_text_atomic(target, profile_yaml(profile, f"Written by `flashsim bench merge {' '.join(args.profiles)}`: "
+    write_profile_text(target, profile_yaml(profile, f"Written by `flashsim bench merge {' '.join(args.profiles)}`: "
                                                     "the mean of these calibrations."))
     if args.json:
         print_json({"profile": {"name": profile.name, "path": str(target)}, "merged": list(args.profiles)})

@@ -465,7 +465,7 @@ def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatc
 
     from devices import load_profile
     from real import calibration as C
-    from real.profile_writer import write_text_atomic
+    from real.profile_writer import write_profile_text
     from real.validate_keep import rescore
 
     tiny_grids(monkeypatch, tmp_path)
@@ -475,7 +475,7 @@ def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatc
         d = yaml.safe_load(target.read_text())
         s = next(speeds)
         d["flash"]["read_table"]["bytes_per_s"] = [[v * s for v in row] for row in d["flash"]["read_table"]["bytes_per_s"]]
-        write_text_atomic(target, yaml.safe_dump(d, sort_keys=False))
+        write_profile_text(target, yaml.safe_dump(d, sort_keys=False))
 
     monkeypatch.setattr(C.Recalibrator, "_calibrate", fake_calibrate)
     work, keep = tmp_path / "work", tmp_path / "kept"
