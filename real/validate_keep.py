@@ -36,7 +36,8 @@ validate ran with, not against the one rescored.
 `rescore_many` scores one profile on several kept grids: each grid's summary, the spread of their
 median and p90 errors, the single passes' scores (real.validate_score.repeatability) and the
 groups, both pooled over every configuration of every grid (a bias whose sign holds over grids
-calibrated at different times is the model's, not one host state's). `profile=None` (the CLI's
+calibrated at different times is the model's, not one host state's) and the grids' real runs
+against each other (`between_grids`: how far the host reproduces itself from grid to grid). `profile=None` (the CLI's
 `--profile kept`) scores each grid on its own profile.yaml.
 """
 
@@ -275,11 +276,12 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     `rest_latency_error_median` / `_p90` (real.validate_score.repeatability); None with one pass),
     `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
     `repeatability`, `convergence` and `per_group` (real.validate_score's, over the configurations of
-    all the grids) and `per_grid` (each grid's whole rescore report). A grid's
+    all the grids), `between_grids` (real.validate_score's: how far the grids' real runs of the same
+    configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each grid's whole rescore report). A grid's
     `unlimited_latency_error_median` / `_p90` are its `convergence` estimate for unlimited passes."""
     import numpy as np
 
-    from real.validate_score import convergence, per_group, repeatability
+    from real.validate_score import between_grids, convergence, per_group, repeatability
 
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
@@ -314,4 +316,4 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
             "latency_error_median": spread("latency_error_median"), "latency_error_p90": spread("latency_error_p90"),
             "n_configs": len(rows), "repeatability": repeatability(rows),
             "convergence": {"latency_s": convergence(rows)}, "per_group": per_group(rows),
-            "per_grid": reports, "wall_s": time.perf_counter() - t0}
+            "between_grids": between_grids(reports), "per_grid": reports, "wall_s": time.perf_counter() - t0}

@@ -22,6 +22,12 @@ each n, and an estimate of the error that unlimited passes would leave (the simu
 error less the sampling variance of the passes' mean). What stays is the model's error plus the
 calibration's (the host's state while it was calibrated against its average state over the passes):
 more --repeats cannot narrow that part.
+
+Over several kept grids (`--rescore A B ...`), `between_grids` scores the host against itself: the
+real runs of one grid against another's on the configurations they share, raw and after one factor
+per mode. That is the floor under the calibration's part: two measurements of the same
+configurations that disagree by x after the best single factor leave no simulator calibrated once
+closer than about x / sqrt(2) to each.
 """
 
 from __future__ import annotations
@@ -226,3 +232,54 @@ def per_group(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def metrics_of(rows: list[dict[str, Any]]) -> list[str]:
     """METRICS, then each optional metric some row has."""
     return [*METRICS, *(m for m in OPTIONAL_METRICS if any(m in r["metrics"] for r in rows))]
+
+
+def _matched(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(mode, real latency in a, real latency in b) of the configurations two reports share: the same
+    mode, grid point and budget in bytes, in grids of the same steps and seed."""
+    if (a.get("tokens"), a.get("seed")) != (b.get("tokens"), b.get("seed")):
+        return []
+    key = lambda r: (r["mode"], r["config"], r["budget_bytes"])     # noqa: E731
+    bs = {key(r): r for r in b["configs"]}
+    return [(r["mode"], r["metrics"]["latency_s"]["real"], bs[key(r)]["metrics"]["latency_s"]["real"])
+            for r in a["configs"] if key(r) in bs]
+
+
+def between_grids(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far the host reproduces its own real runs from one grid to another: the floor under any
+    score of a simulator that is calibrated once.
+
+    For each pair of reports (grids in the order given) that share configurations (`_matched`), on
+    the real latency means r = b / a of those configurations: `factor` per mode, the median r (how
+    much slower the host ran the second grid: what a calibration made at one grid's moment carries
+    into the other's score), `raw` and `scaled` (`error_stats` of max(r, 1/r) - 1: how much slower
+    the slower grid ran a configuration, before and after dividing by its mode's factor). `scaled` is
+    what a calibration that caught each grid's host speed exactly would still leave: the two grids'
+    measurements of the same configurations disagree by that much, so no simulator can come closer
+    than about that to both. If the two grids stray from the host's typical run independently and
+    alike, each one's share is the pair's / sqrt(2) (`share_p90`, `share_median`). `summary`: over the
+    pairs, {median, min, max} of the scaled median and p90. {} with fewer than two comparable grids."""
+    pairs = []
+    for i, a in enumerate(reports):
+        for b in reports[i + 1:]:
+            matched = _matched(a, b)
+            if not matched:
+                continue
+            modes = np.array([m for m, _, _ in matched])
+            r = np.array([y / x for _, x, y in matched], float)
+            factor = {m: float(np.median(r[modes == m])) for m in dict.fromkeys(modes.tolist())}
+            scaled = r / np.array([factor[m] for m in modes])
+            raw_e, scaled_e = np.maximum(r, 1 / r) - 1, np.maximum(scaled, 1 / scaled) - 1
+            st = error_stats(scaled_e)
+            pairs.append({"a": a.get("rescored_from"), "b": b.get("rescored_from"), "n_configs": len(matched),
+                          "passes": [a.get("repeats"), b.get("repeats")], "factor": factor,
+                          "raw": error_stats(raw_e), "scaled": st,
+                          "share_median": st["median"] / math.sqrt(2), "share_p90": st["p90"] / math.sqrt(2)})
+    if not pairs:
+        return {}
+
+    def spread(key: str) -> dict[str, float]:
+        v = [p["scaled"][key] for p in pairs]
+        return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+
+    return {"pairs": pairs, "summary": {"scaled_median": spread("median"), "scaled_p90": spread("p90")}}

@@ -298,6 +298,27 @@ def print_convergence(conv: dict | None) -> None:
           "calibration's (the host while calibrated against its average over the passes)")
 
 
+def print_between_grids(between: dict | None) -> None:
+    """real.validate_score.between_grids: the real runs of one grid against another's, per pair."""
+    if not between:
+        return
+    print("the host against itself: each pair of grids' real latency means on the configurations they share "
+          "(how much slower the slower grid ran each), raw and after one factor per mode")
+    print_table(["grid a", "grid b", "configs", "b / a per mode", "raw median", "p90", "after the factor: median", "p90",
+                 "each grid's share (/ sqrt 2): median", "p90"],
+                [[Path(p["a"]).name, Path(p["b"]).name, p["n_configs"],
+                  ", ".join(f"{m} {f:.3f}" for m, f in p["factor"].items()), _pct(p["raw"]["median"]),
+                  _pct(p["raw"]["p90"]), _pct(p["scaled"]["median"]), _pct(p["scaled"]["p90"]),
+                  _pct(p["share_median"]), _pct(p["share_p90"])] for p in between["pairs"]],
+                align="lllrrrrrrr")
+    s = between["summary"]
+    print(f"over the {len(between['pairs'])} pairs, after the factor: median {_pct(s['scaled_median']['median'])} "
+          f"({_pct(s['scaled_median']['min'])}-{_pct(s['scaled_median']['max'])}), p90 "
+          f"{_pct(s['scaled_p90']['median'])} ({_pct(s['scaled_p90']['min'])}-{_pct(s['scaled_p90']['max'])}): "
+          "two measurements of the same configurations disagree by this much, so a simulator calibrated once "
+          "cannot score closer than about this over /sqrt(2) against each")
+
+
 def print_rescore_many(many: dict) -> None:
     """One profile on several kept grids (real.validate_keep.rescore_many): a row per grid, the
     spread over the grids, the groups pooled."""
@@ -318,6 +339,7 @@ def print_rescore_many(many: dict) -> None:
     if alone:
         print(f"each real pass alone, pooled: {_alone(alone)}")
     print_convergence(many.get("convergence", {}).get("latency_s"))
+    print_between_grids(many.get("between_grids"))
     groups = many["per_group"]
     head, phases = _phase_columns(groups)
     print_table(["group, pooled over the grids (sim - real)", "configs", "latency signed median", "quartiles",

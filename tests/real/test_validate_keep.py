@@ -95,6 +95,11 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     (g,) = many["per_group"]
     assert g["n_configs"] == 2 and g["latency_signed_median"] == pytest.approx(-0.1)
     assert g["latency_signed_q25"] == pytest.approx(-0.15) and g["latency_signed_q75"] == pytest.approx(-0.05)
+    # between the grids: b's real runs are a's / 1.25 (a factor of 0.8 for the mode), 25% apart raw
+    # and 0 after the factor
+    (pair,) = many["between_grids"]["pairs"]
+    assert pair["factor"] == pytest.approx({"shape": 0.8}) and pair["raw"]["median"] == pytest.approx(0.25)
+    assert pair["scaled"]["p90"] == pytest.approx(0.0, abs=1e-12)
     # through the CLI: a table per grid, the spread, the pooled groups; JSON the same numbers
     assert main(["validate", "--rescore", *map(str, kept)]) == 0
     text, err = capsys.readouterr()
@@ -103,6 +108,7 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert "over the 2 grids: latency error median 10.0% (0.0%-20.0%)" in text
     assert "each real pass alone, pooled: the simulator's latency error median 19.9%" in text
     assert "shape, bundled, prefetch none" in text and "-15.0% to -5.0%" in text
+    assert "the host against itself" in text and "shape 0.800" in text and "over the 1 pairs, after the factor" in text
     assert main(["validate", "--rescore", *map(str, kept), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["latency_error_median"]["median"] == pytest.approx(0.1) and out["n_grids"] == 2

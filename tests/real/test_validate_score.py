@@ -167,3 +167,32 @@ def test_convergence_samples_many_subsets_evenly():
     # the extreme subsets of six lie at either end of combinations' order: both are scored
     assert conv["by_passes"][5]["max"] == pytest.approx(S.rel_error(1.0, sum(runs[6:]) / 6))
     assert conv["by_passes"][5]["p90"] < conv["by_passes"][5]["max"]
+
+
+def _report(name: str, latencies: dict[tuple[str, str], float], tokens: int = 24, seed: int = 0) -> dict:
+    rows = [{"mode": mode, "config": config, "budget_bytes": 1 << 20,
+             "metrics": {"latency_s": {"real": real}}} for (mode, config), real in latencies.items()]
+    return {"rescored_from": name, "repeats": 3, "tokens": tokens, "seed": seed, "configs": rows}
+
+
+def test_between_grids_by_hand():
+    # b / a: shape 1.1 and 1.2 (factor: their median 1.15), model 0.5 (factor 0.5). Raw: how much
+    # slower the slower grid ran each, 0.1, 0.2 and 1.0 (2x); after the factor 1.15 / 1.1 - 1 =
+    # 1/22, 1.2 / 1.15 - 1 = 1/23 and 0: median 1/23, p90 (numpy linear) 1/23 + 0.8 (1/22 - 1/23)
+    a = _report("a", {("shape", "s1"): 1.0, ("shape", "s2"): 2.0, ("model", "m1"): 1.0, ("shape", "only a"): 3.0})
+    b = _report("b", {("shape", "s1"): 1.1, ("shape", "s2"): 2.4, ("model", "m1"): 0.5})
+    other_steps = _report("c", {("shape", "s1"): 5.0}, tokens=12)     # not the same runs: no pair with it
+    out = S.between_grids([a, b, other_steps])
+    (p,) = out["pairs"]
+    assert (p["a"], p["b"], p["n_configs"], p["passes"]) == ("a", "b", 3, [3, 3])
+    assert p["factor"] == pytest.approx({"shape": 1.15, "model": 0.5})
+    assert p["raw"]["median"] == pytest.approx(0.2) and p["raw"]["max"] == pytest.approx(1.0)
+    assert p["scaled"]["median"] == pytest.approx(1 / 23)
+    assert p["scaled"]["p90"] == pytest.approx(1 / 23 + 0.8 * (1 / 22 - 1 / 23))
+    assert p["scaled"]["max"] == pytest.approx(1 / 22)
+    assert p["share_p90"] == pytest.approx(p["scaled"]["p90"] / 2 ** 0.5)
+    assert out["summary"]["scaled_median"] == pytest.approx({"median": 1 / 23, "min": 1 / 23, "max": 1 / 23})
+    # the order of the two grids does not change how far apart they are
+    (q,) = S.between_grids([b, a])["pairs"]
+    assert q["scaled"] == pytest.approx(p["scaled"]) and q["factor"]["model"] == pytest.approx(2.0)
+    assert S.between_grids([a]) == {} and S.between_grids([a, other_steps]) == {}
