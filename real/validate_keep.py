@@ -278,7 +278,8 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     `repeatability`, `convergence` and `per_group` (real.validate_score's, over the configurations of
     all the grids), `between_grids` (real.validate_score's: how far the grids' real runs of the same
     configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each grid's whole rescore report). A grid's
-    `unlimited_latency_error_median` / `_p90` are its `convergence` estimate for unlimited passes."""
+    `unlimited_latency_error_median` / `_p90` are its `convergence` estimate for unlimited passes, and
+`level_removed_latency_error_median` / `_p90` its `level_removed` error (one factor per mode out)."""
     import numpy as np
 
     from real.validate_score import between_grids, convergence, per_group, repeatability
@@ -301,11 +302,14 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
         alone = (rep.get("repeatability") or {}).get("latency_s") or {}
         sim, rest = alone.get("simulator") or {}, alone.get("other_passes") or {}
         left = ((rep.get("convergence") or {}).get("latency_s") or {}).get("unlimited") or {}
+        level = rep.get("level_removed") or {}
         grids.append({**{k: rep.get(k) for k in GRID_SUMMARY_KEYS},
                       "noise_latency_median": noise.get("median"), "noise_latency_p90": noise.get("p90"),
                       "pass_latency_error_median": sim.get("median"), "pass_latency_error_p90": sim.get("p90"),
                       "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90"),
-                      "unlimited_latency_error_median": left.get("median"), "unlimited_latency_error_p90": left.get("p90")})
+                      "unlimited_latency_error_median": left.get("median"), "unlimited_latency_error_p90": left.get("p90"),
+                      "level_removed_latency_error_median": level.get("median"),
+                      "level_removed_latency_error_p90": level.get("p90")})
 
     def spread(key: str) -> dict[str, float]:
         v = [g[key] for g in grids]

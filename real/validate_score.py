@@ -27,7 +27,9 @@ Over several kept grids (`--rescore A B ...`), `between_grids` scores the host a
 real runs of one grid against another's on the configurations they share, raw and after one factor
 per mode. That is the floor under the calibration's part: two measurements of the same
 configurations that disagree by x after the best single factor leave no simulator calibrated once
-closer than about x / sqrt(2) to each.
+closer than about x / sqrt(2) to each. Its counterpart for the simulator is `level_removed` (in
+every summary): the simulator's error after one factor per mode, what a calibration that caught
+the grid's mean speed would leave.
 """
 
 from __future__ import annotations
@@ -181,11 +183,34 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
            "latency_error_max": lat["max"], "per_metric": per}
     if noise:   # (max - min) / min of the repeated real runs: errors below this are noise
         out["noise_floor"] = noise
+    level = level_removed(rows)
+    if level:
+        out["level_removed"] = level
     rep = repeatability(rows)
     if rep:
         out["repeatability"] = rep
         out["convergence"] = {"latency_s": convergence(rows)}
     return out
+
+
+def level_removed(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict[str, Any]:
+    """A diagnostic, never the score: the simulator's error on `metric` with its level taken out, one
+    factor per mode (`factor`: the median of sim / real over the mode's configurations) dividing
+    every simulated value of that mode; `error_stats` of what is left. The level is what a
+    calibration carries from the host's state while it was measured into every configuration alike;
+    what is left is the model's error from configuration to configuration plus the real runs' own
+    scatter. A score far above this one is the calibration's moment; one close to it is the shape
+    of the model (or the host's scatter, which `between_grids` measures). {} without rows that have
+    `metric` with both sides > 0."""
+    items = [(r["mode"], m["sim"] / m["real"]) for r in rows
+             if "mode" in r and (m := r["metrics"].get(metric)) and m.get("real", 0) > 0 and m.get("sim", 0) > 0]
+    if not items:
+        return {}
+    modes = np.array([m for m, _ in items])
+    ratio = np.array([x for _, x in items], float)
+    factor = {m: float(np.median(ratio[modes == m])) for m in dict.fromkeys(modes.tolist())}
+    left = ratio / np.array([factor[m] for m in modes])
+    return {"metric": metric, "factor": factor, **error_stats(np.abs(left - 1))}
 
 
 def signed_error(metric: dict[str, float]) -> float:

@@ -298,6 +298,16 @@ def print_convergence(conv: dict | None) -> None:
           "calibration's (the host while calibrated against its average over the passes)")
 
 
+def print_level_removed(level: dict | None) -> None:
+    """real.validate_score.level_removed in words (a diagnostic, not the score)."""
+    if not level:
+        return
+    print(f"with its level taken out (simulated / real per mode: "
+          f"{', '.join(f'{m} {f:.3f}' for m, f in level['factor'].items())}), the simulator's latency error would be "
+          f"median {_pct(level['median'])}, p90 {_pct(level['p90'])}, max {_pct(level['max'])}: a diagnostic, not the "
+          "score (the level is the calibration's moment; what is left, the model's shape and the host's scatter)")
+
+
 def print_between_grids(between: dict | None) -> None:
     """real.validate_score.between_grids: the real runs of one grid against another's, per pair."""
     if not between:
@@ -325,13 +335,16 @@ def print_rescore_many(many: dict) -> None:
     print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
           f"{many['wall_s']:.0f} s")
     print_table(["kept grid", "configs", "passes", "latency error median", "p90", "max", "real spread median", "p90",
-                 "one pass: simulator median", "p90", "other passes median", "p90", "unlimited passes median", "p90"],
+                 "one pass: simulator median", "p90", "other passes median", "p90", "unlimited passes median", "p90",
+                 "level removed median", "p90"],
                 [[g["rescored_from"], g["n_configs"], g["repeats"], _pct(g["latency_error_median"]),
                   _pct(g["latency_error_p90"]), _pct(g["latency_error_max"]), _pct(g["noise_latency_median"]),
                   _pct(g["noise_latency_p90"]), _pct(g["pass_latency_error_median"]), _pct(g["pass_latency_error_p90"]),
                   _pct(g["rest_latency_error_median"]), _pct(g["rest_latency_error_p90"]),
-                  _pct(g["unlimited_latency_error_median"]), _pct(g["unlimited_latency_error_p90"])] for g in many["grids"]],
-                align="lrrrrrrrrrrrrr")
+                  _pct(g["unlimited_latency_error_median"]), _pct(g["unlimited_latency_error_p90"]),
+                  _pct(g["level_removed_latency_error_median"]), _pct(g["level_removed_latency_error_p90"])]
+                 for g in many["grids"]],
+                align="lrrrrrrrrrrrrrrr")
     med, p90 = many["latency_error_median"], many["latency_error_p90"]
     print(f"over the {many['n_grids']} grids: latency error median {_pct(med['median'])} ({_pct(med['min'])}-"
           f"{_pct(med['max'])}), p90 {_pct(p90['median'])} ({_pct(p90['min'])}-{_pct(p90['max'])})")
@@ -407,6 +420,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
                     [[m, _pct(v["simulator"]["median"]), _pct(v["simulator"]["p90"]), _pct(v["other_passes"]["median"]),
                       _pct(v["other_passes"]["p90"])] for m, v in alone.items()], align="lrrrr")
     print_convergence(report.get("convergence", {}).get("latency_s"))
+    print_level_removed(report.get("level_removed"))
     groups = report.get("per_group") or []
     if groups:
         head, phases = _phase_columns(groups)

@@ -196,3 +196,19 @@ def test_between_grids_by_hand():
     (q,) = S.between_grids([b, a])["pairs"]
     assert q["scaled"] == pytest.approx(p["scaled"]) and q["factor"]["model"] == pytest.approx(2.0)
     assert S.between_grids([a]) == {} and S.between_grids([a, other_steps]) == {}
+
+
+def test_level_removed_by_hand():
+    # sim / real: shape 1.0, 1.2, 1.1 (factor 1.1: what is left 1/1.1 and 1.2/1.1, off by 1/11 each,
+    # and 0), model 0.5 (factor 0.5, nothing left): median of [1/11, 1/11, 0, 0] = 1/22
+    def row(mode, sim, real):
+        return {"mode": mode, "metrics": {m: {"sim": sim, "real": real, "error": abs(sim - real) / real if real else 0.0}
+                                          for m in S.METRICS}}
+
+    rows = [row("shape", 2.0, 2.0), row("shape", 1.2, 1.0), row("shape", 3.3, 3.0), row("model", 1.0, 2.0)]
+    lv = S.level_removed(rows)
+    assert lv["factor"] == pytest.approx({"shape": 1.1, "model": 0.5})
+    assert lv["median"] == pytest.approx(1 / 22) and lv["max"] == pytest.approx(1 / 11)
+    assert S.summarize(rows)["level_removed"] == lv      # every summary carries it
+    assert S.level_removed([row("shape", 1.0, 0.0)]) == {} and "level_removed" not in S.summarize(
+        [{"metrics": {m: {"error": 0.1} for m in S.METRICS}}])
