@@ -46,3 +46,34 @@ def test_a_committed_grid_scores_as_recorded(keep: Path):
         assert got == pytest.approx(expected[key], rel=1e-9, abs=1e-12), (
             f"{keep.name} on {key}: the simulator now scores {got}; if the change is meant, run "
             "`python scripts/measured_scores.py` and update docs/validation.md")
+
+
+def _real_only(keep: Path) -> dict:
+    """A rescore report's real side, without replaying anything: each configuration's real latency
+    mean over its passes (validate_score.compare of the runs against themselves)."""
+    from real.validate_keep import ROW_KEYS, kept_runs
+    from real.validate_score import compare
+
+    doc = load_kept_grid(keep)
+    rows = [{**{k: c[k] for k in ROW_KEYS}, "metrics": compare(runs[0], runs[0], runs[1:])}
+            for c, runs in zip(doc["configs"], kept_runs(keep, doc))]
+    return {"rescored_from": str(keep), "repeats": doc["repeats"], "tokens": doc["tokens"], "seed": doc["seed"],
+            "configs": rows}
+
+
+def test_the_hosts_reproducibility_between_committed_grids():
+    # docs/validation.md, "The host against itself": two grids' real runs of the same configurations
+    # after one factor per mode. The Intel Xeon VM's 22a and 22b agree to 5.1% p90, the EPYC VM's
+    # closest pair, 29a and 29b (shape mode, minutes apart), to 8.1%, and its 28a and 30a to 18.9%
+    from real.validate_score import between_grids
+
+    def pair(a: str, b: str) -> dict:
+        (p,) = between_grids([_real_only(GRIDS / a), _real_only(GRIDS / b)])["pairs"]
+        return p
+
+    intel, close, far = pair("22a", "22b"), pair("29a", "29b"), pair("28a", "30a")
+    assert intel["n_configs"] == 80 and close["n_configs"] == 40 and set(close["factor"]) == {"shape"}
+    assert intel["scaled"]["p90"] == pytest.approx(0.051, abs=0.0005)
+    assert close["scaled"]["p90"] == pytest.approx(0.081, abs=0.0005)
+    assert far["scaled"]["p90"] == pytest.approx(0.189, abs=0.0005)
+    assert far["factor"] == pytest.approx({"shape": 1.155, "model": 1.309}, abs=0.0005)
