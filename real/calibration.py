@@ -168,6 +168,7 @@ class Recalibrator:
         return [{"start_s": round(a - t0, 1), "end_s": round(b - t0, 1), "wall_s": round(b - a, 1)}
                 for a, b in self.times]
 
+
 def _main(argv: list[str]) -> int:
     """`python -m real.calibration FOLDER TARGET NAME THREADS SEED BENCH_FILE`: one full calibration
     (Recalibrator._calibrate's child process); a FlashsimError is one line on stderr, exit 2."""

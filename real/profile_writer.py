@@ -120,7 +120,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     except ValidationError as e:
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
     return write_profile_text(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
-                                                         "own sources."))
+                                                          "own sources."))
 
 
 def write_profile_text(path: Path, text: str) -> DeviceProfile:

@@ -37,8 +37,8 @@ validate ran with, not against the one rescored.
 median and p90 errors, the single passes' scores (real.validate_score.repeatability) and the
 groups, both pooled over every configuration of every grid (a bias whose sign holds over grids
 calibrated at different times is the model's, not one host state's) and the grids' real runs
-against each other (`between_grids`: how far the host reproduces itself from grid to grid). `profile=None` (the CLI's
-`--profile kept`) scores each grid on its own profile.yaml.
+against each other (`between_grids`: how far the host reproduces itself from grid to grid).
+`profile=None` (the CLI's `--profile kept`) scores each grid on its own profile.yaml.
 """
 
 from __future__ import annotations
@@ -277,12 +277,18 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     `latency_error_median` / `latency_error_p90` ({median, min, max} over the grids' own values),
     `repeatability`, `convergence` and `per_group` (real.validate_score's, over the configurations of
     all the grids), `between_grids` (real.validate_score's: how far the grids' real runs of the same
-    configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each grid's whole rescore report). A grid's
-    `unlimited_latency_error_median` / `_p90` are its `convergence` estimate for unlimited passes, and
-`level_removed_latency_error_median` / `_p90` its `level_removed` error (one factor per mode out)."""
-    import numpy as np
+    configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each
+    grid's whole rescore report). A grid's `unlimited_latency_error_median` / `_p90` are its
+    `convergence` estimate for unlimited passes, and `level_removed_latency_error_median` / `_p90`
+    its `level_removed` error (one factor per mode out)."""
 
-    from real.validate_score import between_grids, convergence, per_group, repeatability
+    from real.validate_score import (
+        between_grids,
+        convergence,
+        median_range,
+        per_group,
+        repeatability,
+    )
 
     t0 = time.perf_counter()
     for k in keeps:     # every folder checked before any is replayed: a bad one fails fast
@@ -312,8 +318,7 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
                       "level_removed_latency_error_p90": level.get("p90")})
 
     def spread(key: str) -> dict[str, float]:
-        v = [g[key] for g in grids]
-        return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
+        return median_range([g[key] for g in grids])
 
     rows = [row for rep in reports for row in rep["configs"]]    # every configuration of every grid
     return {"profile": profile.name if profile is not None else "kept", "n_grids": len(grids), "grids": grids,

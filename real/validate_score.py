@@ -97,6 +97,20 @@ def error_stats(errors: Any) -> dict[str, float]:
     return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "max": float(e.max())}
 
 
+def median_range(values: Any) -> dict[str, float]:
+    """median, min and max of values (a score over grids or pairs of grids)."""
+    v = np.asarray(values, float)
+    return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
+
+
+def per_mode_factor(modes: list[str], ratios: Any) -> tuple[dict[str, float], np.ndarray]:
+    """The median of `ratios` per mode (in first-seen order), and every ratio divided by its mode's:
+    one factor per mode taken out (`level_removed`, `between_grids`)."""
+    modes_a, r = np.asarray(modes), np.asarray(ratios, float)
+    factor = {m: float(np.median(r[modes_a == m])) for m in dict.fromkeys(modes)}
+    return factor, r / np.array([factor[m] for m in modes])
+
+
 def repeatability(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Each real pass of each configuration scored alone, on the same footing by the simulator and
     by the mean of the configuration's other passes (`compare`'s `pass_errors` / `rest_errors`,
@@ -206,10 +220,7 @@ def level_removed(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict
              if "mode" in r and (m := r["metrics"].get(metric)) and m.get("real", 0) > 0 and m.get("sim", 0) > 0]
     if not items:
         return {}
-    modes = np.array([m for m, _ in items])
-    ratio = np.array([x for _, x in items], float)
-    factor = {m: float(np.median(ratio[modes == m])) for m in dict.fromkeys(modes.tolist())}
-    left = ratio / np.array([factor[m] for m in modes])
+    factor, left = per_mode_factor([m for m, _ in items], [x for _, x in items])
     return {"metric": metric, "factor": factor, **error_stats(np.abs(left - 1))}
 
 
@@ -290,10 +301,8 @@ def between_grids(reports: list[dict[str, Any]]) -> dict[str, Any]:
             matched = _matched(a, b)
             if not matched:
                 continue
-            modes = np.array([m for m, _, _ in matched])
             r = np.array([y / x for _, x, y in matched], float)
-            factor = {m: float(np.median(r[modes == m])) for m in dict.fromkeys(modes.tolist())}
-            scaled = r / np.array([factor[m] for m in modes])
+            factor, scaled = per_mode_factor([m for m, _, _ in matched], r)
             raw_e, scaled_e = np.maximum(r, 1 / r) - 1, np.maximum(scaled, 1 / scaled) - 1
             st = error_stats(scaled_e)
             pairs.append({"a": a.get("rescored_from"), "b": b.get("rescored_from"), "n_configs": len(matched),
@@ -302,9 +311,5 @@ def between_grids(reports: list[dict[str, Any]]) -> dict[str, Any]:
                           "share_median": st["median"] / math.sqrt(2), "share_p90": st["p90"] / math.sqrt(2)})
     if not pairs:
         return {}
-
-    def spread(key: str) -> dict[str, float]:
-        v = [p["scaled"][key] for p in pairs]
-        return {"median": float(np.median(v)), "min": float(min(v)), "max": float(max(v))}
-
-    return {"pairs": pairs, "summary": {"scaled_median": spread("median"), "scaled_p90": spread("p90")}}
+    return {"pairs": pairs, "summary": {f"scaled_{k}": median_range([p["scaled"][k] for p in pairs])
+                                        for k in ("median", "p90")}}

@@ -320,7 +320,7 @@ def _merge(args: argparse.Namespace) -> int:
     profile = merge_profiles(args.profiles, args.name)
     target = _target(args)
     write_profile_text(target, profile_yaml(profile, f"Written by `flashsim bench merge {' '.join(args.profiles)}`: "
-                                                    "the mean of these calibrations."))
+                                                     "the mean of these calibrations."))
     if args.json:
         print_json({"profile": {"name": profile.name, "path": str(target)}, "merged": list(args.profiles)})
     else:
