@@ -8,9 +8,11 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
 
   * per configuration: whether it is feasible and, if not, every reason (`does not fit` with the
     simulator's shortfall message, `too slow` below --target-tps, `quality too low` below
-    --min-quality), tok/s, DRAM peak (bytes), the quality proxy (activation mass kept), the
-    breakdown (flash stall / compute / memory management ms per token) and its binding constraint;
-  * the Pareto front over the configurations that ran: max tok/s, min DRAM, max mass kept;
+    --min-quality, `too much energy` above --max-joules-per-token), tok/s, DRAM peak (bytes), the
+    quality proxy (activation mass kept), the energy per token (J, and mJ by component; sim/energy.py),
+    the breakdown (flash stall / compute / memory management ms per token) and its binding constraint;
+  * the Pareto front over the configurations that ran: max tok/s, min DRAM, max mass kept, and min
+    joules per token where the device profile has energy numbers;
   * `best`: the fastest feasible configuration (ties: less DRAM), or None;
   * the smallest DRAM that meets the target (and the quality floor): for each preset family, its
     feasible configuration with the smallest DRAM peak at the search ceiling (the device's
@@ -130,6 +132,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     runs: int = 0  # simulated runs, bisection included
+    max_jpt: float | None = None  # the energy limit, joules per decode token
 
     @property
     def feasible(self) -> bool:
@@ -138,7 +141,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"feasible": self.feasible, "model": self.model, "device": self.device,
                 "dram_budget_bytes": self.budget_bytes, "target_tokens_per_s": self.target_tps,
-                "min_quality": self.min_quality, "trace": self.trace, "best": self.best,
+                "min_quality": self.min_quality, "max_joules_per_token": self.max_jpt, "trace": self.trace, "best": self.best,
                 "closest": self.closest, "binding_constraint": self.binding, "pareto": self.pareto,
                 "min_dram_bytes": self.min_dram.get("bytes"), "min_dram": self.min_dram,
                 "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs}
@@ -179,8 +182,10 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None) -> list[str]:
-    """Why a configuration is infeasible (empty: feasible)."""
+def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
+            max_jpt: float | None = None) -> list[str]:
+    """Why a configuration is infeasible (empty: feasible). `max_jpt`: the energy limit, joules per
+    decode token (a configuration on a device without energy numbers cannot be shown to meet it)."""
     if not ev.ran:  # the simulator's budget refusals name the DRAM budget and the shortfall
         kind = "does not fit" if "budget" in str(ev.error).lower() else "cannot run"
         return [f"{kind}: {ev.error}"]
@@ -191,12 +196,19 @@ def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None)
     mass = ev.metric("activation_mass_kept")
     if min_quality is not None and mass < min_quality:
         out.append(f"quality too low: activation mass kept {mass:.3f} < {min_quality:g}")
+    if max_jpt is not None:
+        jpt = ev.summary.get("joules_per_token") if ev.summary else None
+        if jpt is None:
+            out.append("energy unknown: the device profile has no energy section")
+        elif jpt > max_jpt:
+            out.append(f"too much energy: {jpt:.4g} J/token > {max_jpt:g}")
     return out
 
 
-def row(ev: Evaluation, target_tps: float | None, min_quality: float | None) -> dict[str, Any]:
+def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
+        max_jpt: float | None = None) -> dict[str, Any]:
     """A configuration's figures (JSON-ready, units in the keys)."""
-    why = reasons(ev, target_tps, min_quality)
+    why = reasons(ev, target_tps, min_quality, max_jpt)
     s = ev.summary or {}
     out: dict[str, Any] = {
         "label": ev.label, "preset": ev.preset, "overrides": list(ev.overrides),
@@ -205,8 +217,9 @@ def row(ev: Evaluation, target_tps: float | None, min_quality: float | None) -> 
     }
     for k in ("tokens_per_s", "ms_per_token", "dram_peak_bytes", "activation_mass_kept", "recall",
               "stall_ms_per_token", "compute_ms_per_token", "memory_mgmt_ms_per_token", "io_ms_per_token",
-              "flash_bytes_per_token"):
-        out[k] = _finite(float(s[k])) if k in s else None
+              "flash_bytes_per_token", "joules_per_token"):
+        out[k] = _finite(float(s[k])) if s.get(k) is not None else None
+    out["energy_mj_per_token"] = s.get("energy_mj_per_token")
     if out["dram_peak_bytes"] is not None:
         out["dram_peak_bytes"] = int(out["dram_peak_bytes"])
     out["engine"] = s.get("engine")
@@ -243,12 +256,14 @@ def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes:
 def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes: int | None = None,
          target_tps: float | None = None, min_quality: float | None = None, trace_info: dict | None = None,
          grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
-         rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None) -> Plan:
-    """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM."""
+         rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None,
+         max_jpt: float | None = None) -> Plan:
+    """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
+    `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target."""
     import time
 
     t0 = time.perf_counter()
-    validate_targets(target_tps, min_quality)
+    validate_targets(target_tps, min_quality, max_jpt)
     avail = profile.available_bytes
     budget = avail if budget_bytes is None else int(budget_bytes)
     if budget <= 0:
@@ -258,7 +273,7 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
                             f"({format_bytes(profile.memory.capacity_bytes)})")
     pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress)
     evals = [pl.evaluate(p, o, budget) for p, o in grid]
-    rows = [row(e, target_tps, min_quality) for e in evals]
+    rows = [row(e, target_tps, min_quality, max_jpt) for e in evals]
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
     best = feasible[0] if feasible else None
     # closest: the fastest one that ran at the quality floor (what to relax to make it work)
@@ -271,11 +286,11 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
     ceiling = max(budget, avail)
     if target_tps is None:  # "runs at all" is met by a thrashing mmap at any size: ask about the best only
         only = [(best["preset"], tuple(best["overrides"]))] if best else []
-        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes)
+        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes, max_jpt)
         min_dram["scope"] = "the best configuration (no --target-tps: the smallest DRAM it runs in)"
     else:
         min_dram = _min_dram(pl, grid, evals if ceiling == budget else None, budget, ceiling, target_tps,
-                             min_quality, tolerance_bytes)
+                             min_quality, tolerance_bytes, max_jpt)
         min_dram["scope"] = "every preset family (its most DRAM-frugal configuration meeting the target)"
     ref = best or closest
     binding = ref["binding_constraint"] if ref else MEM_CAP
@@ -283,13 +298,18 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
     if not any(r["fits"] for r in rows):
         notes.append(f"no configuration fits {format_bytes(budget)}: the smallest need is set by the "
                      "resident weights, KV cache and the computed neurons of one layer")
+    if profile.energy is None:
+        notes.append(f"{profile.name} has no energy numbers: energy per token is unknown and not a Pareto axis")
     notes.append("quality is the activation-mass proxy (share of sum |a| computed), not perplexity; it "
                  "does not see quantization error")
     return Plan(spec.name, profile.name, budget, target_tps, min_quality, trace_info or {"path": str(trace.path)},
-                rows, best, closest, pareto, min_dram, binding, notes, time.perf_counter() - t0, pl.n_runs)
+                rows, best, closest, pareto, min_dram, binding, notes, time.perf_counter() - t0, pl.n_runs,
+                max_jpt=max_jpt)
 
 
-def validate_targets(target_tps: float | None, min_quality: float | None) -> None:
+def validate_targets(target_tps: float | None, min_quality: float | None, max_jpt: float | None = None) -> None:
+    if max_jpt is not None and not (math.isfinite(max_jpt) and max_jpt > 0):
+        raise FlashsimError(f"--max-joules-per-token {max_jpt}: must be a number > 0 (joules per decode token)")
     if target_tps is not None and not (math.isfinite(target_tps) and target_tps > 0):
         raise FlashsimError(f"--target-tps {target_tps}: must be a number > 0 (tokens per second)")
     if min_quality is not None and not (0 <= min_quality <= 1):
@@ -304,7 +324,11 @@ def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         for r in ran],
                        "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
                        "activation_mass_kept": [r["activation_mass_kept"] for r in ran]})
-    mask = pareto_mask(df, maximize=("tokens_per_s", "activation_mass_kept"), minimize=("dram_peak_bytes",))
+    minimize: tuple[str, ...] = ("dram_peak_bytes",)
+    if all(r.get("joules_per_token") is not None for r in ran):  # energy is an axis where every row has it
+        df["joules_per_token"] = [r["joules_per_token"] for r in ran]
+        minimize += ("joules_per_token",)
+    mask = pareto_mask(df, maximize=("tokens_per_s", "activation_mass_kept"), minimize=minimize)
     front = [r for r, m in zip(ran, mask) if m]
     return sorted(front, key=_rank_key)
 
@@ -315,10 +339,11 @@ def family(e: Evaluation) -> str:
 
 
 def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling: list[Evaluation] | None,
-              budget: int, ceiling: int, target_tps: float | None, min_quality: float | None, tol: int) -> dict[str, Any]:
+              budget: int, ceiling: int, target_tps: float | None, min_quality: float | None, tol: int,
+              max_jpt: float | None = None) -> dict[str, Any]:
     """Bisection for the frugal feasible configuration of every preset family at the ceiling."""
     evals = at_ceiling if at_ceiling is not None else [pl.evaluate(p, o, ceiling) for p, o in grid]
-    ok_rows = [(e, row(e, target_tps, min_quality)) for e in evals]
+    ok_rows = [(e, row(e, target_tps, min_quality, max_jpt)) for e in evals]
     ok_rows = [(e, r) for e, r in ok_rows if r["feasible"]]
     out: dict[str, Any] = {"bytes": None, "configuration": None, "tolerance_bytes": tol,
                            "search_ceiling_bytes": ceiling, "families": []}
@@ -334,12 +359,12 @@ def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling
     for e, _ in families.values():
 
         def ok(b: int, e: Evaluation = e) -> bool:
-            return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality)
+            return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, max_jpt)
 
         b = bisect_min_budget(ok, ceiling, tol, known_bad_bytes=budget if not ok(budget) else 0)
         fam = {"label": e.label, "min_dram_bytes": b}
         if b is not None:
-            fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality)
+            fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, max_jpt)
         out["families"].append(fam)
     found = [f for f in out["families"] if f["min_dram_bytes"] is not None]
     if found:
@@ -405,7 +430,7 @@ def native_grid(grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID) -> list[t
 def plan_model(model: str, device: str, *, budget_bytes: int | None = None, target_tps: float | None = None,
                min_quality: float | None = None, trace: str | None = None, tokens: int = DEFAULT_PLAN_TOKENS,
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
-               progress: Callable[[str | None], None] | None = None) -> Plan:
+               progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None) -> Plan:
     """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
     temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
     stage name when one starts and with None after every simulated run."""
@@ -413,7 +438,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
 
     from devices import load_model, load_profile
 
-    validate_targets(target_tps, min_quality)
+    validate_targets(target_tps, min_quality, max_jpt)
     if budget_bytes is not None and budget_bytes <= 0:
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
@@ -431,7 +456,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
         result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
                       min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
                       grid=native_grid() if native_only else PLAN_GRID, tolerance_bytes=tolerance_bytes,
-                      progress=lambda: note(None))
+                      progress=lambda: note(None), max_jpt=max_jpt)
     if trace is None:
         info["path"] = None  # it lived in a temporary directory
     if native_only:

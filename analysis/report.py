@@ -32,7 +32,7 @@ from analysis.tables import ResultSet, load_results
 from devices.errors import FlashsimError
 from devices.units import format_bytes
 
-RESULT_FIGURES = ("breakdown", "budget", "window", "pareto")
+RESULT_FIGURES = ("breakdown", "energy", "budget", "window", "pareto")
 MAX_TABLE_ROWS = 500
 MAX_PER_DEVICE = 6  # figures redrawn one device at a time when the whole set is too crowded
 MAX_TRACES = 4  # traces whose statistics the report draws

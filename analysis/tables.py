@@ -42,6 +42,11 @@ DRAM_PEAK = "dram_peak_bytes"
 MASS_KEPT = "activation_mass_kept"
 SUMMARY_METRICS = (MS_PER_TOKEN, TOKENS_PER_S, IO_MS, COMPUTE_MS, STALL_MS, MEMORY_MGMT_MS,
                    FLASH_BYTES, FLASH_THROUGHPUT, DRAM_PEAK, MASS_KEPT)
+# Energy per decode token (sim/energy.py): total joules and millijoules by component, flattened
+# from the summary's energy_mj_per_token mapping; empty (None) for devices without energy numbers.
+JOULES_PER_TOKEN = "joules_per_token"
+ENERGY_COMPONENTS = ("flash", "dram", "compute", "static")
+ENERGY_MJ = tuple(f"energy_mj_per_token.{c}" for c in ENERGY_COMPONENTS)
 
 # ---- point columns -----------------------------------------------------------------------------
 POINT_ID = "point_id"

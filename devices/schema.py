@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
+from devices.energy import EnergySpec
 from devices.errors import FlashsimError, unknown_name
 from devices.kernel_table import KernelTable
 from devices.loading import validate_file
@@ -581,6 +582,7 @@ class DeviceProfile(_Strict):
     memory: MemorySpec
     compute: ComputeSpec
     flash: FlashSpec
+    energy: EnergySpec | None = None
 
     @property
     def available_bytes(self) -> int:

@@ -42,6 +42,7 @@ from sim.components.flash import FlashDevice
 from sim.components.memory import MemoryModel
 from sim.components.pipeline import Decoder
 from sim.config import RunConfig
+from sim.energy import energy_summary, step_traffic
 from sim.fastpath import decline_reason, run_fast
 from sim.planner import Planner
 from sim.policies.base import PolicyContext, Residency
@@ -163,11 +164,12 @@ class Simulation:
         tokens = rec.tokens
         if prune["blocks"]:
             tokens = [replace(r, dropped_blocks=prune["blocks"]) for r in tokens]
+        energy = energy_summary(tokens, step_traffic(self.planner, plan), self.profile.energy, self.steps.batch)
         return RunResult(tokens=tokens, config=cfg, engine="fast" if use_fast else "des",
                          batch=self.steps.batch, mass=(plan.mass_num.copy(), plan.mass_den.copy()),
                          recall=(plan.rec_num.copy(), plan.rec_den.copy()), notes=list(self.notes),
                          memory=rec.memory, intervals=rec.intervals, flash_log=flash.log,
-                         device=self.profile.name, prune=prune)
+                         device=self.profile.name, prune=prune, energy=energy)
 
     def prune_summary(self) -> dict[str, Any]:
         """The dropped set (canonical text) and what it saves; see RunResult.summary()["prune"]."""

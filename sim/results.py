@@ -8,6 +8,8 @@ Summary (decode steps unless the key says otherwise; a decode step yields one to
     prefill {ms, io_ms, compute_ms, stall_ms, flash_bytes, tokens} or None,
     prune {blocks, dropped_mha, dropped_ffn, weight_bytes_saved, kv_bytes_per_token_saved, quality_proxy}
     (blocks: the canonical dropped set, "" when none; see sim.engine.prune_summary),
+    joules_per_token, energy_mj_per_token {flash, dram, compute, static}, energy_inputs_per_token,
+    energy_source_kinds (sim/energy.py; None where the device profile has no energy section),
     engine ("des" | "fast"), notes, config (everything resolved).
 Exports write to a temporary name and rename, so a partial file never looks valid.
 """
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from sim.components.flash import FlashBatch
+from sim.energy import empty_energy
 from sim.records import Interval, MemorySample, TokenRecord
 
 SUMMARY_KEYS = (
@@ -49,6 +52,7 @@ class RunResult:
     flash_log: list[FlashBatch] | None = None
     device: str = ""
     prune: dict[str, Any] = field(default_factory=lambda: {"blocks": ""})
+    energy: dict[str, Any] | None = None       # sim.energy.energy_summary's keys
 
     # ---- tables -----------------------------------------------------------------------------------
     def records(self):  # -> pandas.DataFrame
@@ -94,6 +98,7 @@ class RunResult:
             "activation_mass_kept": float(mn[sel].sum() / md[sel].sum()) if md[sel].sum() > 0 else 1.0,
             "recall": float(rn[sel].sum() / rd[sel].sum()) if rd[sel].sum() > 0 else 1.0,
             "hit_rate": sum(r.hits for r in dec) / computed if computed else 1.0,
+            **(self.energy or empty_energy()),
             "decode_tokens": len(dec) * self.batch,
             "batch": self.batch,
             "total_s": self.tokens[-1].t_end_s,

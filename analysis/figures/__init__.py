@@ -24,6 +24,7 @@ from devices.errors import FlashsimError, unknown_name
 # importing matplotlib; each module's INPUT must agree (a test checks).
 FIGURES = {
     "breakdown": ("analysis.figures.fig_breakdown", "results"),
+    "energy": ("analysis.figures.fig_energy", "results"),
     "window": ("analysis.figures.fig_window", "results"),
     "budget": ("analysis.figures.fig_budget", "results"),
     "pareto": ("analysis.figures.fig_pareto", "results"),

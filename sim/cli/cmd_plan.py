@@ -1,6 +1,6 @@
 """`flashsim plan`: the what-if planner (analysis.planner) on the command line: feasibility of every
 preset and parameter grid point, the recommended configuration, the Pareto front, the smallest DRAM
-that meets a tok/s target and the binding constraint. Human output: tok/s, GiB, ms; --json: one object."""
+that meets a tok/s target (and an energy limit, --max-joules-per-token) and the binding constraint. Human output: tok/s, GiB, ms; --json: one object."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-tps", type=float, default=None, help="required decode tokens per second")
     p.add_argument("--min-quality", type=float, default=None,
                    help="required activation mass kept, 0..1 (the quality proxy)")
+    p.add_argument("--max-joules-per-token", type=float, default=None, dest="max_jpt",
+                   help="energy limit: joules per decode token (from the device profile's energy numbers)")
     p.add_argument("--trace", default=None, help="trace to replay (default: synthesize one of the model's shape)")
     p.add_argument("--tokens", type=int, default=DEFAULT_PLAN_TOKENS,
                    help=f"decode tokens of the synthetic trace (default {DEFAULT_PLAN_TOKENS})")
@@ -52,7 +54,7 @@ def run_plan(args: argparse.Namespace) -> Plan:
 
         return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
                           min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
-                          native_only=args.native_only, progress=progress)
+                          native_only=args.native_only, progress=progress, max_jpt=args.max_jpt)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -68,6 +70,10 @@ def _tps(v: float | None) -> str:
     return "inf" if v is None else f"{v:.2f}"
 
 
+def _mj(j: float | None) -> str:
+    return "?" if j is None else f"{1e3 * j:.2f}"
+
+
 def _gib(v: int | None) -> str:
     return "" if v is None else f"{v / 2**30:.2f}"
 
@@ -79,6 +85,8 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         targets.append(f">= {p.target_tps:g} tok/s")
     if p.min_quality is not None:
         targets.append(f"activation mass kept >= {p.min_quality:g}")
+    if p.max_jpt is not None:
+        targets.append(f"<= {p.max_jpt:g} J/token")
     print(f"plan: {p.model} on {p.device}, DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
@@ -88,15 +96,16 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
             status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
             rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-", _gib(r["dram_peak_bytes"]),
                          "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
-                         r["binding_constraint"], status])
+                         _mj(r.get("joules_per_token")), r["binding_constraint"], status])
         print()
-        print_table(["configuration", "tok/s", "DRAM GiB", "mass kept", "binding", "feasible"], rows,
-                    align="lrrrll")
+        print_table(["configuration", "tok/s", "DRAM GiB", "mass kept", "mJ/token", "binding", "feasible"], rows,
+                    align="lrrrrll")
     print()
     if p.best is not None:
         b = p.best
         print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s, DRAM {format_bytes(b['dram_peak_bytes'])}, "
-              f"mass kept {b['activation_mass_kept']:.3f}; bound by {b['binding_constraint']} "
+              f"mass kept {b['activation_mass_kept']:.3f}, energy {_mj(b.get('joules_per_token'))} mJ/token; "
+              f"bound by {b['binding_constraint']} "
               f"(per token: flash stall {b['stall_ms_per_token']:.1f} ms, compute {b['compute_ms_per_token']:.1f} ms, "
               f"memory mgmt {b['memory_mgmt_ms_per_token']:.1f} ms)")
     else:
@@ -104,8 +113,9 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
             "nothing fits the budget"
         print(f"infeasible: no configuration meets the constraints; {why}; bound by {p.binding}")
     front = ", ".join(f"{r['label']} ({_tps(r['tokens_per_s'])} tok/s, {_gib(r['dram_peak_bytes'])} GiB, "
-                      f"{r['activation_mass_kept']:.2f})" for r in p.pareto)
-    print(f"Pareto front (tok/s x DRAM x mass kept): {front or 'empty'}")
+                      f"{r['activation_mass_kept']:.2f}, {_mj(r.get('joules_per_token'))} mJ)" for r in p.pareto)
+    axes = "tok/s x DRAM x mass kept" + (" x energy" if any(r.get("joules_per_token") is not None for r in p.rows) else "")
+    print(f"Pareto front ({axes}): {front or 'empty'}")
     m = p.min_dram
     what = "the target" if p.target_tps is not None else "the constraints (best configuration only: no --target-tps)"
     if m.get("bytes") is not None:

@@ -116,6 +116,11 @@ def _run(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     cfg = _config(args)
     quality = None
+    from real.rapl import RaplMeter
+
+    meter = RaplMeter()
+    if meter.unavailable() is None:
+        meter.start()
     if args.trace:
         from real.shape_mode import run_shape
         from traces.format import open_trace
@@ -129,6 +134,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise FlashsimError("--records and --trace-out take one --predictor (run each predictor on its own)")
             return _print_comparison(args, _model_runs(args, store, profile, cfg))
         run, quality = _model_runs(args, store, profile, cfg)[0]
+    joules = meter.stop() if meter.unavailable() is None else None
     if args.records:
         write_records(args.records, run)
     if args.trace_out:
@@ -136,17 +142,59 @@ def _run(args: argparse.Namespace) -> int:
     summary = _summary(run)
     if "model_predictor" in run.config:
         summary["predictor"] = run.config["model_predictor"]
+    energy = _energy_comparison(args, meter, joules, run, profile, cfg)
     if args.json:
-        print_json({"summary": summary, "quality": quality, "notes": run.notes,
+        print_json({"summary": summary, "quality": quality, "notes": run.notes, "energy": energy,
                     "config": {k: v for k, v in run.config.items() if k != "fixed_parts"}})
         return 0
     print_table(["metric", "value"], [[k, f"{v:.6g}" if isinstance(v, float) else str(v)] for k, v in summary.items()])
+    _print_energy(energy)
     if quality:
         print_table(["quality", "value"], [[k, f"{v:.6g}" if isinstance(v, float) else str(v)]
                                            for k, v in quality.items()])
     for n in run.notes:
         print(f"note: {n}")
     return 0
+
+
+def _energy_comparison(args: argparse.Namespace, meter: Any, joules: dict | None, run: Any, profile: Any,
+                       cfg: Any) -> dict[str, Any]:
+    """RAPL's measured joules per token beside the simulator's for the same trace, profile and
+    configuration (shape mode; model mode: replay the executed trace, --trace-out, to get it)."""
+    import numpy as np
+
+    from real.rapl import measured_energy
+
+    token_s = float(np.mean([r.latency_s for r in run.tokens])) if run.tokens else 0.0
+    out: dict[str, Any] = {"measured": measured_energy(meter, joules, token_s, len(run.tokens)), "simulated": None}
+    if args.trace and profile.energy is not None:
+        from sim.engine import simulate
+        from traces.format import open_trace
+
+        s = simulate(open_trace(args.trace), None, profile, cfg).summary()
+        mj = s["energy_mj_per_token"]
+        out["simulated"] = {"joules_per_token": s["joules_per_token"], "energy_mj_per_token": mj,
+                            "joules_per_token_without_flash": (mj["dram"] + mj["compute"] + mj["static"]) / 1e3,
+                            "profile": profile.name}
+    elif args.trace:
+        out["simulated_reason"] = f"the profile {profile.name} has no energy section"
+    else:
+        out["simulated_reason"] = "model mode: replay the executed trace (--trace-out) with `flashsim replay`"
+    return out
+
+
+def _print_energy(e: dict[str, Any]) -> None:
+    m, s = e["measured"], e["simulated"]
+    if not m["available"]:
+        print(f"energy measured: not available: {m['reason']}")
+    else:
+        watts = ", ".join(f"{k} {v:.2f} W" for k, v in m["watts"].items())
+        print(f"energy measured (RAPL, {m['covers']}): {1e3 * m['joules_per_token']:.3f} mJ/token ({watts})")
+    if s is not None:
+        print(f"energy simulated ({s['profile']}): {1e3 * s['joules_per_token']:.3f} mJ/token, "
+              f"{1e3 * s['joules_per_token_without_flash']:.3f} without the storage (what RAPL can see)")
+    else:
+        print(f"energy simulated: {e.get('simulated_reason')}")
 
 
 def _model_runs(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) -> list[tuple[Any, dict]]:

@@ -6,7 +6,9 @@
                     [--timeline FILE.json]
     flashsim replay --list-params [--preset NAME] [--json]
 
-Prints the summary (decode figures; prefill apart) as a table, or one JSON object with `--json`.
+Prints the summary (decode figures; prefill apart) as a table, or one JSON object with `--json`;
+both carry the energy per token and its components (joules_per_token, energy_mj_per_token) where the
+device profile has an energy section (docs/energy.md).
 `--records` writes the per-token records as Parquet, `--timeline` a Chrome/Perfetto trace
 (open it at ui.perfetto.dev). Bad input: one line on stderr, exit code 2.
 """
@@ -125,12 +127,31 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
         ["DRAM peak", format_bytes(s["dram_peak_bytes"]), f"fixed {format_bytes(c['fixed_bytes'])}"],
         ["activation mass kept", f"{s['activation_mass_kept']:.4f}", f"recall {s['recall']:.4f}"],
     ]
+    rows += energy_rows(s)
     if s["prefill"]:
         pf = s["prefill"]
         rows.append(["prefill ms", f"{pf['ms']:.3f}", f"{pf['tokens']} tokens, {format_bytes(pf['flash_bytes'])} read"])
     print_table(["metric", "value", "note"], rows, align="lrl")
     for n in s["notes"]:
         print(f"note: {n}")
+    if s["joules_per_token"] is None:
+        print(f"note: the device profile has no energy section: no energy per token ({c['device']})")
+
+
+def energy_rows(s: dict[str, Any]) -> list[list[str]]:
+    """Table rows of the energy per token and its components (none without energy numbers)."""
+    if s.get("joules_per_token") is None:
+        return []
+    mj, inp = s["energy_mj_per_token"], s["energy_inputs_per_token"]
+    kinds = sorted(set(s["energy_source_kinds"].values()))
+    rows = [["energy per token", f"{s['joules_per_token'] * 1e3:.3f} mJ",
+             f"{s['joules_per_token']:.4g} J; inputs: {', '.join(kinds)} (docs/energy.md)"]]
+    notes = {"flash": f"storage active over {inp['flash_busy_s'] * 1e3:.3f} ms busy",
+             "dram": f"{format_bytes(inp['dram_bytes'])} moved",
+             "compute": f"{inp['flops'] / 1e9:.3f} GFLOP, {inp['compute_busy_s'] * 1e3:.3f} ms busy",
+             "static": f"platform idle over {inp['token_s'] * 1e3:.3f} ms"}
+    rows += [[f"  {k} mJ", f"{mj[k]:.3f}", notes[k]] for k in ("flash", "dram", "compute", "static")]
+    return rows
 
 
 def _params(p: dict[str, Any]) -> str:

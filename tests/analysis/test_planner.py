@@ -168,3 +168,27 @@ def test_plan_is_deterministic(smol, nano) -> None:
     b = plan(smol, smol.spec, nano, grid=grid, target_tps=20.0, seed=3).to_json()
     a.pop("plan_seconds"), b.pop("plan_seconds")
     assert a == b
+
+
+def test_issue46_energy_limit_filters(smol, nano) -> None:
+    free = plan(smol, smol.spec, nano, grid=SMALL_GRID)
+    jpts = sorted(r["joules_per_token"] for r in free.rows if r["fits"])
+    assert len(jpts) >= 2 and jpts[0] < jpts[1]
+    limit = (jpts[0] + jpts[1]) / 2
+    p = plan(smol, smol.spec, nano, grid=SMALL_GRID, max_jpt=limit)
+    for r in (r for r in p.rows if r["fits"]):
+        assert r["feasible"] == (r["joules_per_token"] <= limit)
+        assert r["feasible"] or any(x.startswith("too much energy") for x in r["reasons"])
+    assert p.best is not None and p.best["joules_per_token"] <= limit
+    assert p.to_json()["max_joules_per_token"] == limit
+    none = plan(smol, smol.spec, nano, grid=SMALL_GRID, max_jpt=jpts[0] / 2)
+    assert none.best is None
+    # energy is a Pareto axis: the least-energy configuration that ran is on the front
+    least = min((r for r in free.rows if r["fits"]), key=lambda r: r["joules_per_token"])
+    assert least["label"] in {r["label"] for r in free.pareto}
+
+
+def test_issue46_energy_limit_bad_input(capsys) -> None:
+    rc = main(["plan", "--model", "smollm2-135m", "--device", "jetson-orin-nano-8gb", "--max-joules-per-token", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-joules-per-token" in err and len(err.strip().splitlines()) == 1
