@@ -149,6 +149,7 @@ DISPLAY = (  # (column, header, scale)
     (T.FLASH_THROUGHPUT, "flash GB/s", 1e-9),
     (T.DRAM_PEAK, "DRAM peak GiB", 2.0**-30),
     (T.MASS_KEPT, "mass kept", 1.0),
+    (T.JOULES_PER_TOKEN, "mJ/token", 1e3),
 )
 
 
