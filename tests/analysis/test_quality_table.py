@@ -123,3 +123,29 @@ def test_planner_without_table_keeps_the_proxy(smol) -> None:
         plan(smol, smol.spec, nano, grid=GRID, quality=None, min_agreement=0.5)
     with pytest.raises(FlashsimError, match="--min-agreement 1.5"):
         plan(smol, smol.spec, nano, grid=GRID, min_agreement=1.5)
+
+
+def test_plan_cli_min_agreement_json(capsys) -> None:
+    from sim.cli.main import main
+
+    rc = main(["plan", "--model", "smollm2-135m", "--device", "jetson-orin-nano-8gb", "--trace",
+               str(shipped_trace_path()), "--min-agreement", "0.9", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["min_agreement"] == 0.9
+    rows = {r["label"]: r for r in d["configurations"]}
+    int4, int8 = rows["quantized quantized.bits=4"], rows["quantized quantized.bits=8"]
+    assert not int4["feasible"] and any("measured agreement" in x for x in int4["reasons"])
+    assert int8["feasible"] and int8["agreement"] > 0.9 and int8["published_ppl_ratio"]
+    assert d["best"]["agreement"] >= 0.9
+    q = d["quality"]
+    assert q["measured_on"] == "smollm2-135m" and q["axis"] == "agreement" and q["command"]
+    assert [r["label"] for r in d["comparisons"][0]["rows"]] == [
+        "selectinfer selective.load_ratio=0.7 selective.compute_ratio=0.4", "quantized quantized.bits=4"]
+
+
+def test_plan_cli_bad_min_agreement(capsys) -> None:
+    from sim.cli.main import main
+
+    assert main(["plan", "--model", "smollm2-135m", "--device", "this-host", "--min-agreement", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--min-agreement 2" in err and len(err.strip().splitlines()) == 1
