@@ -8,11 +8,15 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
 
   * per configuration: whether it is feasible and, if not, every reason (`does not fit` with the
     simulator's shortfall message, `too slow` below --target-tps, `quality too low` below
-    --min-quality, `too much energy` above --max-joules-per-token), tok/s, DRAM peak (bytes), the
-    quality proxy (activation mass kept), the energy per token (J, and mJ by component; sim/energy.py),
-    the breakdown (flash stall / compute / memory management ms per token) and its binding constraint;
-  * the Pareto front over the configurations that ran: max tok/s, min DRAM, max mass kept, and min
-    joules per token where the device profile has energy numbers;
+    --min-quality, measured agreement below --min-agreement, `too much energy` above
+    --max-joules-per-token), tok/s, DRAM peak (bytes), the quality proxy (activation mass kept), the
+    quality measured on the embedded model (next-token agreement and perplexity ratio, from
+    analysis/quality_table.py: quantized and sparse configurations on one scale), the energy per token
+    (J, and mJ by component; sim/energy.py), the breakdown (flash stall / compute / memory management ms
+    per token) and its binding constraint;
+  * the Pareto front over the configurations that ran: max tok/s, min DRAM, max measured agreement
+    (max mass kept without a quality table), and min joules per token where the device profile has
+    energy numbers;
   * `best`: the fastest feasible configuration (ties: less DRAM), or None;
   * the smallest DRAM that meets the target (and the quality floor): for each preset family, its
     feasible configuration with the smallest DRAM peak at the search ceiling (the device's
@@ -42,6 +46,16 @@ from typing import Any
 import pandas as pd
 
 from analysis.pareto import pareto_mask
+from analysis.quality_table import (
+    QualityTable,
+    config_bits,
+    load_quality_table,
+    measured_quality,
+    published,
+    quality_key,
+    quality_note,
+    quality_ranking,
+)
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
@@ -72,9 +86,14 @@ PLAN_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("neuroprefetcher", tuple(_NOISY)),
     *(("selectinfer", (f"selective.load_ratio={g}", f"selective.compute_ratio={c}"))
       for g in (0.5, 0.7, 0.9) for c in (0.3, 0.5) if c <= g),
+    # the preset's own gamma/phi: with "quantized quantized.bits=4" above, SelectInfer's comparison
+    # against 4-bit quantization (its paper's baseline), both with measured quality
+    ("selectinfer", ("selective.load_ratio=0.7", "selective.compute_ratio=0.4")),
 )
+SELECTINFER_VS_INT4 = ("selectinfer selective.load_ratio=0.7 selective.compute_ratio=0.4", "quantized quantized.bits=4")
 DEFAULT_TOLERANCE_BYTES = 32 * 2**20  # bisection resolution: well under one FFN layer of a 1B+ model
 CACHE_FULL_SHARE = 0.97          # DRAM peak / budget at which a cache counts as full
+SHIPPED = "shipped"              # plan(quality=...): the shipped measured-quality table
 
 FLASH, COMPUTE, MEM_BW, MEM_CAP = "flash bandwidth", "compute", "memory bandwidth", "memory capacity"
 
@@ -133,6 +152,9 @@ class Plan:
     seconds: float = 0.0
     runs: int = 0  # simulated runs, bisection included
     max_jpt: float | None = None  # the energy limit, joules per decode token
+    min_agreement: float | None = None
+    quality: dict[str, Any] | None = None       # the measured-quality table's provenance (None: proxy only)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def feasible(self) -> bool:
@@ -144,7 +166,8 @@ class Plan:
                 "min_quality": self.min_quality, "max_joules_per_token": self.max_jpt, "trace": self.trace, "best": self.best,
                 "closest": self.closest, "binding_constraint": self.binding, "pareto": self.pareto,
                 "min_dram_bytes": self.min_dram.get("bytes"), "min_dram": self.min_dram,
-                "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs}
+                "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs,
+                "min_agreement": self.min_agreement, "quality": self.quality, "comparisons": self.comparisons}
 
 
 class Planner:
@@ -183,9 +206,12 @@ def _finite(x: float) -> float | None:
 
 
 def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
-            max_jpt: float | None = None) -> list[str]:
+            max_jpt: float | None = None, *, min_agreement: float | None = None,
+            table: QualityTable | None = None) -> list[str]:
     """Why a configuration is infeasible (empty: feasible). `max_jpt`: the energy limit, joules per
-    decode token (a configuration on a device without energy numbers cannot be shown to meet it)."""
+    decode token (a configuration on a device without energy numbers cannot be shown to meet it).
+    `min_agreement` is a floor on the measured next-token agreement from `table` (a configuration the
+    table cannot rate fails it)."""
     if not ev.ran:  # the simulator's budget refusals name the DRAM budget and the shortfall
         kind = "does not fit" if "budget" in str(ev.error).lower() else "cannot run"
         return [f"{kind}: {ev.error}"]
@@ -202,13 +228,20 @@ def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
             out.append("energy unknown: the device profile has no energy section")
         elif jpt > max_jpt:
             out.append(f"too much energy: {jpt:.4g} J/token > {max_jpt:g}")
+    if min_agreement is not None:
+        q = measured_quality(ev, table)
+        if q is None:
+            out.append("quality too low: no measured quality for this configuration")
+        elif q["agreement"] < min_agreement:
+            out.append(f"quality too low: measured agreement {q['agreement']:.3f} < {min_agreement:g}")
     return out
 
 
 def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
-        max_jpt: float | None = None) -> dict[str, Any]:
+        max_jpt: float | None = None, *, min_agreement: float | None = None,
+        table: QualityTable | None = None) -> dict[str, Any]:
     """A configuration's figures (JSON-ready, units in the keys)."""
-    why = reasons(ev, target_tps, min_quality, max_jpt)
+    why = reasons(ev, target_tps, min_quality, max_jpt, min_agreement=min_agreement, table=table)
     s = ev.summary or {}
     out: dict[str, Any] = {
         "label": ev.label, "preset": ev.preset, "overrides": list(ev.overrides),
@@ -223,8 +256,17 @@ def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
     if out["dram_peak_bytes"] is not None:
         out["dram_peak_bytes"] = int(out["dram_peak_bytes"])
     out["engine"] = s.get("engine")
-    if ev.preset == "quantized" or "precision=quantized" in ev.overrides:
-        out["note"] = "the quality proxy does not see quantization error"
+    bits = config_bits(ev.preset, ev.overrides)
+    out["weight_bits"] = bits
+    q = measured_quality(ev, table)
+    out["agreement"] = None if q is None else round(q["agreement"], 4)
+    out["ppl_ratio"] = None if q is None else round(q["ppl_ratio"], 4)
+    out["quality_basis"] = None if q is None else q["basis"]
+    out["quality_bound"] = None if q is None else q["bound"]
+    if bits is not None:
+        out["published_ppl_ratio"] = published(bits)
+        if q is None:
+            out["note"] = "the quality proxy does not see quantization error"
     return out
 
 
@@ -257,13 +299,20 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
          target_tps: float | None = None, min_quality: float | None = None, trace_info: dict | None = None,
          grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
          rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None,
-         max_jpt: float | None = None) -> Plan:
+         max_jpt: float | None = None, min_agreement: float | None = None,
+         quality: QualityTable | str | None = SHIPPED) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
-    `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target."""
+    `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
+    `quality`: the measured-quality table (default: the shipped one; None: the mass-kept proxy only);
+    `min_agreement`: a floor on its measured next-token agreement."""
     import time
 
     t0 = time.perf_counter()
-    validate_targets(target_tps, min_quality, max_jpt)
+    validate_targets(target_tps, min_quality, min_agreement, max_jpt)
+    table = load_quality_table() if quality == SHIPPED else quality
+    if min_agreement is not None and table is None:
+        raise FlashsimError("--min-agreement needs the measured-quality table (analysis/data/quant_quality.json)")
+    floors = {"max_jpt": max_jpt, "min_agreement": min_agreement, "table": table}
     avail = profile.available_bytes
     budget = avail if budget_bytes is None else int(budget_bytes)
     if budget <= 0:
@@ -273,7 +322,7 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
                             f"({format_bytes(profile.memory.capacity_bytes)})")
     pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress)
     evals = [pl.evaluate(p, o, budget) for p, o in grid]
-    rows = [row(e, target_tps, min_quality, max_jpt) for e in evals]
+    rows = [row(e, target_tps, min_quality, **floors) for e in evals]
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
     best = feasible[0] if feasible else None
     # closest: the fastest one that ran at the quality floor (what to relax to make it work)
@@ -286,11 +335,11 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
     ceiling = max(budget, avail)
     if target_tps is None:  # "runs at all" is met by a thrashing mmap at any size: ask about the best only
         only = [(best["preset"], tuple(best["overrides"]))] if best else []
-        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes, max_jpt)
+        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes, **floors)
         min_dram["scope"] = "the best configuration (no --target-tps: the smallest DRAM it runs in)"
     else:
         min_dram = _min_dram(pl, grid, evals if ceiling == budget else None, budget, ceiling, target_tps,
-                             min_quality, tolerance_bytes, max_jpt)
+                             min_quality, tolerance_bytes, **floors)
         min_dram["scope"] = "every preset family (its most DRAM-frugal configuration meeting the target)"
     ref = best or closest
     binding = ref["binding_constraint"] if ref else MEM_CAP
@@ -300,35 +349,50 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
                      "resident weights, KV cache and the computed neurons of one layer")
     if profile.energy is None:
         notes.append(f"{profile.name} has no energy numbers: energy per token is unknown and not a Pareto axis")
-    notes.append("quality is the activation-mass proxy (share of sum |a| computed), not perplexity; it "
-                 "does not see quantization error")
+    qinfo = None
+    if table is None:
+        notes.append("quality is the activation-mass proxy (share of sum |a| computed), not perplexity; it "
+                     "does not see quantization error")
+    else:
+        qinfo = {**table.provenance(), "measured_on": table.model, "plan_model": spec.name,
+                 "axis": quality_key(rows), "ranking": quality_ranking(rows)}
+        notes.append(quality_note(table, spec.name))
+    comparisons = []
+    by_label = {r["label"]: r for r in rows}
+    if all(lbl in by_label for lbl in SELECTINFER_VS_INT4):
+        comparisons.append({"name": "SelectInfer vs 4-bit quantization (SelectInfer's own baseline)",
+                            "rows": [by_label[lbl] for lbl in SELECTINFER_VS_INT4]})
     return Plan(spec.name, profile.name, budget, target_tps, min_quality, trace_info or {"path": str(trace.path)},
                 rows, best, closest, pareto, min_dram, binding, notes, time.perf_counter() - t0, pl.n_runs,
-                max_jpt=max_jpt)
+                max_jpt, min_agreement, qinfo, comparisons)
 
 
-def validate_targets(target_tps: float | None, min_quality: float | None, max_jpt: float | None = None) -> None:
+def validate_targets(target_tps: float | None, min_quality: float | None,
+                     min_agreement: float | None = None, max_jpt: float | None = None) -> None:
     if max_jpt is not None and not (math.isfinite(max_jpt) and max_jpt > 0):
         raise FlashsimError(f"--max-joules-per-token {max_jpt}: must be a number > 0 (joules per decode token)")
     if target_tps is not None and not (math.isfinite(target_tps) and target_tps > 0):
         raise FlashsimError(f"--target-tps {target_tps}: must be a number > 0 (tokens per second)")
     if min_quality is not None and not (0 <= min_quality <= 1):
         raise FlashsimError(f"--min-quality {min_quality}: must be in [0, 1] (share of activation mass kept)")
+    if min_agreement is not None and not (0 <= min_agreement <= 1):
+        raise FlashsimError(f"--min-agreement {min_agreement}: must be in [0, 1] (measured next-token agreement)")
 
 
 def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ran = [r for r in rows if r["fits"]]
     if not ran:
         return []
+    qk = quality_key(rows)
     df = pd.DataFrame({"tokens_per_s": [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.inf
                                         for r in ran],
                        "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
-                       "activation_mass_kept": [r["activation_mass_kept"] for r in ran]})
+                       qk: [r[qk] for r in ran]})
     minimize: tuple[str, ...] = ("dram_peak_bytes",)
     if all(r.get("joules_per_token") is not None for r in ran):  # energy is an axis where every row has it
         df["joules_per_token"] = [r["joules_per_token"] for r in ran]
         minimize += ("joules_per_token",)
-    mask = pareto_mask(df, maximize=("tokens_per_s", "activation_mass_kept"), minimize=minimize)
+    mask = pareto_mask(df, maximize=("tokens_per_s", qk), minimize=minimize)
     front = [r for r, m in zip(ran, mask) if m]
     return sorted(front, key=_rank_key)
 
@@ -340,10 +404,11 @@ def family(e: Evaluation) -> str:
 
 def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling: list[Evaluation] | None,
               budget: int, ceiling: int, target_tps: float | None, min_quality: float | None, tol: int,
-              max_jpt: float | None = None) -> dict[str, Any]:
-    """Bisection for the frugal feasible configuration of every preset family at the ceiling."""
+              **floors: Any) -> dict[str, Any]:
+    """Bisection for the frugal feasible configuration of every preset family at the ceiling.
+    `floors`: max_jpt, min_agreement and table, as `reasons` takes them."""
     evals = at_ceiling if at_ceiling is not None else [pl.evaluate(p, o, ceiling) for p, o in grid]
-    ok_rows = [(e, row(e, target_tps, min_quality, max_jpt)) for e in evals]
+    ok_rows = [(e, row(e, target_tps, min_quality, **floors)) for e in evals]
     ok_rows = [(e, r) for e, r in ok_rows if r["feasible"]]
     out: dict[str, Any] = {"bytes": None, "configuration": None, "tolerance_bytes": tol,
                            "search_ceiling_bytes": ceiling, "families": []}
@@ -359,12 +424,12 @@ def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling
     for e, _ in families.values():
 
         def ok(b: int, e: Evaluation = e) -> bool:
-            return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, max_jpt)
+            return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, **floors)
 
         b = bisect_min_budget(ok, ceiling, tol, known_bad_bytes=budget if not ok(budget) else 0)
         fam = {"label": e.label, "min_dram_bytes": b}
         if b is not None:
-            fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, max_jpt)
+            fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, **floors)
         out["families"].append(fam)
     found = [f for f in out["families"] if f["min_dram_bytes"] is not None]
     if found:
@@ -423,14 +488,15 @@ def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = No
 
 
 def native_grid(grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID) -> list[tuple[str, Sequence[str]]]:
-    """The grid without quantized weights (whose quality loss the activation-mass proxy cannot see)."""
+    """The grid without quantized weights (`--native-only`: a filter; their quality is measured)."""
     return [(p, o) for p, o in grid if p != "quantized" and "precision=quantized" not in o]
 
 
 def plan_model(model: str, device: str, *, budget_bytes: int | None = None, target_tps: float | None = None,
                min_quality: float | None = None, trace: str | None = None, tokens: int = DEFAULT_PLAN_TOKENS,
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
-               progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None) -> Plan:
+               progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None,
+               min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED) -> Plan:
     """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
     temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
     stage name when one starts and with None after every simulated run."""
@@ -438,7 +504,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
 
     from devices import load_model, load_profile
 
-    validate_targets(target_tps, min_quality, max_jpt)
+    validate_targets(target_tps, min_quality, min_agreement, max_jpt)
     if budget_bytes is not None and budget_bytes <= 0:
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
@@ -456,7 +522,8 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
         result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
                       min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
                       grid=native_grid() if native_only else PLAN_GRID, tolerance_bytes=tolerance_bytes,
-                      progress=lambda: note(None), max_jpt=max_jpt)
+                      progress=lambda: note(None), max_jpt=max_jpt, min_agreement=min_agreement,
+                      quality=quality)
     if trace is None:
         info["path"] = None  # it lived in a temporary directory
     if native_only:

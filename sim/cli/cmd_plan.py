@@ -24,12 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="required activation mass kept, 0..1 (the quality proxy)")
     p.add_argument("--max-joules-per-token", type=float, default=None, dest="max_jpt",
                    help="energy limit: joules per decode token (from the device profile's energy numbers)")
+    p.add_argument("--min-agreement", type=float, default=None,
+                   help="required next-token agreement with the native model, 0..1 (measured on the embedded model: "
+                   "analysis/data/quant_quality.json)")
     p.add_argument("--trace", default=None, help="trace to replay (default: synthesize one of the model's shape)")
     p.add_argument("--tokens", type=int, default=DEFAULT_PLAN_TOKENS,
                    help=f"decode tokens of the synthetic trace (default {DEFAULT_PLAN_TOKENS})")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and noisy predictors")
     p.add_argument("--native-only", action="store_true",
-                   help="leave out quantized configurations (the quality proxy cannot see quantization error)")
+                   help="leave out quantized configurations (a filter: their quality is measured like the others')")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
 
@@ -54,7 +57,8 @@ def run_plan(args: argparse.Namespace) -> Plan:
 
         return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
                           min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
-                          native_only=args.native_only, progress=progress, max_jpt=args.max_jpt)
+                          native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
+                          min_agreement=args.min_agreement)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -78,6 +82,12 @@ def _gib(v: int | None) -> str:
     return "" if v is None else f"{v / 2**30:.2f}"
 
 
+def _q(v: float | None, bound: bool | None, digits: int = 3, mark: str = "<=") -> str:
+    """A measured quality figure; `mark` flags a bound (less mass kept than any measured row: agreement
+    at most, perplexity ratio at least the lowest row's)."""
+    return "" if v is None else (mark if bound else "") + f"{v:.{digits}f}"
+
+
 def print_plan(p: Plan, *, full: bool = True) -> None:
     """The plan as text: trace, constraints, table, best, Pareto front, minimum DRAM."""
     targets = []
@@ -87,6 +97,8 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         targets.append(f"activation mass kept >= {p.min_quality:g}")
     if p.max_jpt is not None:
         targets.append(f"<= {p.max_jpt:g} J/token")
+    if p.min_agreement is not None:
+        targets.append(f"measured agreement >= {p.min_agreement:g}")
     print(f"plan: {p.model} on {p.device}, DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
@@ -96,10 +108,11 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
             status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
             rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-", _gib(r["dram_peak_bytes"]),
                          "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
+                         _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
                          _mj(r.get("joules_per_token")), r["binding_constraint"], status])
         print()
-        print_table(["configuration", "tok/s", "DRAM GiB", "mass kept", "mJ/token", "binding", "feasible"], rows,
-                    align="lrrrrll")
+        print_table(["configuration", "tok/s", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token", "binding",
+                     "feasible"], rows, align="lrrrrrrll")
     print()
     if p.best is not None:
         b = p.best
@@ -112,10 +125,17 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         why = f"closest: {p.closest['label']} ({'; '.join(p.closest['reasons'])})" if p.closest else \
             "nothing fits the budget"
         print(f"infeasible: no configuration meets the constraints; {why}; bound by {p.binding}")
+    qk = (p.quality or {}).get("axis", "activation_mass_kept")
     front = ", ".join(f"{r['label']} ({_tps(r['tokens_per_s'])} tok/s, {_gib(r['dram_peak_bytes'])} GiB, "
-                      f"{r['activation_mass_kept']:.2f}, {_mj(r.get('joules_per_token'))} mJ)" for r in p.pareto)
-    axes = "tok/s x DRAM x mass kept" + (" x energy" if any(r.get("joules_per_token") is not None for r in p.rows) else "")
+                      f"{r[qk]:.2f}, {_mj(r.get('joules_per_token'))} mJ)" for r in p.pareto)
+    axis = "measured agreement" if qk == "agreement" else "mass kept"
+    axes = f"tok/s x DRAM x {axis}" + (" x energy" if any(r.get("joules_per_token") is not None for r in p.rows) else "")
     print(f"Pareto front ({axes}): {front or 'empty'}")
+    for c in p.comparisons:
+        print(f"{c['name']}: " + "; ".join(
+            f"{r['label']}: {_tps(r['tokens_per_s']) if r['fits'] else 'does not fit'}"
+            + (f" tok/s, {_gib(r['dram_peak_bytes'])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound'))}, "
+               f"ppl x{_q(r.get('ppl_ratio'), r.get('quality_bound'), 3, '>=')}" if r["fits"] else "") for r in c["rows"]))
     m = p.min_dram
     what = "the target" if p.target_tps is not None else "the constraints (best configuration only: no --target-tps)"
     if m.get("bytes") is not None:

@@ -5,6 +5,7 @@
     real verify    check every file's size, alignment and SHA-256
     real read      read random neuron sets through the direct-I/O reader (throughput, chunk sizes)
     real mmap      the OS demand-paging baseline: dense FFN over mmapped weights under a page-cache budget
+    real quant-quality  int8/int4 weights (+ oracle top-k FFN) on the real model: perplexity, agreement
 
 Later sub-commands (model and shape runs, predictor training) join the same `real` parser here.
 """
@@ -86,6 +87,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_mmap)
+
+    from sim.cli import real_quant
+
+    real_quant.register(rsub)
     t = rsub.add_parser("train-predictor", help="train the low-rank activation predictor (LLM in a flash) and report "
                                                 "its held-out recall and precision")
     t.add_argument("--model", required=True, help="smollm2-135m or a llama-family Hugging Face model folder")
