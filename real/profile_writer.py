@@ -96,6 +96,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
                   command: str) -> DeviceProfile:
     """Merge the given sections into the profile at `path` and write it atomically."""
     data = _base(path, name)
+    base_from = str(path) if path.is_file() else (name if name in list_profiles() else "this-host")
     data["name"] = name
     data["schema_version"] = 1
     what = "flash" if flash is not None else "compute"
@@ -112,8 +113,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     measured = all(str(data[s].get("source", "")).startswith(MEASURED_PREFIX) for s in ("flash", "compute"))
     src.update(kind="measured" if measured else "mixed", references=refs, date=today,
                host=host_description(), tool=tool_version())
-    src["notes"] = ("sections written by flashsim bench say so in their own source; "
-                    "the others are kept from the base profile")
+    src["notes"] = provenance_note(data, base_from)
     data["source"] = src
     try:
         profile = DeviceProfile.model_validate(data)
@@ -121,6 +121,27 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
     return write_profile_text(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
                                                           "own sources."))
+
+
+def measured_fields(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(fields measured by flashsim bench on this host, fields carried over from the base profile)
+    of a profile mapping, section by section: a section whose `source` starts with MEASURED_PREFIX
+    was measured; of the memory section, bench compute measures the capacity and the bandwidth only."""
+    measured, carried = [], []
+    for sec in ("flash", "compute"):
+        (measured if str(data[sec].get("source", "")).startswith(MEASURED_PREFIX) else carried).append(sec)
+    mem_measured = str(data["memory"].get("source", "")).startswith(MEASURED_PREFIX)
+    for key in ("capacity_bytes", "bandwidth_bytes_per_s"):
+        (measured if mem_measured else carried).append(f"memory.{key}")
+    carried += ["memory.reserved_bytes", "memory.unified", "description"]
+    return measured, carried
+
+
+def provenance_note(data: dict[str, Any], base_from: str) -> str:
+    """The top-level source's notes: what this host measured and what was carried over, from where."""
+    measured, carried = measured_fields(data)
+    return (f"measured here by flashsim bench: {', '.join(measured) or 'nothing yet'}; carried over from "
+            f"{base_from} (their sources say where they come from): {', '.join(carried)}")
 
 
 def write_profile_text(path: Path, text: str) -> DeviceProfile:
