@@ -307,6 +307,10 @@ def cuda_compute_sections(result: dict[str, Any], cpu_compute: dict[str, Any] | 
 
     compute, memory = compute_sections(result, date, command, old_memory_source)
     compute.pop("transpose_bytes_per_s", None)   # the sparse table holds the GPU's transposed copy
+    # whether the GPU shares the DRAM is the device's own answer (cudaDeviceProp.integrated)
+    memory["unified"] = bool(result["device"]["unified_memory"])
+    memory["source"] = memory["source"].replace("reserved_bytes and unified kept from",
+                                                "unified from cudaDeviceProp.integrated; reserved_bytes kept from")
     if cpu_compute:
         kept = {k: v for k, v in cpu_compute.items() if k not in GPU_FIELDS and k not in ("source", "threads")}
         compute.update(kept)

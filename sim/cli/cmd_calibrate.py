@@ -139,8 +139,6 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"{cuda['fp16_gemv_flops_per_s'] / 1e9:.1f} GFLOP/s, GPU memory {format_rate(cuda['dram_bytes_per_s'])}; "
               "plan and replay with this one (validate ran the CPU profile: its real runs compute on the CPU)")
     print_validation(report, False, None)
-    if args.keep is not None:
-        print(f"validation grid kept in {args.keep} (send it with the profile: `flashsim validate --rescore` replays it)")
     print(f"calibrated in {time.perf_counter() - t0:.0f} s")
     return 0
 

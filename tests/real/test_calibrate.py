@@ -113,3 +113,28 @@ def test_calibrate_refuses_an_unwritable_out_before_any_work(tmp_path, capsys, m
     assert main(["calibrate", "--path", str(tmp_path), "--out", str(ro / "sub" / "p.yaml"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "cannot write in" in err and "Traceback" not in err
+
+
+def test_profile_notes_say_what_was_measured_and_where_the_rest_came_from(tmp_path):
+    """Two writes (bench flash, then bench compute) into a new file: the notes keep naming the
+    bundled base the carried-over fields came from, and list the measured sections."""
+    from real.profile_writer import MEASURED_PREFIX, measured_fields, write_profile
+
+    base = load_profile("jetson-orin-nano-8gb").model_dump(mode="json", exclude_none=True)
+    here = load_profile("this-host").model_dump(mode="json", exclude_none=True)
+    out = tmp_path / "orin.yaml"
+    flash = {**here["flash"], "source": f"{MEASURED_PREFIX} flash (test)"}
+    p1 = write_profile(out, "jetson-orin-nano-8gb", flash=flash, command="flashsim bench flash (test)")
+    assert p1.source.kind == "mixed"
+    assert p1.source.notes == ("measured here by flashsim bench: flash; carried over from jetson-orin-nano-8gb (their "
+                               "sources say where they come from): compute, memory.capacity_bytes, "
+                               "memory.bandwidth_bytes_per_s, memory.reserved_bytes, memory.unified, description")
+    assert p1.compute.model_dump(mode="json", exclude_none=True) == base["compute"]
+    compute = {**here["compute"], "source": f"{MEASURED_PREFIX} compute (test)"}
+    memory = {"capacity_bytes": 8 << 30, "bandwidth_bytes_per_s": 5e10, "source": f"{MEASURED_PREFIX} compute (test)"}
+    p2 = write_profile(out, "jetson-orin-nano-8gb", compute=compute, memory=memory, command="flashsim bench compute (t)")
+    assert p2.source.kind == "measured" and "carried over from jetson-orin-nano-8gb (" in p2.source.notes
+    assert measured_fields(p2.model_dump(mode="json")) == (
+        ["flash", "compute", "memory.capacity_bytes", "memory.bandwidth_bytes_per_s"],
+        ["memory.reserved_bytes", "memory.unified", "description"])
+    assert p2.memory.reserved_bytes == base["memory"]["reserved_bytes"] and p2.memory.unified == base["memory"]["unified"]
