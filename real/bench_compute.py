@@ -132,26 +132,12 @@ def _have_torch() -> bool:
 
 
 def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 0,
-                      threads: int | None = None, device: str = "cpu") -> dict[str, Any]:
-    """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default;
-    `device`: cpu, cuda or auto (real.device.choose_device): on CUDA, real/bench_cuda.py's benches
-    (the GPU's kernels; the host gather at `threads`)."""
+                      threads: int | None = None) -> dict[str, Any]:
+    """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default.
+    (On a GPU: real/bench_cuda.py.)"""
     use_torch = framework == "torch" or (framework == "auto" and _have_torch())
     if threads is not None and threads < 1:
         raise FlashsimError(f"--threads {threads}: must be >= 1")
-    if device != "cpu":
-        from real.device import choose_device
-
-        dev = choose_device(device)
-        if dev.kind == "cuda":
-            if framework == "numpy":
-                raise FlashsimError("--device cuda measures with torch; drop --framework numpy")
-            import torch
-
-            from real.bench_cuda import run_cuda_compute_bench
-
-            with torch_threads(torch, threads):
-                return run_cuda_compute_bench(torch, dev, quick=quick, seed=seed)
     if threads is not None and not use_torch:
         raise FlashsimError("--threads needs torch (NumPy's BLAS threads are fixed at start-up: set "
                             "OMP_NUM_THREADS instead)")

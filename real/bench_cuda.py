@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.errors import FlashsimError
 from real.call_time import mean_call_s
 from real.device import ComputeDevice, HostScratch, pin_host_buffer, unpin_host_buffer
 
@@ -289,6 +290,28 @@ def run_cuda_compute_bench(torch: Any, device: ComputeDevice, quick: bool = Fals
         "dense_gemv": _dense_table(torch, dev, dtypes, quick, pool, 0.01 if quick else 0.04),
         "dense_gemv_pool_bytes": pool,
     }
+
+
+def run_on(device: str, quick: bool = False, framework: str = "auto", seed: int = 0,
+           threads: int | None = None) -> dict[str, Any]:
+    """`flashsim bench compute --device`: on "cpu", or "auto" without a GPU, real.bench_compute's
+    benches; on CUDA (real.device.choose_device) this module's, with the host gather at `threads`."""
+    from real.bench_compute import run_compute_bench
+    from real.device import choose_device
+
+    dev = choose_device(device)
+    if dev.kind != "cuda":
+        return run_compute_bench(quick=quick, framework=framework, seed=seed, threads=threads)
+    if framework == "numpy":
+        raise FlashsimError("--device cuda measures with torch; drop --framework numpy")
+    if threads is not None and threads < 1:
+        raise FlashsimError(f"--threads {threads}: must be >= 1")
+    import torch
+
+    from real.torch_threads import torch_threads
+
+    with torch_threads(torch, threads):
+        return run_cuda_compute_bench(torch, dev, quick=quick, seed=seed)
 
 
 # the compute section's fields the CUDA bench measures; the others (the neuron cache's row moves,

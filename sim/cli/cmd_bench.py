@@ -282,8 +282,12 @@ def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench
 
-    result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads,
-                               device=args.device)
+    if args.device == "cpu":
+        result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+    else:
+        from real.bench_cuda import run_on
+
+        result = run_on(args.device, quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
     command = (f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
                + (f" --threads {args.threads}" if args.threads is not None else "")
                + (f" --device {args.device}" if args.device != "cpu" else ""))

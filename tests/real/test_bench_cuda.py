@@ -227,3 +227,18 @@ def test_cpu_section_is_kept_only_when_the_cpu_bench_measured_it():
     kept = BC.measured_cpu_compute(here)
     assert (kept is not None) == here.compute.source.startswith("measured by flashsim bench compute")
     assert BC._pool_bytes(60 << 20, False) == 256 << 20 and BC._pool_bytes(100 << 20, False) == 400 << 20
+
+
+def test_run_on_falls_back_to_the_cpu_bench_without_a_gpu_and_refuses_numpy_on_cuda(monkeypatch):
+    from devices.errors import FlashsimError
+    from real import bench_compute
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench_compute, "run_compute_bench", lambda **kw: {"cpu_bench": kw})
+    assert BC.run_on("auto", quick=True, threads=2) == {"cpu_bench": {"quick": True, "framework": "auto", "seed": 0,
+                                                                      "threads": 2}}
+    FakeCuda(monkeypatch, integrated=True, major=8)
+    with pytest.raises(FlashsimError, match="drop --framework numpy"):
+        BC.run_on("cuda", framework="numpy")
+    with pytest.raises(FlashsimError, match="--threads 0"):
+        BC.run_on("auto", threads=0)
