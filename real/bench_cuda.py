@@ -74,7 +74,9 @@ def sync_batch_s(torch: Any, fn: Callable[[int], Any], reps: int) -> float:
 
 
 def _reps_for(torch: Any, fn: Callable[[int], Any], min_time_s: float, min_reps: int = 5) -> int:
-    """Enough calls for about min_time_s, from one synchronized trial call."""
+    """Enough calls for about min_time_s, from one synchronized trial call after a warm-up call
+    (the first call of a kernel pays its library's lazy set-up)."""
+    fn(0)
     torch.cuda.synchronize()
     t = time.perf_counter()
     fn(0)

@@ -34,8 +34,10 @@ from sim.cli.output import print_json
 
 def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("calibrate", help="bench flash -> bench compute -> device profile -> validate --quick, in one go")
-    c.add_argument("--path", default=".", help="directory on the disk to measure: a temporary bench file is created "
-                                               "there and removed (default: the current directory)")
+    c.add_argument("--path", default=".", help="an existing, writable folder on the disk that will hold the weights: "
+                                               "a temporary bench file (--size) and validation's store are created "
+                                               "there and removed; refused before any work without room for them "
+                                               "(default: the current directory)")
     c.add_argument("--name", default="this-host", help="profile name (default this-host)")
     c.add_argument("--out", help="profile file to write (default devices/profiles/NAME.yaml)")
     c.add_argument("--quick", action="store_true", help="the benches' quick grids (64 MiB file, 3 chunk sizes x 2 "
