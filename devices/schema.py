@@ -276,6 +276,7 @@ class FlashSpec(_Strict):
     max_in_flight: int = Field(ge=1, description="hardware queue depth usable by one process")
     iops_max: float | None = Field(default=None, gt=0, description="closed-form model's controller IOPS cap")
     read_table: ReadTable | None = None
+    request_cpu_s: float | None = Field(default=None, ge=0, description="CPU seconds one read request costs through the I/O path: submit, completion, thread hand-off")
     # Host CPU work of I/O (see sim/components/compute.py `HostCpu`). Non-zero only on a host whose
     # CPU both runs the compute and submits/completes the reads (a CPU-only host reading with
     # threads): there each read takes CPU time from the compute running at the same time, and the

@@ -133,7 +133,8 @@ def _have_torch() -> bool:
 
 def run_compute_bench(quick: bool = False, framework: str = "auto", seed: int = 0,
                       threads: int | None = None) -> dict[str, Any]:
-    """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default."""
+    """All compute measurements (JSON-ready); `threads`: compute threads (torch), None = default.
+    (On a GPU: real/bench_cuda.py.)"""
     use_torch = framework == "torch" or (framework == "auto" and _have_torch())
     if threads is not None and threads < 1:
         raise FlashsimError(f"--threads {threads}: must be >= 1")
@@ -339,12 +340,24 @@ def sig4_rows(table: list[list[float]]) -> list[list[float]]:
     return [[sig4(x) for x in row] for row in table]
 
 
-def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, float]:
+def _copy_bandwidth(nbytes: int, min_time_s: float) -> dict[str, Any]:
+    """STREAM-style copy of nbytes (2 x bytes / time, the profile's bandwidth) and, with torch, the
+    triad a = b + s c over three float32 arrays of nbytes / 2 each (3 x bytes / time, one pass:
+    torch.add with alpha), reported beside it."""
     src = np.ones(nbytes, np.uint8)
     dst = np.zeros(nbytes, np.uint8)
     t = _call_s(lambda: np.copyto(dst, src), min_time_s, min_reps=3)
-    return {"copy_bytes": nbytes, "copy_s": t, "memcpy_bytes_per_s": nbytes / t,
-            "stream_copy_bytes_per_s": 2.0 * nbytes / t}
+    out: dict[str, Any] = {"copy_bytes": nbytes, "copy_s": t, "memcpy_bytes_per_s": nbytes / t,
+                           "stream_copy_bytes_per_s": 2.0 * nbytes / t}
+    src = dst = np.empty(0, np.uint8)   # freed before the triad's arrays
+    if _have_torch():
+        import torch
+
+        n = nbytes // 2 // 4
+        a, b, c = torch.zeros(n), torch.ones(n), torch.full((n,), 2.0)
+        t3 = _call_s(lambda: torch.add(b, c, alpha=3.0, out=a), min_time_s, min_reps=3)
+        out.update(triad_bytes=3 * n * 4, triad_s=t3, stream_triad_bytes_per_s=3.0 * n * 4 / t3)
+    return out
 
 
 def _table_section(tables: dict[str, Any], prefix: str, command: str, what: str) -> dict[str, Any]:
@@ -418,10 +431,13 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     compute["source"] = f"{prefix}: {'; '.join(how)}; `{command}`"
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text
+    how_bw = mem.get("how") or (f"bandwidth = STREAM-style copy traffic (2 x {mem['copy_bytes'] >> 20} MiB / time)"
+                                + (f"; triad {mem['stream_triad_bytes_per_s'] / 1e9:.1f} GB/s"
+                                   if "stream_triad_bytes_per_s" in mem else ""))
     memory = {
         "capacity_bytes": int(result["memory_capacity_bytes"]),
         "bandwidth_bytes_per_s": sig4(mem["stream_copy_bytes_per_s"]),
-        "source": f"{prefix}: capacity = physical RAM (sysconf); bandwidth = STREAM-style copy traffic "
-                  f"(2 x {mem['copy_bytes'] >> 20} MiB / time); reserved_bytes and unified kept from: {kept}",
+        "source": f"{prefix}: {result.get('memory_capacity_how', 'capacity = physical RAM (sysconf)')}; {how_bw}; "
+                  f"reserved_bytes and unified kept from: {kept}",
     }
     return compute, memory

@@ -29,13 +29,15 @@ calibrations five minutes apart), so the rounds sample it across the whole calib
 overhead, which needs the finished read table, is timed after the grid.
 
 Every grid point also records the process CPU time (getrusage, user + system, all threads) per
-read. The host CPU probe (`--no-host-cpu` skips it) runs three kinds of compute against batches of
+read and its reads; their fit over the grid is the CPU cost of one read request through the I/O
+path (`flash.request_cpu_s`, real/bench_request_cpu.py), written on every host. The host CPU probe (`--no-host-cpu` skips it) runs three kinds of compute against batches of
 reads, one round after each sweep (real/bench_host_cpu.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,8 +74,9 @@ from real.bench_reader import (
     median_of_rounds,
     read_plan_cost,
 )
+from real.bench_request_cpu import request_cpu_fit, request_cpu_source
 from real.buffers import ALIGN_BYTES, round_down
-from real.profile_writer import sig4
+from real.profile_writer import host_description, sig4, tool_version
 
 SEQ_CHUNK_BYTES = 1 << 20
 DEFAULT_CHUNKS = tuple(4096 << i for i in range(9))          # 4 KiB .. 1 MiB
@@ -174,7 +177,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         ss = np.random.SeedSequence(cfg.seed)
         point_rngs = [np.random.default_rng(s) for s in ss.spawn(len(cfg.chunks) * len(cfg.in_flight) + 1)]
         shape = (cfg.passes, len(cfg.chunks), len(cfg.in_flight))
-        sweeps, cpus = np.zeros(shape), np.zeros(shape)
+        sweeps, cpus, reads = np.zeros(shape), np.zeros(shape), np.zeros(shape)
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
         batches = plan = cold = index = None
         skipped = None
@@ -201,6 +204,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                     sweeps[k, i, j] = random_read_bytes_per_s(bf, c, q, cfg.duration_s / cfg.passes,
                                                               point_rngs[i * len(cfg.in_flight) + j], stats=st)
                     cpus[k, i, j] = st["cpu_s"] / max(st["reads"], 1.0)
+                    reads[k, i, j] = st["reads"]
                     if progress:
                         progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
                 _cpu_round(bf, store, cfg, k, rounds, ffn_probe)
@@ -249,7 +253,9 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "duration_s_per_point": cfg.duration_s, "seed": cfg.seed,
         "grid": {"chunk_bytes": list(cfg.chunks), "in_flight": list(cfg.in_flight),
                  "bytes_per_s": grid.tolist(), "cpu_s_per_read": cpu.tolist(), "passes": cfg.passes,
-                 "bytes_per_s_per_pass": sweeps.tolist()},
+                 "bytes_per_s_per_pass": sweeps.tolist(), "reads": reads.sum(axis=0).tolist()},
+        "request_cpu": {**request_cpu_fit(cfg.chunks, cfg.in_flight, cpu, reads.sum(axis=0)),
+                        "date": dt.date.today().isoformat(), "host": host_description(), "tool": tool_version()},
         "sequential": {"chunk_bytes": seq_chunk, **{f"in_flight_{q}_bytes_per_s": v for q, v in seq.items()},
                        "bytes_per_s": max(seq.values())},
         "latency_4k_qd1": lat,
@@ -334,6 +340,10 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         source += (f"; compute after a read wait: a layer's kernels (and a tiny transformers llama layer{ffn}) timed "
                    f"right after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less "
                    "back to back, by the wait's seconds")
+    req = result.get("request_cpu")
+    if req and req["reads"] > 0:   # the I/O path's own cost, on any host (real/bench_request_cpu.py)
+        extra["request_cpu_s"] = sig4(req["request_cpu_s"])
+        source += "; " + request_cpu_source(req, req["date"], req["host"], req["tool"], result.get("direct_io", True))
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
                   command: str) -> DeviceProfile:
     """Merge the given sections into the profile at `path` and write it atomically."""
     data = _base(path, name)
+    base_from = _carried_from(data, path) if path.is_file() else (name if name in list_profiles() else "this-host")
     data["name"] = name
     data["schema_version"] = 1
     what = "flash" if flash is not None else "compute"
@@ -112,8 +114,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     measured = all(str(data[s].get("source", "")).startswith(MEASURED_PREFIX) for s in ("flash", "compute"))
     src.update(kind="measured" if measured else "mixed", references=refs, date=today,
                host=host_description(), tool=tool_version())
-    src["notes"] = ("sections written by flashsim bench say so in their own source; "
-                    "the others are kept from the base profile")
+    src["notes"] = provenance_note(data, base_from)
     data["source"] = src
     try:
         profile = DeviceProfile.model_validate(data)
@@ -121,6 +122,39 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
     return write_profile_text(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
                                                           "own sources."))
+
+
+def measured_fields(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(fields measured by flashsim bench on this host, fields carried over from the base profile)
+    of a profile mapping, section by section: a section whose `source` starts with MEASURED_PREFIX
+    was measured; of the memory section, bench compute measures the capacity and the bandwidth (and,
+    on a GPU, whether the memory is unified)."""
+    measured, carried = [], []
+    for sec in ("flash", "compute"):
+        (measured if str(data[sec].get("source", "")).startswith(MEASURED_PREFIX) else carried).append(sec)
+    mem_measured = str(data["memory"].get("source", "")).startswith(MEASURED_PREFIX)
+    for key in ("capacity_bytes", "bandwidth_bytes_per_s"):
+        (measured if mem_measured else carried).append(f"memory.{key}")
+    carried.append("memory.reserved_bytes")
+    # a GPU's memory section (real/bench_cuda.py) says whether it shares the DRAM: the device's answer
+    unified_measured = "unified from cudaDeviceProp" in str(data["memory"].get("source", ""))
+    (measured if unified_measured else carried).append("memory.unified")
+    carried.append("description")
+    return measured, carried
+
+
+def _carried_from(data: dict[str, Any], path: Path) -> str:
+    """Where an existing profile's carried-over fields came from: what its notes say (a profile
+    written by bench flash and then bench compute keeps naming the first base), else the file."""
+    m = re.search(r"carried over from (.+?) \(their sources", str(data.get("source", {}).get("notes", "")))
+    return m.group(1) if m else str(path)
+
+
+def provenance_note(data: dict[str, Any], base_from: str) -> str:
+    """The top-level source's notes: what this host measured and what was carried over, from where."""
+    measured, carried = measured_fields(data)
+    return (f"measured here by flashsim bench: {', '.join(measured) or 'nothing yet'}; carried over from "
+            f"{base_from} (their sources say where they come from): {', '.join(carried)}")
 
 
 def write_profile_text(path: Path, text: str) -> DeviceProfile:

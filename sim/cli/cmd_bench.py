@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, help="compute threads (torch) to measure with, recorded as the "
                    "profile's compute.threads; use the count the real runs will use (default: PyTorch's own)")
+    c.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="where the kernels run: cpu "
+                   "(default), cuda (the GPU, through the real backend's CUDA path: real/bench_cuda.py), auto "
+                   "(cuda when torch sees a GPU)")
     _profile_args(c)
     c.set_defaults(func=_compute)
 
@@ -184,6 +187,9 @@ def _flash(args: argparse.Namespace) -> int:
         waits = [f"{w * 1e3:.1f} ms ({r:.0f} reads)" for w, r in zip(cold["batch_wait_s"], cold["batch_reads"])]
         pts = _penalties(waits, cold["kernel_cold_s"], cold.get("framework_cold_s"))
         print(f"compute after a read wait, per layer (kernels/framework, us): {pts}")
+    req = result.get("request_cpu")
+    if req:
+        print(request_cpu_line(req))
     print(host_cpu_line(result.get("host_cpu")))
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")
@@ -195,6 +201,13 @@ def _penalties(points: list[str], kernel_s: list[float], framework_s: list[float
     fw = framework_s or [None] * len(points)
     return ", ".join(f"{p} +{k * 1e6:.0f}" + (f"/{f * 1e6:.0f}" if f is not None else "")
                      for p, k, f in zip(points, kernel_s, fw))
+
+
+def request_cpu_line(req: dict[str, Any]) -> str:
+    """One line with the CPU cost of a read request (real/bench_request_cpu.py)."""
+    per = ", ".join(f"q={p['in_flight']} {p['request_cpu_s'] * 1e6:.1f}" for p in req["per_in_flight"])
+    return (f"CPU per read request: {req['request_cpu_s'] * 1e6:.1f} us + {req['cpu_s_per_byte'] * 1e9 * 1024:.3g} ns "
+            f"per KiB (fit over {req['reads']:.0f} reads; per reads in flight, us: {per})")
 
 
 def host_cpu_line(host: dict[str, Any] | None) -> str:
@@ -269,16 +282,28 @@ def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench_compute import compute_sections, run_compute_bench
 
-    result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+    if args.device == "cpu":
+        result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+    else:
+        from real.bench_cuda import run_on
+
+        result = run_on(args.device, quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
     command = (f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
-               + (f" --threads {args.threads}" if args.threads is not None else ""))
+               + (f" --threads {args.threads}" if args.threads is not None else "")
+               + (f" --device {args.device}" if args.device != "cpu" else ""))
     result["command"] = command
     if not args.no_write:
         from real.profile_writer import write_profile
 
         target = _target(args)
         base = load_profile(target) if target.is_file() else load_profile("this-host")
-        compute, memory = compute_sections(result, dt.date.today().isoformat(), command, base.memory.source)
+        if result.get("device", {}).get("kind") == "cuda":
+            from real.bench_cuda import cuda_compute_sections, measured_cpu_compute
+
+            compute, memory = cuda_compute_sections(result, measured_cpu_compute(base), dt.date.today().isoformat(),
+                                                    command, base.memory.source)
+        else:
+            compute, memory = compute_sections(result, dt.date.today().isoformat(), command, base.memory.source)
         write_profile(target, args.name, compute=compute, memory=memory, command=command)
         result["profile"] = {"name": args.name, "path": str(target)}
     if args.json:
@@ -286,9 +311,11 @@ def _compute(args: argparse.Namespace) -> int:
         return 0
     print(f"compute ({result['framework']}, {result['threads']} threads, GEMV {result['dense_shape'][0]}x"
           f"{result['dense_shape'][1]}, gather {result['gather_fraction']:.0%} of rows)")
-    rows = [[k, f"{v['dense_gemv_flops_per_s'] / 1e9:.1f}", f"{v['dense_gemv_s'] * 1e3:.2f}",
-             f"{v['dense_gemv_min_s'] * 1e3:.2f}", f"{v['gathered_gemv_s'] * 1e3:.2f}",
-             format_rate(v["gather_bytes_per_s"]), f"{v['gather_min_s'] * 1e3:.2f}"]
+    def ms(v: dict[str, Any], key: str) -> str:
+        return f"{v[key] * 1e3:.2f}" if key in v else "-"
+
+    rows = [[k, f"{v['dense_gemv_flops_per_s'] / 1e9:.1f}", ms(v, "dense_gemv_s"), ms(v, "dense_gemv_min_s"),
+             ms(v, "gathered_gemv_s"), format_rate(v["gather_bytes_per_s"]), ms(v, "gather_min_s")]
             for k, v in result["per_dtype"].items()]
     print_table(["dtype", "dense GFLOP/s", "dense ms", "(min)", "gathered ms", "gather", "gather min ms"], rows,
                 align="lrrrrrr")

@@ -165,6 +165,12 @@ def test_bench_flash_measures_host_cpu_per_read(tmp_path, capsys):
         assert "ffn_step" not in f.host_cpu_curves    # a short bench skips the FFN-step probe
     off = flash_section(res, "measured", shares_cpu=False)
     assert "host_cpu_s_per_read" not in off and "compute_lost_s_per_read" not in off
+    # the CPU cost of one read request (real/bench_request_cpu.py) is written on any host
+    req = res["request_cpu"]
+    assert res["grid"]["reads"] and all(v > 0 for row in res["grid"]["reads"] for v in row)
+    assert 0 < req["request_cpu_s"] < 0.01 and off["request_cpu_s"] == pytest.approx(req["request_cpu_s"], rel=1e-3)
+    assert prof.flash.request_cpu_s == pytest.approx(req["request_cpu_s"], rel=1e-3)
+    assert "request_cpu_s measured by flashsim bench flash" in prof.flash.source
 
 
 def test_bench_compute_records_threads(tmp_path, capsys):
