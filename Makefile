@@ -2,9 +2,8 @@
 # Set-up is idempotent: a second run with nothing changed only compares a stamp.
 VENV := .venv
 PY := $(VENV)/bin/python
-PYTEST_WORKERS ?=
 
-.PHONY: setup demo test lint test-all bench clean
+.PHONY: setup demo test lint test-slow test-all bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,7 +17,13 @@ lint: setup
 test: setup lint
 	$(PY) -m pytest -q
 
-# Also the slow tests (real model end to end); CI runs these where time allows.
+# The slow tier alone: SmolLM2's logits against transformers, `validate --quick` end to end (real runs),
+# the full demo, kill -9 of the CLI, the reference grids' slow half, a Dask cluster. CI runs it after `make test`.
+SLOW := slow and not hardware and not browser and not benchmark
+test-slow: setup
+	$(PY) -m pytest -q -m "$(SLOW)"
+
+# Both tiers in one run.
 test-all: setup lint
 	$(PY) -m pytest -q -m "not hardware and not browser and not benchmark"
 

@@ -293,6 +293,7 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
 
     `plan` is a `flashsim plan --json` output (plan.json) shown as a section of its own."""
     rs = load_results(results)
+    plan_section = _plan_section(Path(plan)) if plan is not None else None   # bad input fails before any drawing
     out = Path(out_dir)
     fig_dir = out / "figures"
     out.mkdir(parents=True, exist_ok=True)
@@ -321,8 +322,8 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
     if records is not None:
         sections.append(Section("Memory over time", _figure_html(
             "memory", load_input("records", records), fig_dir, "memory")))
-    if plan is not None:
-        sections.append(_plan_section(Path(plan)))
+    if plan_section is not None:
+        sections.append(plan_section)
     sections.append(Section("Results", _table(display_table(rs.table))))
     failed = rs.table[rs.table[T.STATUS] != "ok"] if T.STATUS in rs.table else rs.table.iloc[:0]
     if len(failed):

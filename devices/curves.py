@@ -9,11 +9,10 @@ Two forms, chosen by the profile:
       chunks c0 < c1 a read costs t(c) = t0 + (c - c0) / (c1 - c0) * (t1 - t0), with t = c / bw.
       That is the affine cost of a read (a fixed part plus bytes over a bandwidth) fitted through
       the two points, the model the closed form below uses everywhere. Throughput linear in
-      log2(chunk), the interpolation before the twenty-second round, overstates it wherever the
-      reads are bound by their count rather than their bytes: on this host at 64 in flight 8 KiB
-      and 16 KiB reads cost 18.8 and 19.4 us, and a 12 KiB bundle came out at 18.2 us, cheaper
-      than either (now 19.1 us; docs/validation-history.md). Where t1 >= t0 the interpolant's
-      time is monotone, and so is its throughput wherever the table's throughput increases.
+      log2(chunk) overstates it wherever the reads are bound by their count rather than their
+      bytes: on this host at 64 in flight 8 KiB and 16 KiB reads cost 18.8 and 19.4 us, and a
+      12 KiB bundle came out at 18.2 us, cheaper than either (19.1 us with the time
+      interpolated). Where t1 >= t0 the interpolant's time is monotone, and so is its throughput wherever the table's throughput increases.
   Outside the grid it clamps, with a physical reading:
     - chunk < smallest chunk: a read cannot be faster than the smallest measured read, so it costs
       the same time as one: bytes_per_s = bw(c_min, q) * chunk / c_min;

@@ -329,7 +329,7 @@ class FlashSpec(_Strict):
     # issues every read at once and waits on the device's latency, with CPU to spare, so a compute
     # delays it far less per read than a batch several reads deep per thread, where the reads'
     # own CPU work (about 30 us per read on a 2-core host, most of both cores) is what paces them:
-    # the line through two large batches over-states a small one's delay 3x (twenty-third round).
+    # the line through two large batches over-states a small one's delay 3x.
     # Where a probe has a curve the simulator takes it (linear in the reads between the sizes,
     # proportional below the first, the last segment's slope beyond the last) instead of its
     # per-read and per-batch terms. "ffn_step": real.backend's FFN step as the compute (cache
@@ -360,8 +360,8 @@ class FlashSpec(_Strict):
     # How much of that start-up and drain a batch hides depends on how many reads each thread takes:
     # a batch of about one read per thread pays every thread's wake-up and collection on its own,
     # while with several reads per thread the later threads wake while the earlier ones read (on the
-    # 2-vCPU EPYC host at 64 in flight: 0.34 ms at one read per thread, 0.30 at two, none at four;
-    # docs/validation-history.md, twenty-eighth round). bench flash then measures each depth at
+    # 2-vCPU EPYC host at 64 in flight: 0.34 ms at one read per thread, 0.30 at two, none at four).
+    # bench flash then measures each depth at
     # several reads per thread, and a batch of n reads at depth q = min(n, in flight) takes the value
     # at n / q (log2-interpolated between the ratios, the end values beyond them).
     batch_overhead_reads_per_thread: list[float] | None = Field(
@@ -392,11 +392,11 @@ class FlashSpec(_Strict):
     # framework_cold_compute_s for framework code (compute.framework=hf). bench flash measures both on
     # its store. The x axis is the wait's seconds (cold_wait_s): on one host the same 768 reads cost
     # 0.26 ms after a 14 ms wait (32 in flight) and 0.49 ms after a 40 ms one (2 in flight), and a
-    # plain sleep's penalty grows with its length too (docs/validation-history.md, twentieth round).
-    # Profiles written before that round give the batch's reads instead (cold_batch_reads).
+    # plain sleep's penalty grows with its length too. Older profiles give the curve by the batch's
+    # reads instead (cold_batch_reads), still read.
     cold_wait_s: list[float] | None = Field(default=None, description="seconds the decoder waited for a demand "
                                             "batch at which the cold-compute penalties are measured (increasing)")
-    cold_batch_reads: list[float] | None = Field(default=None, description="(profiles before the twentieth round) "
+    cold_batch_reads: list[float] | None = Field(default=None, description="(older profiles, instead of cold_wait_s) "
                                                  "reads per demand batch at which the penalties are measured")
     cold_compute_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
                                                "(kernels) right after waiting that long for a demand batch")

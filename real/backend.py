@@ -32,7 +32,7 @@ step as above, before the first token (`plan_s`: how long that took). Planning i
 loop and subtracting its time is not the same: a prefetch in flight runs on through the
 subtracted time, so its reads would get free time and their CPU work would land outside the
 records (measured: a shape-mode delta run planned 4.5 ms per token inline against 2.0 ms without
-prefetch, the difference being the prefetch thread's work; docs/validation-history.md, seventh round).
+prefetch, the difference being the prefetch thread's work).
 Every step yields one
 `sim.records.TokenRecord` in the simulator's schema; `executed` keeps the computed set of every
 step and layer so the run can be written as a trace (`real.records`) and replayed exactly.

@@ -13,7 +13,7 @@ Measured here:
   4 / 16 / 64 / 256 reads;
 * real.backend's sparse FFN of 400 SmolLM2 rows took 384 us cycling through 30 layers' caches and
   490 us after a 128-read batch.
-* The penalty follows the wait's length, not its reads (twentieth round, an Intel Xeon VM): the
+* The penalty follows the wait's length, not its reads (measured on an Intel Xeon VM): the
   same 768 reads cost the kernel probe 263 us after a 13.6 ms wait (32 in flight) and 486 us after
   a 40 ms one (2 in flight); 3,070 reads in a 54 ms wait cost 531 us. A plain sleep, no reads at
   all, cost 21-47 us up to 16 ms and 150-640 us at 25-40 ms. Unbundled SmolLM2 waits 13-26 ms per
@@ -21,7 +21,7 @@ Measured here:
   coalesce.
 
 * The penalty is paid at the first touch of each piece of code and data the wait left alone, and
-  it is not only a refill of caches (twenty-fourth round, the same host): after a 32 / 64 ms spin
+  it is not only a refill of caches (the same host): after a 32 / 64 ms spin
   of the decoder's own Python (no reads, no sleep, the core busy), a 5 us torch.add of one element
   took 584 / 1,849 us, a 576 x 576 GEMV over matrices that miss the L3 anyway 849 / 1,494 us
   against 115, and the call right after each ran at its usual time. So a layer pays for the code
@@ -31,7 +31,7 @@ Measured here:
   batches, the tiny llama alone paid 0.88 / 3.8 ms and with the FFN step inside 1.2 / 8.6 ms.
   Against SmolLM2's own layers (tests/benchmarks/test_bench_wait_penalty.py, paired runs without
   the reads' I/O), that probe priced 0.84x the real cost at 18 and 37 ms waits, where the tiny
-  llama alone had priced 1.2-2x short (twentieth round). The kernel probe keeps its own small
+  llama alone priced 1.2-2x short. The kernel probe keeps its own small
   FFN: with the FFN step inside, it priced validate shape's layers 4-6x short at 2 ms waits
   (36 us against 156-209), where alone it had priced 124-166 us.
 

@@ -37,8 +37,8 @@
   gathered by NumPy fancy indexing into a scratch, then scattered into the holes) on MOVE_SHAPE,
   after the same untimed sweep, per row moved at two row sizes: a fixed time per row
   (`row_move_row_s`) and 2 x bytes moved per second (`row_move_bytes_per_s`), the simulator's
-  memory management. Nineteenth round: SmolLM2's real runs moved rows at 3.5-3.7 us each, where
-  the gather's rate priced 1.6.
+  memory management. Measured apart from the gather because it is slower per row: SmolLM2's real
+  runs moved rows at 3.5-3.7 us each, where the gather's rate priced 1.6.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.

@@ -3,8 +3,8 @@
 
 Why a table, not one rate per dtype. The profile's `gemv_flops_per_s` comes from one shape (a
 Llama-2-7B FFN matrix, [11008, 4096]) and `gemv_row_s` from two fp32 shapes; the attention
-projections, the lm_head and a dense FFN are priced from them. On this host's CPU (one thread,
-fifteenth round) that holds in fp32 (matrices of 16 MiB and more within 0-7%), not in the dtypes
+projections, the lm_head and a dense FFN are priced from them. On an Intel Xeon VM (one thread)
+that holds in fp32 (matrices of 16 MiB and more within 0-7%), not in the dtypes
 the CPU has no arithmetic for, where torch's kernel converts as it goes and its speed follows the
 shape:
   * fp16: a [4096, 11008] GEMV (a dense Llama-2-7B down projection) took 7.6 ms, [11008, 4096] of
@@ -15,11 +15,9 @@ shape:
 Each point times `F.linear(x, W)` back to back, each call on the next W of a pool (filled once,
 with constant values: a GEMV's time does not depend on them) of POOL_LLC_MULTIPLE times the
 last-level cache or MIN_POOL_BYTES, whichever is larger (`pool_bytes`), so that every call streams
-its weights from DRAM, as a decode does layer after layer. Until the nineteenth round the pool was a
-fixed 64 MiB, twice the L3 of the host it was written on; on a host with a 480 MiB L3 it stayed in
-the cache and the table priced a SmolLM2 layer's four projections at 152 us where the real runs
-took 350 (docs/validation-history.md, nineteenth round). Until the twenty-sixth round it was twice
-the L3: on an AMD EPYC VM (32 MiB L3, a victim cache whose replacement keeps part of a working set
+its weights from DRAM, as a decode does layer after layer. A fixed pool fails on large caches: a
+64 MiB one stayed in a 480 MiB L3 and priced a SmolLM2 layer's four projections at 152 us where the
+real runs took 350. Twice the L3 is not enough either: on an AMD EPYC VM (32 MiB L3, a victim cache whose replacement keeps part of a working set
 cycled through it) a [1024, 1024] fp32 GEMV over a 64 MiB pool took 207-320 us where pools of
 128-512 MiB, and the validation shape's layers, read it at DRAM speed (240-340 us, the host's
 own drift between the two measurements), so the table priced shape mode's attention 7-30% short.

@@ -11,7 +11,7 @@ switches between states for seconds to a minute at a time, at small reads deep i
 (4 KiB x 32 in flight: 174 MB/s in one calibration, 340 MB/s steadily for the next minute, while 64
 KiB and 256 KiB stayed within 3% of the same profile), so a single sweep records whichever state it
 hits. A run of minutes meets the states in proportion and its latency adds read times, so the mean
-time per byte is what predicts it; a median (used until the seventh round) keeps whichever state
+time per byte is what predicts it; a median would keep whichever state
 most sweeps hit (one calibration kept 731 MB/s at 16 KiB x 32 in flight, two of three sweeps in a
 slow state, where 15 s of the same reads right after ran at 1040-1105 MB/s). The JSON keeps every
 sweep's value (`grid.bytes_per_s_per_pass`). Offsets come from a seeded generator per grid point.
@@ -128,9 +128,9 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
     framework, long kernels and (`ffn_probe`, when it could be built) a Python loop's FFN step. Each is CPU work that moves with the host's state (one slow spell moved a single
     0.3 s measurement of the planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile
     within 14 minutes), so the rounds are spread over the whole grid, one after each sweep, and the
-    profile keeps the median of each (until the eighth round they ran back to back after the grid;
-    the validate checks after three such calibrations found this work at a median 0.65x, 1.35x and
-    0.81x of the profile over the 14 minutes that followed)."""
+    profile keeps the median of each (run back to back after the grid instead, three calibrations
+    left the validate checks finding this work at a median 0.65x, 1.35x and 0.81x of the profile
+    over the 14 minutes that followed)."""
     q = max(cfg.in_flight)
     if store is not None:
         rounds["plan"].append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
@@ -214,7 +214,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
             grid, cpu = cfg.passes / np.sum(1.0 / sweeps, axis=0), np.median(cpus, axis=0)
             seq_chunk = min(max(SEQ_CHUNK_BYTES, max(cfg.chunks)), round_down(bf.size_bytes))
             # 1 and 4 in flight, and the grid's deepest: a virtio disk here streamed 1 MiB reads at
-            # 1.5 GB/s with 4 in flight and 2.1 GB/s with 64 (nineteenth round)
+            # 1.5 GB/s with 4 in flight and 2.1 GB/s with 64
             seq = {q: sequential_bytes_per_s(bf, seq_chunk, q, cfg.duration_s)
                    for q in sorted({1, 4, max(cfg.in_flight)})}
             if progress:

@@ -21,7 +21,7 @@ largest batch sizes splits each effect into a per-batch and a per-read part (cli
   * compute_lost_s_per_read / _per_batch: the probe's lost time;
   * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs;
   * curve: both effects per batch at every size (the profile's `flash.host_cpu_curves`): a batch
-    of one read per thread or fewer is delayed far less than that line says (twenty-third round).
+    of one read per thread or fewer is delayed far less than that line says.
 The probe runs four times: with the GEMV compute (kernels, which release the interpreter lock),
 with decode steps of a tiny transformers llama (framework code, which holds it: the profile's
 framework_* terms; it interferes 3-4x more here, compute lost 16-19 vs 5 us per read) and with a

@@ -15,8 +15,7 @@ readahead disabled and dropped from the page cache before every point; results t
 Destinations: a read lands where the workload puts it. The real backend's reads land in a neuron
 cache's rows, a different place in a region of megabytes (SmolLM2 at half its FFN: 5 MB per layer;
 a 7B shape: 135 MB) on huge pages (real/buffers.py), so each thread here takes the next slot of its
-own in one DEST_BYTES (64 MiB) huge-page region; until the eighth round each thread reread into one
-buffer. On this VM the same random reads into one reused buffer per thread ran faster than into
+own in one DEST_BYTES (64 MiB) huge-page region, not one reused buffer per thread. On this VM the same random reads into one reused buffer per thread ran faster than into
 slots across 64 MiB of huge pages: 5.72 vs 6.08 ms for 16 reads of 1 MiB at depth 1, 3.10 vs 3.25 ms
 for 32 x 256 KiB at 4, 4.03 vs 4.27 ms for 128 x 64 KiB at 16, 3.97 vs 4.10 ms for 256 x 16 KiB at
 32 (3-6%; presumably the host translating each new destination page for the device's transfer,
@@ -33,8 +32,7 @@ that are not aligned for direct I/O (an unbundled SmolLM2 fp32 row is 2304 B; an
 into a per-thread staging buffer and copies them out under the interpreter lock. The 4 KiB point at
 the largest reads in flight is measured with and without that copy; the difference per read is
 what the simulator adds to each staged read (measured here: 12-20 us on top of 12 us). At the same
-moment real.reader's staged reads cost what this loop's do, within 5% (sixteenth round,
-docs/validation-history.md).
+moment real.reader's staged reads cost what this loop's do, within 5%.
 
 Segmented reads (`segment_cost`; the profile's `flash.segment_s`): real.reader reads a run of
 unbundled rows that are 4 KiB multiples in place, one iovec per row (each lands in its own cache

@@ -118,10 +118,10 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     slow ones' too), clipped at 0.
     Why per ratio: with one read per thread nothing hides the threads' wake-ups, while with several
     the later threads wake while the earlier ones read. On the 2-vCPU EPYC host at 64 in flight the
-    one value per depth this replaces, the mean of batches of q and 4q, was 0.07 ms (26a's
-    calibration), while validation's demand batches of 47-80 reads there (about one per thread)
-    ran ~0.9 ms longer than the simulator priced them (twenty-seventh round); by ratio, 28a's
-    calibration measured 0.34 ms at one read per thread and none at four (twenty-eighth round).
+    one value per depth, the mean of batches of q and 4q, was 0.07 ms in one calibration, while
+    validation's demand batches of 47-80 reads there (about one per thread) ran ~0.9 ms longer
+    than the simulator priced them; by ratio, a calibration of the same host measured 0.34 ms at
+    one read per thread and none at four.
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
     0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling

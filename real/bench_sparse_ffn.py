@@ -6,7 +6,7 @@ Why a table, not one rate per kernel. The real backend's sparse FFN (real.backen
 gathers k whole cache rows (gate | up | down, a padded store's stride) into a scratch, runs the
 gate and up GEMVs on strided views of it, copies the down segment transposed ([k, d] -> [d, k]) and
 runs the down GEMV on that copy. What each kernel costs per byte depends on its size and dtype far
-more than one measured point says (this host, one thread, fourteenth round):
+more than one measured point says (an Intel Xeon VM, one thread):
   * the transposed copy ran at 4.5 GB/s at 409 x 1024 fp32 (where the profile's single
     `transpose_bytes_per_s` was measured), 2.9 GB/s at 1100 x 4096 fp32 and 1.9-2.5 GB/s in fp16
     at every size (and, while each copy was a fresh allocation, 0.6 GB/s past 32 MiB: see
@@ -15,7 +15,8 @@ more than one measured point says (this host, one thread, fourteenth round):
     fp32 (this CPU has no fp16 arithmetic: torch converts), where the dense fp16 GEMV the profile's
     `gemv_flops_per_s` comes from runs at 22 GB/s.
 A Llama-2-7B fp16 layer's sparse FFN (1100 of 11008 neurons) took 10.6 ms, against the 6.3 ms the
-single rates gave: the 22% a real 7B-shape run's compute was above the simulator's (twelfth round).
+single rates gave: the 22% by which a real 7B-shape run's compute exceeded a simulator priced
+with single rates.
 
 Each point runs the backend's own sequence on its own kind of memory: the rows sit in an
 AlignedBuffer (the neuron cache's memory) of CACHE_SLACK x k rows, a seeded random k of them are
@@ -48,7 +49,7 @@ CACHE_SLACK = 1.5       # the cache holds 1.5 k rows; a random k of them are gat
 MIN_REPS = 3
 # swept before each gather, as bench compute's gather: twice the L3 of the host first measured. On a host
 # whose L3 holds more, the real runs' cache rows stay partly cached too: the sparse FFN priced from this
-# table agreed with the real runs' on a 480 MiB L3 (nineteenth round), so it is not sized by the cache
+# table agreed with the real runs' on a 480 MiB L3, so it is not sized by the cache
 EVICT_BYTES = 64 << 20
 KERNELS = ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s")
 

@@ -266,7 +266,7 @@ class TransposeScratch:
     allocation is a fresh mapping, and below that the heap's top may have been trimmed in between,
     so the pages fault again on first write. After the backend's gather, a [4096, 2048] fp32 copy
     took 50.7 ms that way against 10.6 ms into this scratch, and the same 16 MiB fp16 copy 7.5, 24
-    or 39 ms from one measurement to the next (fourteenth round). Up to 8 MiB both ways took the
+    or 39 ms from one measurement to the next. Up to 8 MiB both ways took the
     same time (SmolLM2 and the validation shapes: 0.25 ms for 409 x 1024 fp32), so smaller copies
     keep `contiguous()` and the decoder loop makes the same torch calls as before
     (sim/components/compute.py LOOP_FFN_OPS). Same elements, same order either way: `copy_` is the

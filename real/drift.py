@@ -24,23 +24,21 @@ run, so each run sits between two checks, for a host whose state flips within se
   prediction: its dense GEMV table's call where it has one, else FLOPs at
   compute.gemv_flops_per_s.fp32 + rows x gemv_row_s. Each check's calls take the next matrices of
   the table's own pool (real.bench_dense_gemv.pool_bytes), so the GEMV streams
-  from DRAM as the table's did, on the profile's compute.threads (1 without). Until the nineteenth
-  round the check ran on PyTorch's default threads (2 here, against 1 in the profile) over two
-  64 MiB matrices that a 480 MiB L3 kept: every check of a grid calibrated minutes before read
-  0.57-0.73x. Until the twenty-first round the check timed a pool it had last touched one or two
-  checks before (seconds), where a table cell's calls cycle through it every few tens of
-  milliseconds: a process that slept 5 / 20 / 40 s then ran its first GEMVs 1.19 / 1.46 / 1.55x
-  the profile's time and 1.04-1.09x right after, so the grids' checks climbed from 1.00 at their
-  start to 1.15-1.3 (20a, 21a) and read host drift that was the check's own cold start. It now
-  reads the whole pool once, untimed, first (WeightPool.warm): the same quick validation's checks
-  read 1.01-1.12x (median 1.06x) against 1.04-1.30x without.
+  from DRAM as the table's did, on the profile's compute.threads (1 without): on other threads, or
+  over matrices a large L3 keeps (two 64 MiB ones in a 480 MiB L3), checks of a grid calibrated
+  minutes before read 0.57-0.73x. The check reads the whole pool once, untimed, first
+  (WeightPool.warm), because a table cell's calls cycle through the pool every few tens of
+  milliseconds while checks come seconds apart: a process that slept 5 / 20 / 40 s ran its first
+  GEMVs 1.19 / 1.46 / 1.55x the profile's time and 1.04-1.09x right after, so an unwarmed check
+  reads its own cold start as host drift (a quick validation's checks: 1.04-1.30x unwarmed,
+  1.01-1.12x warmed).
 * **cpu_512, cpu_1024** (profiles with an fp32 dense GEMV table): the same check on [2048, 512]
   and [2048, 1024] GEMVs (table cells, so the prediction is a measured point, not an interpolation),
   each over the profile's cell. This host's GEMV drift depends on the matrix's width, so the
   [4096, 4096] check cannot stand for the narrow projections of the validation shape (d_model 1024)
   and SmolLM2 (576): on an AMD EPYC VM one session's table read 1.23-1.42x the calibration's at
   in_features 512 and 1.07-1.37x at 1024 against 0.85-1.06x at 2048-16384, for 6 minutes on end,
-  while the [4096, 4096] check read 0.98x (docs/validation-history.md, twenty-seventh round).
+  while the [4096, 4096] check read 0.98x.
   `profile_at_drift` scales each dense-table row by the ratio at its in_features (512, 1024 and the
   cpu check's 4096, interpolated in log2 of the width, the nearest measured width's beyond them)
   and the sparse-FFN kernels' GEMVs at theirs (d_model for gate / up, neurons for down).
@@ -49,7 +47,7 @@ run, so each run sits between two checks, for a host whose state flips within se
   the same small store's file, over the table's time for them. This disk's drift depends on the
   read size: small reads deep in the queue switch between two rates for seconds to a minute (4 KiB
   x 32: 0.49-1.01x one profile 2.5 s apart, 16 KiB x 32 0.96-1.67x) while 64 KiB and larger stay
-  within a few percent (docs/validation-history.md, seventh round), so one ratio cannot correct the whole
+  within a few percent, so one ratio cannot correct the whole
   table. `profile_at_drift` scales each table row by these ratios interpolated in log2 of the
   chunk size (the nearest measured size's ratio beyond them).
 

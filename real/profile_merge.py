@@ -2,7 +2,7 @@
 
 A calibration is a few minutes of measurement, and on a shared host the machine's state moves
 over minutes. On the development VM, two full calibrations 8 minutes apart priced the same
-320 real runs 3.8% and 20.1% off (median; docs/validation-history.md, twenty-ninth round), and
+320 real runs 3.8% and 20.1% off (median), and
 the validation's own host checks moved 0.80-1.21x in 5-minute means over one grid. A run of an
 hour meets those states in proportion, so the profile that predicts it is the host's mean over
 the hour, which several calibrations spread over it estimate better than any one of them.

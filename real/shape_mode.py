@@ -6,9 +6,9 @@ vector, context of one token: the projections are the attention's weight traffic
 context), then the store-backed sparse FFN (`real.backend.RealExecutor.ffn`), then the lm_head GEMV
 after the last layer. The attention and lm_head weights are random and resident. A real model's
 layers each have their own attention weights, which a decoder streams from DRAM every token; the
-stand-in must too, or it measures a CPU cache instead: with ONE set shared by every layer (until the
-eleventh round) the validation shape's 12 MB set stayed in the last-level cache and its attention
-took 191 us per layer against 701 us with a set per layer (docs/validation-history.md, eleventh round). So each layer has
+stand-in must too, or it measures a CPU cache instead: with ONE set shared by every layer the
+validation shape's 12 MB set stays in the last-level cache and its attention took 191 us per layer
+against 701 us with a set per layer. So each layer has
 its own set, up to ATTN_DISTINCT_BYTES in all; beyond that (a 7B shape: 128 MiB per fp16 layer,
 4 GiB for 32) the layers cycle through as many sets as fit, every one read again only after the
 others, far more bytes than any CPU's last-level cache holds, so each layer's weights still come

@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the minibatches")
     t.add_argument("--threads", type=int, default=1,
                    help="PyTorch threads (default 1: on cores shared with other work every multi-threaded op waits "
-                        "for a descheduled worker, see docs/validation-history.md; 1 also makes results host-independent)")
+                        "for a descheduled worker; 1 also makes results host-independent)")
     t.add_argument("--out", required=True, help="predictor file to write (.safetensors)")
     t.add_argument("--json", action="store_true", help="print the metadata (with recall/precision) as JSON")
     t.set_defaults(func=_train_predictor)

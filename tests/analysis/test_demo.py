@@ -1,5 +1,5 @@
 """`flashsim demo`: the quick run on the shipped trace (report written, summary's JSON shape), its
-refusal to overwrite folders it did not write, and the full demo (slow: capture + larger sweep)."""
+refusal to overwrite folders it did not write, and the full demo (both slow: the whole main job)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def _check_summary(d: dict, out: Path) -> None:
     assert all(v >= 0 for v in d["timings_s"].values())
 
 
+@pytest.mark.slow   # the whole main job (every preset on two devices, the 3B plan, the report): CI's slow tier
 def test_quick_demo_on_shipped_trace(tmp_path, capsys) -> None:
     out = tmp_path / "demo"
     rc = main(["demo", "--quick", "--workers", "1", "--out", str(out), "--json"])

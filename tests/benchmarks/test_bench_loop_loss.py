@@ -1,6 +1,5 @@
 """What a prefetch's read batches cost the real decoder loop, by the model's shape, next to the
-simulator's terms for that loop (sim/components/compute.py `HostCpu.at`, docs/validation-history.md twelfth
-round). The loop runs shape mode's decode step (`real.shape_mode.decode_step`: attention stand-in,
+simulator's terms for that loop (sim/components/compute.py `HostCpu.at`). The loop runs shape mode's decode step (`real.shape_mode.decode_step`: attention stand-in,
 the backend's FFN step, lm_head) with every neuron resident (`hybrid`, fraction 1.0: no reads of
 its own) while batches of 64 reads run back to back at the profile's depth on a background thread
 (`bench flash`'s probe), and each torch call is counted; the three probes run under the same

@@ -1,5 +1,5 @@
 """Where a real token's time goes, phase by phase, next to the simulator's split of the same
-token (docs/validation-history.md, seventeenth round).
+token.
 
 SmolLM2 in model mode (validate's store and text), bundled, window k = 2, 50% of the FFN, without
 prefetch and with a delta prefetch, alternating. The real phases come from wrapping the executor's

@@ -26,7 +26,8 @@ def _cfg(budget: int) -> RunConfig:
         "workload.prompt_tokens=0", f"memory.dram_budget_bytes={budget}"])
 
 
-THREADS = 1   # both sides compute with one PyTorch thread (shared cores: see docs/validation-history.md)
+THREADS = 1   # both sides compute with one PyTorch thread (on shared cores a
+              # multi-threaded op waits for a descheduled worker)
 
 
 def _mmap_ffn_s(store, budget_ffn: int, tokens: int) -> float:

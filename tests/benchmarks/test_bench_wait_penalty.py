@@ -1,17 +1,16 @@
 """What a read wait costs the real decoder's layer, next to what the simulator adds for it
-(the profile's `flash.cold_compute_s`, measured on bench_cold's tiny probe layer;
-docs/validation-history.md, sixteenth round).
+(the profile's `flash.cold_compute_s`, measured on bench_cold's tiny probe layer).
 
 Validate's shape store and trace, grid points without prefetch at 25% of the FFN: each runs in
 shape mode with its real reads, and again with the reads' I/O skipped (`BundleReader._run` does
 nothing: the plan, the cache and the compute are the same, but nothing waits), alternating. The
 difference in compute per layer is the wait's cost on this layer; printed next to the profile's
 penalty at the run's wait per layer, and their ratio. Printed, not asserted (a ratio above 1 is
-compute the simulator misses without prefetch; the sixteenth round measured 1.3-2.6).
+compute the simulator misses without prefetch; an Intel Xeon VM measured 1.3-2.6).
 
 Where the cost lands: the difference split over the FFN (the records' `ffn_compute_s`), the cache
 work (`mem_mgmt_s`) and the rest of the compute (attention side), next to the simulator's
-`COLD_SPLIT` (the eighteenth round measured 42-58 / 16-24 / 21-38%); the same in model mode
+`COLD_SPLIT` (an Intel Xeon VM measured 42-58 / 16-24 / 21-38%); the same in model mode
 (SmolLM2, validate's store and text) when transformers is installed."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def test_bundled_profile_loads_and_cites_sources(name: str) -> None:
     assert 0 < p.available_bytes < p.memory.capacity_bytes
     # sanity: 1 MiB reads and the sequential bandwidth are of one device. Not an order between them:
     # this host's virtio disk served random 1 MiB reads at 2.2-2.4 GB/s and sequential ones at
-    # 1.4-1.7 (nineteenth round), so a measured profile may have either larger
+    # 1.4-1.7, so a measured profile may have either larger
     assert 0.5 <= p.flash.bytes_per_s(1 << 20) / p.flash.sequential_read_bytes_per_s <= 2.0
 
 
@@ -195,7 +195,7 @@ def test_cold_compute_interpolates_from_zero_wait_and_clamps() -> None:
 
 
 def test_cold_compute_of_an_older_profile_by_the_batch_reads() -> None:
-    """A profile written before the twentieth round gives the curve at reads per batch
+    """An older profile gives the curve at reads per batch
     (flash.cold_batch_reads): looked up by the reads, whatever the wait."""
     data = _without_cold()
     data["flash"].update(cold_batch_reads=[4.0, 16.0, 64.0], cold_compute_s=[4e-5, 1e-4, 2e-4])

@@ -22,14 +22,29 @@ def _quick_flash(tmp_path: Path, *extra: str) -> list[str]:
             str(tmp_path / "bench.dat"), *extra]
 
 
-def test_bench_flash_writes_a_valid_profile(tmp_path, capsys):
-    out = tmp_path / "prof.yaml"
-    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
-    res = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def full_quick_flash(tmp_path_factory) -> tuple[str, Path]:
+    """One quick bench flash with every probe on (the host-CPU probe, compute after a read wait, the
+    cache index work: tens of seconds), its JSON and profile shared by the tests that read them:
+    (stdout, the folder it ran in, holding prof.yaml)."""
+    import contextlib
+    import io
+
+    folder = tmp_path_factory.mktemp("bench")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(_quick_flash(folder, "--out", str(folder / "prof.yaml"), "--json")) == 0
+    return buf.getvalue(), folder
+
+
+def test_bench_flash_writes_a_valid_profile(full_quick_flash):
+    text, folder = full_quick_flash
+    out = folder / "prof.yaml"
+    res = json.loads(text)
     g = res["grid"]
     assert g["chunk_bytes"] == [4096, 65536, 1 << 20] and g["in_flight"] == [1, 4]
     assert all(v > 0 for row in g["bytes_per_s"] for v in row) and res["direct_io"]
-    assert not (tmp_path / "bench.dat").exists()        # a file the bench created is removed
+    assert list(folder.iterdir()) == [out]        # the bench file and the reader's store it created are removed
     prof = load_profile(out)
     assert prof.name == "this-host" and prof.flash.read_table.chunk_bytes == [4096, 65536, 1 << 20]
     assert prof.flash.max_in_flight == 4 and prof.flash.source.startswith("measured by flashsim bench flash")
@@ -53,7 +68,7 @@ def test_bench_compute_then_flash_merge(tmp_path, capsys):
     base_flash_measured = load_profile("this-host").flash.source.startswith("measured by flashsim bench")
     assert prof.memory.source.startswith("measured by flashsim bench compute")
     assert prof.source.kind == ("measured" if base_flash_measured else "mixed")
-    assert main(_quick_flash(tmp_path, "--out", str(out), "--name", "my-box")) == 0
+    assert main(_quick_flash(tmp_path, "--out", str(out), "--name", "my-box", "--no-host-cpu")) == 0
     merged = load_profile(out)
     assert merged.compute == prof.compute and merged.source.kind == "measured"
     refs = merged.source.references
@@ -66,7 +81,7 @@ def test_existing_file_is_read_not_removed_and_no_write(tmp_path, capsys):
     f = tmp_path / "mine.dat"
     f.write_bytes(b"\1" * (2 << 20))
     assert main(["bench", "flash", "--path", str(f), "--chunks", "4KiB,16KiB", "--in-flight", "1,2",
-                 "--duration-s", "0.01", "--no-write"]) == 0
+                 "--duration-s", "0.01", "--no-write", "--no-host-cpu"]) == 0
     assert "q=2" in capsys.readouterr().out
     assert f.read_bytes() == b"\1" * (2 << 20) and list(tmp_path.iterdir()) == [f]
 
@@ -132,13 +147,13 @@ def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bench_flash_measures_host_cpu_per_read(tmp_path, capsys):
+def test_bench_flash_measures_host_cpu_per_read(full_quick_flash):
     """Every grid point records CPU time per read; the probe writes the host CPU fields on a CPU-only host."""
     from real.bench_flash import compute_runs_on_cpu, flash_section
 
-    out = tmp_path / "prof.yaml"
-    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
-    res = json.loads(capsys.readouterr().out)
+    text, folder = full_quick_flash
+    out = folder / "prof.yaml"
+    res = json.loads(text)
     cpu = res["grid"]["cpu_s_per_read"]
     assert len(cpu) == 3 and all(len(r) == 2 and all(0 < v < 0.1 for v in r) for r in cpu)
     h = res["host_cpu"]
@@ -254,6 +269,7 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
     text = capsys.readouterr().out
     line = next(t for t in text.splitlines() if t.startswith("host CPU probe"))
     assert "2-thread compute" in line and "us/read" in line and "4 in flight" in line
+    assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
     assert any("--compute-threads 2" in r for r in load_profile(out).source.references)
     assert main(_quick_flash(tmp_path, "--no-host-cpu", "--out", str(out), "--json")) == 0
     res = json.loads(capsys.readouterr().out)
@@ -328,13 +344,13 @@ def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys,
     assert f.batch_overhead_s is None and f.plan_s_per_batch == 0 and f.read_table is not None
 
 
-def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_path, capsys):
+def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(full_quick_flash):
     """With the host CPU probe on: per batch size, a layer's kernels (and a tiny transformers llama
     layer) right after a reader batch less back to back; and the backend's per-layer index work.
-    Both land in the profile with their source."""
-    out = tmp_path / "prof.yaml"
-    assert main(_quick_flash(tmp_path, "--out", str(out), "--json")) == 0
-    res = json.loads(capsys.readouterr().out)
+    Both land in the profile with their source (the text output's lines: the compute-threads test)."""
+    text, folder = full_quick_flash
+    out = folder / "prof.yaml"
+    res = json.loads(text)
     cold, ix = res["cold_compute"], res["cache_index"]
     # a short bench: one long wait, two batches of the largest back to back
     assert cold["batch_neurons"] == [4, 16, 64, 256, 1024, 1024] and cold["samples"] == 8
@@ -361,9 +377,6 @@ def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(tmp_pat
     sec = flash_section(res, "measured")
     assert sec["cold_wait_s"] == [1e-4, 2e-4, 4e-3, 8e-3] and "cold_batch_reads" not in sec
     assert sec["cold_compute_s"] == pytest.approx([cold["kernel_cold_s"][i] for i in (0, 1, 3, 5)], rel=1e-3, abs=1e-12)
-    assert main(_quick_flash(tmp_path, "--no-write")) == 0
-    text = capsys.readouterr().out
-    assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
 
 
 def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(monkeypatch):

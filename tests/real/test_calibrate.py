@@ -14,6 +14,7 @@ from sim.cli.main import main
 pytest.importorskip("torch")
 
 
+@pytest.mark.slow   # the benches and a validation for real, in one verb (each is tested on its own in the default run)
 def test_calibrate_end_to_end_quick(monkeypatch, tmp_path, capsys):
     from tests.real.test_validate import tiny_grids
 

@@ -153,7 +153,7 @@ def test_a_costlier_ffn_step_slows_a_delta_prefetch_run(small_trace, base_profil
     cheap = {"kernel": CURVES["kernel"], "ffn_step": CURVES["kernel"]}
     dear = {"kernel": CURVES["kernel"], "ffn_step": {k: [4 * v for v in vs] for k, vs in CURVES["ffn_step"].items()}}
     # reads a quarter as fast as this-host's table, so that the prefetches run on into the FFN step
-    # whatever the calibration's balance of reads and attention (on 28a's a prefetch ends before it)
+    # whatever the calibration's balance of reads and attention (on a fast disk a prefetch ends first)
     t = base_profile.flash.read_table
     slow = {"chunk_bytes": list(t.chunk_bytes), "in_flight": list(t.in_flight),
             "bytes_per_s": [[v / 4 for v in row] for row in t.bytes_per_s]}

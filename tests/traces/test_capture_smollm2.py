@@ -19,6 +19,7 @@ from traces.capture.models import cache_dir, embedded_gguf_path  # noqa: E402
 from traces.format import DECODE, PREFILL, open_trace  # noqa: E402
 
 
+@pytest.mark.slow   # the real model end to end (tiny models of each family: test_capture_models.py)
 def test_capture_smollm2_one_prompt_via_cli(tmp_path, capsys):
     out = tmp_path / "trace"
     rc = main(["capture", "--model", "smollm2-135m", "--prompts", "builtin", "--limit-prompts", "1",
