@@ -273,3 +273,24 @@ def record_trace(out: str | Path, trace: Any, masks: np.ndarray, pred_path: str,
     return write_mask_trace(out, trace, masks, trace.spec,
                             {"predictor": str(pred_path), "predictor_rank": meta.get("rank"),
                              "predictor_threshold": threshold, "source_trace": str(trace.path)})
+
+
+def tokens_from_traces(truth_trace: Any, pred_trace: Any) -> Tokens:
+    """A captured trace and a trace of predicted sets for the same tokens (a `--record-out`): no
+    model needed. Sequences are the prompts; `own` = past the prefix all prompts share; `decode`
+    = generated tokens."""
+    from traces.format import DECODE
+
+    t, p = truth_trace, pred_trace
+    if (t.n_layers, t.n_tokens, t.n_neurons) != (p.n_layers, p.n_tokens, p.n_neurons) or not np.array_equal(
+            np.asarray(t.token_ids), np.asarray(p.token_ids)):
+        raise FlashsimError(f"{p.path}: not a recording of {t.path} (shape or tokens differ)")
+    groups = trace_sequences(t)
+    ids = np.asarray(t.token_ids)
+    seq = np.concatenate([np.full(len(g), i) for i, g in enumerate(groups)])
+    pos = np.concatenate([np.arange(len(g)) for g in groups])
+    from real.predictor_train import shared_prefix_length
+
+    prefix = shared_prefix_length([ids[g].tolist() for g in groups])
+    return Tokens(np.stack([p.mask(i) for i in range(p.n_layers)]), np.stack([t.mask(i) for i in range(t.n_layers)]),
+                  seq, pos >= prefix, np.asarray(t.phase) == DECODE)

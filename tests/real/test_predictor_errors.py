@@ -122,6 +122,9 @@ def test_cli_heldout_prompts_and_recorded_replay(tiny_setup, capsys) -> None:
     s = json.loads(capsys.readouterr().out)
     dec = np.asarray(t.phase) == 1
     assert s["recall"] == pytest.approx((pred & truth)[:, dec].sum() / truth[:, dec].sum(), abs=1e-6)
+    # the same figure from the two traces alone (what scripts/recorded_vs_noisy.py matches noisy to)
+    o3 = PE.measure(PE.tokens_from_traces(t, r), 1)["decode"]["overall"]
+    assert o3["recall"] == pytest.approx(s["recall"], abs=1e-6)
 
 
 def test_cli_bad_input_exits_2(tiny_setup, tmp_path, capsys) -> None:
