@@ -35,8 +35,9 @@ active count from step to step moves the realised figures slightly: a kept laten
 below q_{s+1} with probability min(1, q_{s+1} / q_s).)
 
 Draws (all float32, row order): `rng` the fresh uniforms [S, N] (as `noisy_sets`); `memory_rng`
-Z's cell permutation [N] and jitter [N] once, then per row four uniforms per neuron: keep (miss,
-fp), redraw to Z (miss, fp). Nothing is drawn from `memory_rng` when all four memories are 0. Rows
+Z's cell permutation [N] and jitter [N] once, then per row two uniforms per neuron (miss, fp), each
+deciding keep (below lam), else redraw to Z (below lam + (1 - lam) a), else take the fresh
+uniform. Nothing is drawn from `memory_rng` when all four memories are 0. Rows
 are processed in blocks that carry the state, so a range and the same steps one at a time give
 identical sets.
 """
@@ -49,7 +50,7 @@ import numpy as np
 
 from sim import bitsets
 
-BLOCK_ROWS = 128   # rows per block: bounds the [rows, 4, N] draw to a few tens of MB
+BLOCK_ROWS = 128   # rows per block: bounds the [rows, 2, N] draw and the unpacked rows to a few tens of MB
 
 
 def false_positive_rate(n_true: np.ndarray, n_bits: int, recall: float, precision: float) -> np.ndarray:
@@ -104,14 +105,15 @@ class Persistence:
         return self.fp > 0 or self.fp_far > 0 or self.fn > 0 or self.fn_far > 0
 
 
-def _carry(fresh: np.ndarray, copy: np.ndarray, before: np.ndarray | None) -> np.ndarray:
-    """float32 [S, N]: row s is `fresh[s]` where not `copy[s]`, else row s - 1 (row -1 = `before`),
-    i.e. the fresh value at each neuron's last redraw, found with one running maximum over rows."""
-    rows = np.arange(fresh.shape[0], dtype=np.int32)[:, None]
-    last = np.maximum.accumulate(np.where(copy, np.int32(-1), rows), axis=0)
-    out = np.take_along_axis(fresh, np.maximum(last, 0), axis=0)
-    if before is not None:
-        out = np.where(last < 0, before[None, :], out)
+def _carry(fresh: np.ndarray, keep: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+    """float32 [S, N]: row s is row s - 1 where `keep[s]` (row -1 = `before`), else `fresh[s]`.
+    One vectorised select per row: a running gather over all rows at once costs more than this
+    sequential scan of S rows of N."""
+    out = np.empty_like(fresh)
+    prev = before
+    for s in range(fresh.shape[0]):
+        prev = fresh[s] if prev is None else np.where(keep[s], prev, fresh[s])
+        out[s] = prev
     return out
 
 
@@ -120,11 +122,15 @@ def _latents(u: np.ndarray, v: np.ndarray, p: Persistence, memory: ErrorMemory) 
     assert memory.score is not None
     out = []
     for kind, (a, lam) in enumerate((mixture(p.fn, p.fn_far), mixture(p.fp, p.fp_far))):
+        # one uniform decides keep (< lam), else redraw to the score (< lam + (1 - lam) a), else fresh
         keep = v[:, kind] < np.float32(lam)
         before = memory.miss_chain if kind == 0 else memory.fp_chain
         if before is None:                  # the run's first step: nothing to keep
             keep[:1] = False
-        redraw = np.where(v[:, 2 + kind] < np.float32(a), memory.score[None, :], u)
+        to_score = v[:, kind] < np.float32(lam + (1.0 - lam) * a)
+        if before is None:
+            to_score[:1] = v[:1, kind] < np.float32(a)
+        redraw = np.where(to_score, memory.score[None, :], u)
         latent = _carry(redraw, keep, before)
         if kind == 0:
             memory.miss_chain = latent[-1].copy()
@@ -147,7 +153,7 @@ def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Genera
         if persistence.any:
             if memory.score is None:
                 memory.score = stratified_scores(memory_rng, n_bits)
-            v = memory_rng.random((t.shape[0], 4, n_bits), dtype=np.float32)
+            v = memory_rng.random((t.shape[0], 2, n_bits), dtype=np.float32)
             miss_l, fp_l = _latents(u, v, persistence, memory)
         else:
             miss_l = fp_l = u
