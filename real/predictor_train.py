@@ -20,7 +20,8 @@ The file (`save_predictor`, atomic): safetensors with A [L, d, r], B [L, r, N], 
 `__metadata__["flashsim"]` = JSON: format, version, model, shape, rank, threshold, rule, per-layer
 |a| thresholds (threshold rule), held-out recall/precision per layer and overall (also on the held-out
 tokens past the prefix all prompts share, `heldout_own`: a chat template's system prompt recurs
-identically in training and flatters the plain figure), the prompt split,
+identically in training and flatters the plain figure), how its errors persist from token to token
+on the held-out prompts (`heldout_persistence`, lags 1..5), the prompt split,
 seed, epochs, learning rate, training seconds. `load_predictor` checks all of it.
 """
 
@@ -266,6 +267,19 @@ def evaluate(pred: LowRankPredictor, x: np.ndarray, y: np.ndarray) -> dict[str, 
     return {"overall": overall, "per_layer": per}
 
 
+def heldout_persistence(pred: LowRankPredictor, x: np.ndarray, y: np.ndarray, seq: np.ndarray,
+                        lags: int = 5) -> dict[str, Any]:
+    """Pooled error persistence on consecutive held-out tokens of the same prompt
+    (`real.predictor_errors`; `flashsim real predictor-errors` gives it per layer and scope)."""
+    from real.predictor_errors import Tokens, measure
+    from real.predictors import lowrank_masks
+
+    keep = np.ones(len(seq), bool)
+    o = measure(Tokens(lowrank_masks(pred, x), y, seq, keep, ~keep), lags)["all"]["overall"]
+    return {k: o[k] for k in ("fp_rate", "fn_rate", "fp_persistence", "fn_persistence", "fp_memory", "fp_memory_far",
+                              "fn_memory", "fn_memory_far")}
+
+
 def train_from_pairs(pairs: Pairs, *, rank: int, epochs: int, seed: int, rule: str, fraction: float | None,
                      threshold: float = 0.5, holdout: float = DEFAULT_HOLDOUT, lr: float = DEFAULT_LR,
                      batch_tokens: int = DEFAULT_BATCH, meta: dict | None = None) -> LowRankPredictor:
@@ -288,6 +302,7 @@ def train_from_pairs(pairs: Pairs, *, rank: int, epochs: int, seed: int, rule: s
     position = np.arange(len(pairs.prompt_of_token)) - starts[pairs.prompt_of_token]
     ho_own = ho[position[ho] >= pairs.shared_prefix]
     metrics_own = evaluate(pred, pairs.x[:, ho_own], y[:, ho_own]) if len(ho_own) else None
+    persistence = heldout_persistence(pred, pairs.x[:, ho], y[:, ho], pairs.prompt_of_token[ho])
     L, _, d = pairs.x.shape
     pred.meta = {
         "format": FORMAT, "version": VERSION, "n_layers": L, "d_model": d, "d_ff": int(pairs.a.shape[2]),
@@ -296,7 +311,7 @@ def train_from_pairs(pairs: Pairs, *, rank: int, epochs: int, seed: int, rule: s
         "holdout": holdout, "train_prompts": [int(i) for i in train_p], "heldout_prompts": [int(i) for i in hold_p],
         "train_tokens": int(len(tr)), "heldout_tokens": int(len(ho)), "training_s": train_s,
         "heldout": metrics, "shared_prefix_tokens": pairs.shared_prefix, "heldout_own_tokens": int(len(ho_own)),
-        "heldout_own": metrics_own, **(meta or {}),
+        "heldout_own": metrics_own, "heldout_persistence": persistence, **(meta or {}),
     }
     return pred
 

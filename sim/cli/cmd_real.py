@@ -117,6 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true", help="print the metadata (with recall/precision) as JSON")
     t.set_defaults(func=_train_predictor)
     __import__("sim.cli.cmd_realrun", fromlist=["register_real"]).register_real(rsub)  # `real run` (cmd_realrun.py)
+    __import__("sim.cli.cmd_predictor_errors", fromlist=["register_real"]).register_real(rsub)  # `real predictor-errors`
 
 
 # ---- convert, info, verify ---------------------------------------------------------------------------
@@ -331,6 +332,11 @@ def _train_predictor(args: argparse.Namespace) -> int:
     rows.append(["all", f"{o['recall']:.3f}", f"{o['precision']:.3f}", f"{o['predicted_fraction']:.3f}",
                  f"{o['active_fraction']:.3f}"])
     print_table(["layer", "recall", "precision", "predicted", "active"], rows, align="rrrrr")
+    pers = m.get("heldout_persistence")
+    if pers and pers["fp_persistence"] and pers["fp_persistence"][0] is not None:
+        print(f"errors repeating at the next held-out token: false positives {pers['fp_persistence'][0]:.3f} "
+              f"(rate {pers['fp_rate']:.3f}), misses {pers['fn_persistence'][0]:.3f} (rate {pers['fn_rate']:.3f}); "
+              "per layer and lag: `flashsim real predictor-errors`")
     own = m.get("heldout_own")
     if own and m["shared_prefix_tokens"]:
         o = own["overall"]

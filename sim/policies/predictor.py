@@ -5,8 +5,13 @@
 - `noisy`: the active set seen through a predictor of given recall and precision. Each active
   neuron is kept with probability `recall`; each inactive one is added with the probability that
   makes the expected precision `precision` (false positives cost bytes, false negatives cost
-  quality). Draws come from one seeded stream per layer, consumed step by step, so a range and
-  the same steps one at a time draw identical numbers.
+  quality). Its errors have memory (`sim.policies.error_memory`): a real predictor over-predicts
+  and misses the SAME neurons on consecutive tokens, which a window then keeps resident.
+  `fp_memory`/`fn_memory` say how much more often than chance an error repeats at the next step,
+  `*_far` at distant steps; the defaults are measured on a trained low-rank predictor (below).
+  All four 0: fresh draws every step (the memoryless predictor, identical sets to `noisy_sets`).
+  Draws come from seeded streams per layer, consumed step by step, so a range and the same steps
+  one at a time draw identical numbers.
 - `recorded`: a real predictor's output stored as a trace directory of the same shape, whose masks
   are the predicted sets (any tool that writes the trace format can provide them).
 
@@ -24,7 +29,26 @@ from devices.errors import FlashsimError
 from sim import bitsets
 from sim.params import check, param
 from sim.policies.base import Predictor, StepSlice
+from sim.policies.error_memory import (
+    ErrorMemory,
+    Persistence,
+    false_positive_rate,
+    persistent_noisy_sets,
+)
 from sim.policies.registry import PREDICTORS
+
+# `noisy`'s error memory m = (P(error at s+1 | error at s) - rate) / (1 - rate), and its floor at
+# distant steps (`sim.policies.error_memory`), measured with `flashsim real predictor-errors`
+# (docs/simulator.md, "Predictor errors with memory"): SmolLM2-135M, LLM in a flash's low-rank
+# predictor of rank 32 (`real train-predictor --sparsity topk:0.25 --threshold 0.25
+# --max-new-tokens 32 --holdout 0.5`), its 10 held-out builtin prompts (chat template), consecutive
+# generated tokens (320 tokens x 30 layers), far = at 5 tokens (the window's k; flat by then). Mean
+# of thresholds 0.25 and 0.15 (false-positive rates 0.34 / 0.71, miss rates 0.44 / 0.16):
+# FP 0.402 / 0.406, far 0.359 / 0.363; misses 0.479 / 0.425, far 0.441 / 0.375.
+FP_MEMORY = 0.40
+FP_MEMORY_FAR = 0.36
+FN_MEMORY = 0.45
+FN_MEMORY_FAR = 0.41
 
 RANK_HELP = ("rank r of the low-rank predictor whose cost is charged: r*(d_model+d_ff) weights per "
              "layer resident and 2*r*(d_model+d_ff) FLOPs per token and layer (0: free)")
@@ -68,40 +92,58 @@ class OraclePredictor(_RankedPredictor):
 
 def noisy_sets(rng: np.random.Generator, truth: np.ndarray, n_bits: int, recall: float,
                precision: float) -> np.ndarray:
-    """The sets a predictor of this recall/precision would output (words [S, W]); one uniform
-    draw per neuron per row, in row order."""
+    """The sets a memoryless predictor of this recall/precision would output (words [S, W]); one
+    uniform draw per neuron per row, in row order."""
     t = bitsets.unpack(truth, n_bits)
     u = rng.random(t.shape, dtype=np.float32)
     keep = t & (u < recall)
-    n_true = t.sum(axis=1)
-    tp = recall * n_true
-    fp = tp * (1.0 - precision) / precision
-    q = np.where(n_bits - n_true > 0, fp / np.maximum(n_bits - n_true, 1), 0.0)
+    q = false_positive_rate(t.sum(axis=1), n_bits, recall, precision)
     add = ~t & (u < q[:, None].astype(np.float32))
     return bitsets.pack(keep | add)
 
 
 @PREDICTORS.register("noisy")
 class NoisyPredictor(_RankedPredictor):
-    """The active set through a predictor with the given recall and precision (seeded)."""
+    """The active set through a predictor with the given recall, precision and error persistence
+    (seeded)."""
 
     @dataclass(frozen=True)
     class Params:
         recall: float = param(0.95, "fraction of truly active neurons predicted active")
         precision: float = param(0.5, "fraction of predicted neurons that are truly active")
+        fp_memory: float = param(FP_MEMORY, "false positives repeating beyond chance at the next step: "
+                                 "(P(FP at s+1 | FP at s, inactive at s+1) - q) / (1 - q), q the FP rate; "
+                                 "0: memoryless, 1: the same neurons every step")
+        fp_memory_far: float = param(FP_MEMORY_FAR, "the same at distant steps (the neurons' lasting bias; "
+                                     "0: a one-step chain)")
+        fn_memory: float = param(FN_MEMORY, "misses repeating beyond chance at the next step: (P(miss at s+1 | "
+                                 "miss at s, active at s+1) - (1 - recall)) / recall")
+        fn_memory_far: float = param(FN_MEMORY_FAR, "the same at distant steps (0: a one-step chain)")
         rank: int = param(128, RANK_HELP)
 
         def __post_init__(self) -> None:
             check(0.0 <= self.recall <= 1.0, f"recall must be in [0, 1], got {self.recall}")
             check(0.0 < self.precision <= 1.0, f"precision must be in (0, 1], got {self.precision}")
+            for kind in ("fp", "fn"):
+                near, far = getattr(self, f"{kind}_memory"), getattr(self, f"{kind}_memory_far")
+                check(0.0 <= near <= 1.0, f"{kind}_memory must be in [0, 1], got {near}")
+                check(0.0 <= far <= near, f"{kind}_memory_far must be in [0, {kind}_memory={near}] "
+                                          f"(errors cannot repeat more at distant steps than at the next), got {far}")
             check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+
+        @property
+        def persistence(self) -> Persistence:
+            return Persistence(self.fp_memory, self.fp_memory_far, self.fn_memory, self.fn_memory_far)
 
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
-        rng = self.state.get(layer)
-        if rng is None:
-            rng = self.state[layer] = self.ctx.rng.fresh(f"predictor/noisy/layer{layer}")
-        return noisy_sets(rng, needed, self.ctx.n_neurons, self.params.recall, self.params.precision)
+        st = self.state.get(layer)
+        if st is None:
+            st = self.state[layer] = (self.ctx.rng.fresh(f"predictor/noisy/layer{layer}"),
+                                      self.ctx.rng.fresh(f"predictor/noisy-memory/layer{layer}"), ErrorMemory())
+        p = self.params
+        return persistent_noisy_sets(st[0], st[1], needed, self.ctx.n_neurons, p.recall, p.precision,
+                                     p.persistence, st[2])
 
 
 @PREDICTORS.register("recorded")

@@ -1,0 +1,161 @@
+"""Predictor errors with memory: the sets the `noisy` predictor outputs when its false positives and
+misses repeat from step to step, as a real low-rank predictor's do.
+
+Physics. A low-rank predictor maps the hidden state, which changes slowly along a sequence, to
+scores per neuron. A neuron whose score sits near the threshold is over-predicted (or missed) on
+many consecutive tokens, and some neurons are so for the whole text. Windowing keeps the previous
+steps' computed neurons resident, so persistent false positives cost their bytes once instead of
+every step.
+
+Memory, the parameter. For an error of rate b (1 - recall for misses, q for false positives: the
+probability that an inactive neuron is predicted), P(error at s+k | error at s) = b + (1 - b) *
+m_k, where m_k (0: memoryless, 1: the error never changes) is the error's memory at distance k.
+Measured on SmolLM2-135M's trained predictor (`flashsim real predictor-errors`), m_k is the same
+at two thresholds whose false-positive rates differ twofold (0.34 and 0.71), while P(repeat)
+itself moves from 0.61 to 0.83; and m_k stays nearly flat from k = 1 to 5 instead of decaying like
+a one-step chain's m**k. So the parameters are m at k = 1 (`memory`) and at distant k
+(`memory_far`, the floor the neurons' lasting biases hold up), and they carry over to other
+rates, recalls and precisions.
+
+Model, per layer and neuron. Whether a neuron is missed (when active: miss iff latent >= recall)
+or added (when inactive: added iff latent < q_s, the false-positive rate that gives the expected
+precision at step s) is decided by a latent uniform, one per error kind. Each step the latent is
+kept from the previous step with probability lam; otherwise it is redrawn: to the neuron's lasting
+score Z with probability a, else to a fresh uniform. Z (one per neuron, drawn once per run) is
+shared by both kinds: a neuron the predictor likes is over-predicted when inactive AND caught when
+active, as measured. The Z of a layer are stratified (a random permutation of N equal cells, one
+uniform within each), so a run's share of neurons below any rate is that rate to within 1/N.
+
+Every latent is uniform, so each step's recall and expected precision are exactly the configured
+ones whatever the memory. For a constant rate, m_k = lam**k + (1 - lam**k) * a**2, so a**2 =
+memory_far and lam = (memory - memory_far) / (1 - memory_far): any memory_far <= memory is
+reachable; memory_far = 0 gives a one-step (Markov) chain; all 0 give fresh draws every step, the
+memoryless predictor, whose sets `noisy_sets` draws identically. (A rate that varies with the
+active count from step to step moves the realised figures slightly: a kept latent below q_s is
+below q_{s+1} with probability min(1, q_{s+1} / q_s).)
+
+Draws (all float32, row order): `rng` the fresh uniforms [S, N] (as `noisy_sets`); `memory_rng`
+Z's cell permutation [N] and jitter [N] once, then per row two uniforms per neuron (miss, fp), each
+deciding keep (below lam), else redraw to Z (below lam + (1 - lam) a), else take the fresh
+uniform. Nothing is drawn from `memory_rng` when all four memories are 0. Rows
+are processed in blocks that carry the state, so a range and the same steps one at a time give
+identical sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim import bitsets
+
+BLOCK_ROWS = 128   # rows per block: bounds the [rows, 2, N] draw and the unpacked rows to a few tens of MB
+
+
+def false_positive_rate(n_true: np.ndarray, n_bits: int, recall: float, precision: float) -> np.ndarray:
+    """float64 [S]: the probability that an inactive neuron is predicted active, per row with
+    n_true active neurons, such that the expected precision is `precision`."""
+    n_true = np.asarray(n_true, np.float64)
+    fp = recall * n_true * (1.0 - precision) / precision
+    return np.where(n_bits - n_true > 0, fp / np.maximum(n_bits - n_true, 1), 0.0)
+
+
+def mixture(memory: float, memory_far: float) -> tuple[float, float]:
+    """(a, lam): the probability that a redraw takes the lasting score, and the probability of
+    keeping the latent, that give the memory m_1 = memory and m_inf = memory_far (capped at memory)."""
+    m = min(max(memory, 0.0), 1.0)
+    far = min(max(memory_far, 0.0), m)
+    lam = (m - far) / (1.0 - far) if far < 1.0 else 0.0
+    return float(np.sqrt(far)), float(lam)
+
+
+def implied_repeat(rate: float, memory: float, memory_far: float, k: int) -> float:
+    """P(error at s+k | error at s) the model gives for a constant error rate."""
+    a, lam = mixture(memory, memory_far)
+    return rate + (1.0 - rate) * (lam ** k + (1.0 - lam ** k) * a * a)
+
+
+def stratified_scores(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float32 [n]: each uniform on [0, 1), one in each cell [i/n, (i+1)/n), in random order."""
+    cells = rng.permutation(n)
+    return ((cells + rng.random(n)) / n).astype(np.float32)
+
+
+@dataclass
+class ErrorMemory:
+    """A layer's state between calls (None before its first step)."""
+
+    score: np.ndarray | None = None        # float32 [N]: each neuron's lasting score Z
+    miss_chain: np.ndarray | None = None   # float32 [N]: the miss latent at the last step
+    fp_chain: np.ndarray | None = None     # float32 [N]: the false-positive latent there
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """Each error kind's memory at the next step and at distant steps (see the module docstring)."""
+
+    fp: float = 0.0
+    fp_far: float = 0.0
+    fn: float = 0.0
+    fn_far: float = 0.0
+
+    @property
+    def any(self) -> bool:
+        return self.fp > 0 or self.fp_far > 0 or self.fn > 0 or self.fn_far > 0
+
+
+def _carry(fresh: np.ndarray, keep: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+    """float32 [S, N]: row s is row s - 1 where `keep[s]` (row -1 = `before`), else `fresh[s]`.
+    One vectorised select per row: a running gather over all rows at once costs more than this
+    sequential scan of S rows of N."""
+    out = np.empty_like(fresh)
+    prev = before
+    for s in range(fresh.shape[0]):
+        prev = fresh[s] if prev is None else np.where(keep[s], prev, fresh[s])
+        out[s] = prev
+    return out
+
+
+def _latents(u: np.ndarray, v: np.ndarray, p: Persistence, memory: ErrorMemory) -> tuple[np.ndarray, np.ndarray]:
+    """(miss latent, fp latent) float32 [S, N] for one block; updates `memory`."""
+    assert memory.score is not None
+    out = []
+    for kind, (a, lam) in enumerate((mixture(p.fn, p.fn_far), mixture(p.fp, p.fp_far))):
+        # one uniform decides keep (< lam), else redraw to the score (< lam + (1 - lam) a), else fresh
+        keep = v[:, kind] < np.float32(lam)
+        before = memory.miss_chain if kind == 0 else memory.fp_chain
+        if before is None:                  # the run's first step: nothing to keep
+            keep[:1] = False
+        to_score = v[:, kind] < np.float32(lam + (1.0 - lam) * a)
+        if before is None:
+            to_score[:1] = v[:1, kind] < np.float32(a)
+        redraw = np.where(to_score, memory.score[None, :], u)
+        latent = _carry(redraw, keep, before)
+        if kind == 0:
+            memory.miss_chain = latent[-1].copy()
+        else:
+            memory.fp_chain = latent[-1].copy()
+        out.append(latent)
+    return out[0], out[1]
+
+
+def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Generator, truth: np.ndarray,
+                          n_bits: int, recall: float, precision: float, persistence: Persistence,
+                          memory: ErrorMemory) -> np.ndarray:
+    """words [S, W]: the sets a predictor of this recall, precision and error memory outputs
+    for the true sets `truth` (words [S, W]), continuing from `memory` (updated in place)."""
+    out = np.empty_like(truth)
+    for a in range(0, truth.shape[0], BLOCK_ROWS):
+        t = bitsets.unpack(truth[a:a + BLOCK_ROWS], n_bits)
+        u = rng.random(t.shape, dtype=np.float32)
+        q = false_positive_rate(t.sum(axis=1), n_bits, recall, precision)
+        if persistence.any:
+            if memory.score is None:
+                memory.score = stratified_scores(memory_rng, n_bits)
+            v = memory_rng.random((t.shape[0], 2, n_bits), dtype=np.float32)
+            miss_l, fp_l = _latents(u, v, persistence, memory)
+        else:
+            miss_l = fp_l = u
+        out[a:a + BLOCK_ROWS] = bitsets.pack((t & (miss_l < recall)) | (~t & (fp_l < q[:, None].astype(np.float32))))
+    return out
