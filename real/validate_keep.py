@@ -283,8 +283,9 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     all the grids), `between_grids` (real.validate_score's: how far the grids' real runs of the same
     configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each
     grid's whole rescore report). A grid's `unlimited_latency_error_median` / `_p90` are its
-    `convergence` estimate for unlimited passes, and `level_removed_latency_error_median` / `_p90`
-    its `level_removed` error (one factor per mode out)."""
+    `convergence` estimate for unlimited passes, `level_removed_latency_error_median` / `_p90`
+    its `level_removed` error (one factor per mode out), and `floor` its simulator-beside-repeat
+    figures and pass line (real.validate_score.floor)."""
 
     from real.validate_score import (
         between_grids,
@@ -319,7 +320,7 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
                       "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90"),
                       "unlimited_latency_error_median": left.get("median"), "unlimited_latency_error_p90": left.get("p90"),
                       "level_removed_latency_error_median": level.get("median"),
-                      "level_removed_latency_error_p90": level.get("p90")})
+                      "level_removed_latency_error_p90": level.get("p90"), "floor": rep.get("floor")})
 
     def spread(key: str) -> dict[str, float]:
         return median_range([g[key] for g in grids])
