@@ -15,7 +15,7 @@ term that adds time "helps" on a slower boot). The decision therefore uses `leve
 model's error from configuration to configuration, the part a machine-model term is for. The raw
 figures are printed beside it.
 
-    python scripts/ablation.py [GRID ...] [--json OUT] [--terms a,b] [--markdown]
+    python scripts/ablation.py [GRID ...] [--json OUT] [--terms a,b] [--in-sample]
 
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
 wait and after a layer's streaming, the cache index work) are gone from it, and their rows in
@@ -246,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--terms", help="comma-separated subset of: " + ", ".join(TERMS))
     ap.add_argument("--in-sample", action="store_true", help="also score each grid on its own calibration")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     a = ap.parse_args(argv)
     terms = list(TERMS) if not a.terms else [t.strip() for t in a.terms.split(",") if t.strip()]
     bad = [t for t in terms if t not in TERMS]
@@ -257,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(paths) < 2:
         print("error: give two or more grids (one to fit on, another to score on)", file=sys.stderr)
         return 2
-    grids = [Grid(p) for p in paths]
+    from devices.errors import FlashsimError
+
+    try:
+        grids = [Grid(p) for p in paths]
+    except FlashsimError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = run(grids, terms, a.in_sample, lambda s: print(s, file=sys.stderr, flush=True))
     if a.json:
         tmp = Path(a.json + ".tmp")
