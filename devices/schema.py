@@ -13,7 +13,7 @@ import math
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -29,31 +29,17 @@ BUNDLED_DIR = Path(__file__).parent / "profiles"
 DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
 
 
+# Keys of terms the simulator no longer has: the compute penalty after a demand read's wait and the
+# cache index work (flash), the penalty after a layer's streaming (compute). None lowered the error
+# on a grid of another boot (docs/validation.md, "The machine model's terms"). Older profiles and
+# kept grids carry them; loading drops them.
+RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
+                      "cache_index_s_per_layer", "cache_index_s_per_evicted")
+RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _check_curve(x_name: str, x: list[float] | None, ys: dict[str, list[float] | None], unit: str) -> None:
-    """A measured penalty curve: y values (>= 0 seconds) at increasing positive x points; every y
-    list needs x. Raises ValueError (pydantic reports it) naming the field at fault."""
-    if x is None:
-        if any(v is not None for v in ys.values()):
-            raise ValueError(f"{' / '.join(ys)} need {x_name} (the {unit} each value was measured at)")
-        return
-    if not x or any(not (b > a) for a, b in zip(x, x[1:])) or x[0] <= 0:
-        raise ValueError(f"{x_name} must be positive and increasing")
-    for name, v in ys.items():
-        if v is not None and (len(v) != len(x) or any(not (t >= 0) for t in v)):
-            raise ValueError(f"{name} needs one value >= 0 seconds per {x_name} entry")
-
-
-def _curve_at(x: np.ndarray, points: list[float] | None, y: list[float] | None) -> np.ndarray:
-    """A penalty curve at x: linear between the points, 0 at 0, the last value beyond the last point;
-    0 everywhere without the curve."""
-    x = np.asarray(x, np.float64)
-    if points is None or y is None:
-        return np.zeros_like(x)
-    return np.interp(x, [0.0, *points], [0.0, *y])
 
 
 class Source(_Strict):
@@ -183,33 +169,16 @@ class ComputeSpec(_Strict):
                                              "out_features) (`flashsim bench compute`); None = the single rates")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
-    # Compute after the caches were swept (real/bench_cold.py `swept_compute`): a decoder layer's code
-    # and data are evicted from the CPU caches by the bytes the layer's weights, KV cache and FFN rows
-    # stream through them; the next layer refills them. Extra seconds per layer as a function of the
-    # bytes streamed since that code last ran (linear between the points, 0 at 0 bytes, the last
-    # value beyond the last point): evict_layer_s for kernels called directly, framework_evict_layer_s
-    # for framework code (compute.framework=hf). bench compute measures both.
-    evict_bytes: list[float] | None = Field(default=None, description="bytes streamed through the caches before "
-                                            "a layer at which the eviction penalties are measured (increasing)")
-    evict_layer_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
-                                              "(kernels) right after that many bytes were streamed")
-    framework_evict_layer_s: list[float] | None = Field(default=None, description="the same for a layer of "
-                                                        "framework code (compute.framework=hf)")
     source: str
 
-    @model_validator(mode="after")
-    def _evict_curve(self) -> ComputeSpec:
-        _check_curve("evict_bytes", self.evict_bytes,
-                     {"evict_layer_s": self.evict_layer_s, "framework_evict_layer_s": self.framework_evict_layer_s},
-                     "bytes")
-        return self
-
-    def evict_at(self, streamed_bytes: np.ndarray, framework: bool = False) -> np.ndarray:
-        """Extra compute seconds of a layer after `streamed_bytes` went through the CPU caches since
-        its code last ran (0 without the measured curve); `framework`: the framework code's curve
-        (the kernels' when the profile has none)."""
-        y = (self.framework_evict_layer_s if framework else None) or self.evict_layer_s
-        return _curve_at(streamed_bytes, self.evict_bytes, y)
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Keys of terms the simulator no longer models (RETIRED_COMPUTE_KEYS) are dropped, so profiles
+        and kept grids written with them still load."""
+        if isinstance(data, dict) and any(k in data for k in RETIRED_COMPUTE_KEYS):
+            data = {k: v for k, v in data.items() if k not in RETIRED_COMPUTE_KEYS}
+        return data
 
     @field_validator("gemv_flops_per_s")
     @classmethod
@@ -378,52 +347,16 @@ class FlashSpec(_Strict):
                                     "(fixed part); 0 = not modelled")
     plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "
                                      "reads; 0 = not modelled")
-    # The runtime's per-layer update of its neuron cache's index (which neurons are resident where),
-    # besides the row copies: real.backend's LayerCache bookkeeping, timed by bench flash.
-    cache_index_s_per_layer: float = Field(default=0.0, ge=0, description="per layer and step, the cache "
-                                           "index work of a runtime that manages a neuron cache; 0 = not modelled")
-    cache_index_s_per_evicted: float = Field(default=0.0, ge=0, description="the same, per neuron evicted "
-                                             "(besides its row's copy); 0 = not modelled")
-    # Compute after a read wait (real/bench_cold.py): while the decoder thread waits for a demand batch
-    # its core idles or runs the reader's threads (and, on a shared host, other tenants' work), which
-    # evict its code and data from the CPU caches; the layer after the wait refills them. Extra seconds
-    # per layer as a function of how long the decoder waited (linear between the points, 0 at 0, the
-    # last value beyond the last point): cold_compute_s for kernels called directly,
-    # framework_cold_compute_s for framework code (compute.framework=hf). bench flash measures both on
-    # its store. The x axis is the wait's seconds (cold_wait_s): on one host the same 768 reads cost
-    # 0.26 ms after a 14 ms wait (32 in flight) and 0.49 ms after a 40 ms one (2 in flight), and a
-    # plain sleep's penalty grows with its length too. Older profiles give the curve by the batch's
-    # reads instead (cold_batch_reads), still read.
-    cold_wait_s: list[float] | None = Field(default=None, description="seconds the decoder waited for a demand "
-                                            "batch at which the cold-compute penalties are measured (increasing)")
-    cold_batch_reads: list[float] | None = Field(default=None, description="(older profiles, instead of cold_wait_s) "
-                                                 "reads per demand batch at which the penalties are measured")
-    cold_compute_s: list[float] | None = Field(default=None, description="extra compute seconds of a layer "
-                                               "(kernels) right after waiting that long for a demand batch")
-    framework_cold_compute_s: list[float] | None = Field(default=None, description="the same for a layer of "
-                                                         "framework code (compute.framework=hf)")
     source: str
 
-    @model_validator(mode="after")
-    def _cold_curve(self) -> FlashSpec:
-        ys = {"cold_compute_s": self.cold_compute_s, "framework_cold_compute_s": self.framework_cold_compute_s}
-        if self.cold_wait_s is not None and self.cold_batch_reads is not None:
-            raise ValueError("give cold_wait_s or (older profiles) cold_batch_reads, not both")
-        if self.cold_batch_reads is not None:
-            _check_curve("cold_batch_reads", self.cold_batch_reads, ys, "reads")
-        else:
-            _check_curve("cold_wait_s", self.cold_wait_s, ys, "wait seconds")
-        return self
-
-    def cold_compute_at(self, wait_s: np.ndarray, reads: np.ndarray, framework: bool = False) -> np.ndarray:
-        """Extra compute seconds of a layer that waited `wait_s` seconds for a demand batch of `reads`
-        reads (0 where there was no wait, or without the measured curve), looked up by the wait or, in
-        a profile that gives cold_batch_reads, by the reads; `framework`: the framework code's curve
-        (the kernels' when the profile has none)."""
-        y = (self.framework_cold_compute_s if framework else None) or self.cold_compute_s
-        if self.cold_batch_reads is not None:
-            return _curve_at(reads, self.cold_batch_reads, y)
-        return _curve_at(wait_s, self.cold_wait_s, y)
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Keys of terms the simulator no longer models (RETIRED_FLASH_KEYS) are dropped, so profiles
+        and kept grids written with them still load."""
+        if isinstance(data, dict) and any(k in data for k in RETIRED_FLASH_KEYS):
+            data = {k: v for k, v in data.items() if k not in RETIRED_FLASH_KEYS}
+        return data
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:

@@ -13,8 +13,8 @@ Modules (units: bytes as int, seconds as float, rates in bytes/s and FLOP/s):
   page cache held to a budget, measured.
 * `bench_flash` / `bench_compute` / `fio_import` / `profile_writer`: microbenchmarks that write a
   DeviceProfile (the `devices/schema.py` schema) with provenance; `bench_reader` (the reader's own
-  costs around its reads, the cache index work) and `bench_cold` (compute after a read wait) time
-  the real code on a small store for bench flash; `bench_io` (the bench file and its read
+  costs around its reads, the cache index work) times the real code on a small store for bench
+  flash; `bench_io` (the bench file and its read
   primitives) and `bench_host_cpu` (how reads and compute slow each other) are bench flash's parts.
 * `validate` (the grid of real runs and their replays), `validate_score` (the simulator's error
   against them, each real pass alone), `validate_keep` (a grid kept on disk, rescored) and

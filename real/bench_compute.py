@@ -47,10 +47,6 @@
   (real/bench_sparse_ffn.py: one measured rate per kernel was 1.7x off at a 7B fp16 layer).
 * Dense GEMV table (torch): y = W x per dtype over in_features x out_features, weights streamed
   from DRAM (real/bench_dense_gemv.py: in fp16 and bf16 the single rate was 0.4-2.3x off by shape).
-* Compute after the caches were swept (torch): the probe layers of real/bench_cold.py (kernels at
-  small width, a tiny transformers llama layer) back to back and right after 1 to 64 MiB were
-  streamed through the caches (`swept_compute`): what a layer's code pays after the previous
-  layer's weights and rows evicted it (compute.evict_bytes, evict_layer_s, framework_evict_layer_s).
 Every figure is the mean over repetitions (at least 5, for at least `min_time_s` in total; why the
 mean: real/call_time.py); the JSON also gives the minima, whose gap to the means shows contention
 from other work on the host.
@@ -67,7 +63,6 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
-from real.bench_cold import COLD_SAMPLES, swept_compute
 from real.bench_dense_gemv import dense_gemv_table, pool_bytes
 from real.bench_sparse_ffn import sparse_ffn_table
 from real.buffers import AlignedBuffer
@@ -197,7 +192,6 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                  "dense_gemv": dense_gemv_table(torch, dtypes, quick=quick, seed=seed,
                                                 min_time_s=0.01 if quick else 0.04),
                  "dense_gemv_pool_bytes": pool_bytes()}
-        extra["swept"] = swept_compute(seed, samples=COLD_SAMPLES // 2 if quick else COLD_SAMPLES)
         fw_overhead = _framework_overhead(torch, seed)
         if fw_overhead is not None:
             extra["framework_overhead"] = fw_overhead
@@ -420,14 +414,6 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
         compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
         compute["framework_token_s"] = sig4(result["framework_overhead"]["token_s"])
         how.append(f"framework overhead from tiny transformers llama decode steps (1 and {FRAMEWORK_LAYERS} layers)")
-    if "swept" in result:
-        sw = result["swept"]
-        compute["evict_bytes"] = [float(n) for n in sw["sweep_bytes"]]
-        compute["evict_layer_s"] = [sig4(x) for x in sw["kernel_swept_s"]]
-        if "framework_swept_s" in sw:
-            compute["framework_evict_layer_s"] = [sig4(x) for x in sw["framework_swept_s"]]
-        how.append("a probe layer after {}-{} MiB swept through the caches less back to back".format(
-            sw["sweep_bytes"][0] >> 20, sw["sweep_bytes"][-1] >> 20))
     compute["source"] = f"{prefix}: {'; '.join(how)}; `{command}`"
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text

@@ -17,12 +17,9 @@ slow state, where 15 s of the same reads right after ran at 1040-1105 MB/s). The
 sweep's value (`grid.bytes_per_s_per_pass`). Offsets come from a seeded generator per grid point.
 
 Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `plan_s_per_batch`,
-`plan_s_per_neuron`) and the backend's cache index work (`flash.cache_index_s_per_layer`): timed
-through real.reader itself on a small store written next to the bench file before the grid
-(real/bench_reader.py). On a host whose CPU computes (host CPU probe on), the same store also times
-compute after a read wait (`flash.cold_wait_s`, `cold_compute_s`, `framework_cold_compute_s`;
-real/bench_cold.py). The planning, the index work and the compute after a wait are timed in one
-round after each sweep of the grid, and the profile keeps each value's median over the rounds
+`plan_s_per_neuron`): timed through real.reader itself on a small store written next to the bench
+file before the grid (real/bench_reader.py). The planning is timed in one round after each sweep
+of the grid, and the profile keeps each value's median over the rounds
 (`bench_reader.median_of_rounds`, `_cpu_round`): each is a fraction of a second of CPU work that
 moves with the host's state (a single 0.3 s measurement of the planning moved 2.5x between
 calibrations five minutes apart), so the rounds sample it across the whole calibration. The batch
@@ -48,7 +45,6 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes
-from real.bench_cold import COLD_LONG_REPEATS, COLD_SAMPLES, cold_compute
 from real.bench_host_cpu import (
     PROBE_CHUNK_BYTES,
     PROBE_KINDS,
@@ -70,7 +66,6 @@ from real.bench_io import (
 from real.bench_reader import (
     batch_overhead,
     bench_store,
-    cache_index_cost,
     median_of_rounds,
     read_plan_cost,
 )
@@ -102,8 +97,8 @@ class FlashBenchConfig:
 
     @property
     def full(self) -> bool:
-        """A full bench (points of FULL_POINT_S or longer): the cold compute's long waits and the
-        FFN-step probe; --quick and short points skip them."""
+        """A full bench (points of FULL_POINT_S or longer): the FFN-step probe; --quick and short
+        points skip it."""
         return self.duration_s >= FULL_POINT_S
 
     def __post_init__(self) -> None:
@@ -122,26 +117,15 @@ class FlashBenchConfig:
 
 def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list],
                ffn_probe: FfnStepProbe | None = None) -> None:
-    """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning,
-    the cache index work and (host CPU probe on) compute after a read wait, on `store` (None: a
-    folder without room for it), then the host CPU probe's slices for this round, kernel and
-    framework, long kernels and (`ffn_probe`, when it could be built) a Python loop's FFN step. Each is CPU work that moves with the host's state (one slow spell moved a single
-    0.3 s measurement of the planning 2.5x; the validate checks saw this work at 0.5-2.2x a profile
-    within 14 minutes), so the rounds are spread over the whole grid, one after each sweep, and the
-    profile keeps the median of each (run back to back after the grid instead, three calibrations
-    left the validate checks finding this work at a median 0.65x, 1.35x and 0.81x of the profile
-    over the 14 minutes that followed)."""
+    """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning
+    on `store` (None: a folder without room for it), then the host CPU
+    probe's slices for this round, kernel and framework, long kernels and (`ffn_probe`, when it
+    could be built) a Python loop's FFN step. Each is a fraction of a second of CPU work that moves
+    with the host's state, so the rounds are spread over the whole grid, one after each sweep, and
+    the profile keeps the median of each."""
     q = max(cfg.in_flight)
     if store is not None:
         rounds["plan"].append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
-        rounds["index"].append(cache_index_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
-        if cfg.host_cpu:
-            # COLD_SAMPLES layers per point over all rounds (a short bench, --quick or short points: 8 per round)
-            # and in a short bench one long wait (two batches), not three (up to eight batches)
-            n = max(8, COLD_SAMPLES // cfg.passes) if cfg.full else 8
-            rounds["cold"].append(cold_compute(store, q, cfg.seed + r, samples=n,
-                                               long_repeats=COLD_LONG_REPEATS if cfg.full else COLD_LONG_REPEATS[:1],
-                                               ffn_step=ffn_probe.layer if ffn_probe is not None else None))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
@@ -179,19 +163,19 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         shape = (cfg.passes, len(cfg.chunks), len(cfg.in_flight))
         sweeps, cpus, reads = np.zeros(shape), np.zeros(shape), np.zeros(shape)
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
-        batches = plan = cold = index = None
+        batches = plan = None
         skipped = None
-        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", "index", "cold", *PROBE_KINDS)}
+        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", *PROBE_KINDS)}
         with contextlib.ExitStack() as stack:
             try:
                 store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
             except (OSError, FlashsimError) as e:   # a read-only folder, or no room for its 16 MiB
                 store = None
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                skipped = (f"batch overhead, reader planning and compute after a read wait not measured: cannot write a store in "
+                skipped = (f"batch overhead and reader planning not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
             # the FFN-step probe writes a 60 MB store and plans a run: a full bench's (a short bench,
-            # --quick or short points, skips it, as it skips the cold compute's long waits)
+            # --quick or short points, skips it)
             ffn_probe = None
             if cfg.host_cpu and store is not None and cfg.full:
                 ffn_probe = _ffn_step_probe(path.resolve().parent, cfg)
@@ -235,8 +219,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 steady_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x5EAD]))
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s, point_rngs[-1],
                                          lambda c, q, s: random_read_bytes_per_s(bf, c, q, s, steady_rng))
-                plan, index = median_of_rounds(rounds["plan"]), median_of_rounds(rounds["index"])
-                cold = median_of_rounds(rounds["cold"]) if rounds["cold"] else None
+                plan = median_of_rounds(rounds["plan"])
         if progress:
             progress("batch overhead")
         host = probe_summary(rounds["host"]) if rounds["host"] else None
@@ -263,8 +246,6 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "segments": segments,
         "batches": batches,
         "read_plan": plan,
-        "cold_compute": cold,
-        "cache_index": index,
         "host_cpu": host,
         "load_average_1min": os.getloadavg()[0],
     }
@@ -316,30 +297,6 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         extra["plan_s_per_neuron"] = sig4(plan["per_neuron_s"])
         source += (f"; reader planning: real.reader's work besides the reads for {plan['batch_neurons']} neurons "
                    "on a one-layer store")
-    index = result.get("cache_index")
-    if index:
-        extra["cache_index_s_per_layer"] = sig4(index["per_layer_s"])
-        extra["cache_index_s_per_evicted"] = sig4(index["per_evicted_s"])
-        source += (f"; cache index work: real.backend's per-layer LayerCache.keep_only x 2 + missing on "
-                   f"{index['layer_neurons']} resident neurons after a read batch, keeping or evicting them all")
-    cold = result.get("cold_compute")
-    if cold:
-        # the profile's curve needs increasing waits: keep the points whose wait was longer than the
-        # one before (a batch that coalesces into fewer reads can wait less than a smaller one)
-        keep, top = [], 0.0
-        for i, w in enumerate(cold["batch_wait_s"]):
-            if w > top:
-                keep.append(i)
-                top = w
-        extra["cold_wait_s"] = [sig4(cold["batch_wait_s"][i]) for i in keep]
-        extra["cold_compute_s"] = [sig4(cold["kernel_cold_s"][i]) for i in keep]
-        if cold.get("framework_cold_s"):
-            extra["framework_cold_compute_s"] = [sig4(cold["framework_cold_s"][i]) for i in keep]
-        waits = ", ".join(f"{n}" + (f" x {r}" if r > 1 else "") for n, r in zip(cold["batch_neurons"], cold["batch_repeats"]))
-        ffn = " with real.backend's FFN step as its MLP" if cold.get("ffn_step") else ""
-        source += (f"; compute after a read wait: a layer's kernels (and a tiny transformers llama layer{ffn}) timed "
-                   f"right after waiting for real.reader batches of {waits} neurons (x r: r batches back to back) less "
-                   "back to back, by the wait's seconds")
     req = result.get("request_cpu")
     if req and req["reads"] > 0:   # the I/O path's own cost, on any host (real/bench_request_cpu.py)
         extra["request_cpu_s"] = sig4(req["request_cpu_s"])

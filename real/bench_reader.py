@@ -17,12 +17,6 @@ Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
 reads (NumPy, a few dozen calls): timed as `BundleReader.read` less its reads (here ~170-320 us +
 0.09 us per neuron; timed alone, without reads in between, half as much).
-
-Cache index work (`cache_index_cost`; `flash.cache_index_s_per_layer`): besides reads and row copies,
-real.backend updates each layer's cache index twice per step (`LayerCache.keep_only` before the
-demand reads and after the FFN, then `missing` for what the next step keeps): a few dozen NumPy
-calls over the layer's neuron index, timed right after a read batch, as in a run (here ~50 us per
-layer + 0.3 us per evicted neuron).
 """
 
 from __future__ import annotations
@@ -43,10 +37,8 @@ from real.call_time import mean_call_s
 from real.convert import write_shape_store
 from real.reader import BundleReader, ReadStats
 from real.store import WeightStore, open_store
-from sim import bitsets
 
 PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
-INDEX_LAYER_NEURONS = 512         # resident neurons of the layer cache_index_cost times
 BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
 OVERHEAD_SLICES = 4               # batch_overhead: slices of reader batches per depth, steady reads around each
 BATCH_READS_PER_THREAD = (1, 2, 4, 8)   # batch_overhead: batches of r x q reads at each depth q
@@ -178,7 +170,7 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
 
 def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The first round's result with each float entry (and each entry of a list of floats) the
-    median over `rounds` (results of read_plan_cost or cache_index_cost timed at different moments:
+    median over `rounds` (results of read_plan_cost timed at different moments:
     a slow spell of the host that covers one round's fraction of a second then moves that round,
     not the profile), and the rounds' own float values under "rounds"."""
     out = dict(rounds[0])
@@ -189,42 +181,3 @@ def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[k] = np.median(np.array([r[k] for r in rounds], float), axis=0).tolist()
     out["rounds"] = [{k: v for k, v in r.items() if isinstance(v, float)} for r in rounds]
     return out
-
-
-def cache_index_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
-    """The real backend's per-layer cache index work (the profile's `flash.cache_index_s_per_layer`
-    and `cache_index_s_per_evicted`): RealExecutor.ffn's unpacking of its planned sets, its two
-    `LayerCache.keep_only` calls and its `missing` for the next step's set, on a layer cache
-    holding INDEX_LAYER_NEURONS neurons just read from `store` with `in_flight` threads (so the
-    work runs right after an I/O wait, with cold caches, as in a run). Alternately the second
-    call keeps them all or drops them all, neither of which moves a row (the simulator times row
-    moves as copies at compute.gather_bytes_per_s): the first gives the fixed part, the difference
-    per dropped neuron the rest. Means (real/call_time.py) over `min_time_s`."""
-    N = store.n_neurons
-    n = min(INDEX_LAYER_NEURONS, N)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1DE]))
-    times: dict[bool, list[float]] = {False: [], True: []}
-    none = bitsets.zeros((), N)
-    with BundleReader(store, layout="bundled", in_flight=in_flight) as reader:
-        cache = LayerCache(n, N, store.bundle_bytes, reader.dest_row_bytes)
-        t_end = time.perf_counter() + min_time_s
-        while time.perf_counter() < t_end or len(times[True]) < 5:
-            for drop in (False, True):
-                ids = np.sort(rng.choice(N, n, replace=False))
-                mask = np.zeros(N, bool)
-                mask[ids] = True
-                words = bitsets.pack(mask)      # the executor's plans are words (RealExecutor._plan_all)
-                after = none if drop else words
-                cache.clear()
-                a, b = cache.append(ids)
-                reader.read(0, ids, cache.rows[a:b])
-                t0 = time.perf_counter()
-                np.flatnonzero(bitsets.unpack(words, N))    # the computed set (its `missing`: read_plan_cost)
-                keep = bitsets.unpack(after, N)
-                cache.keep_only(bitsets.unpack(words, N))   # before the demand reads
-                cache.keep_only(keep)                       # after the FFN
-                cache.missing(np.flatnonzero(keep))         # what the next step keeps and is not resident
-                times[drop].append(time.perf_counter() - t0)
-    t_keep, t_drop = (float(mean_call_s(times[d])) for d in (False, True))
-    return {"layer_neurons": n, "n_neurons": N, "in_flight": in_flight, "keep_all_s": t_keep, "drop_all_s": t_drop,
-            "per_layer_s": t_keep, "per_evicted_s": max(0.0, (t_drop - t_keep) / n), "samples": len(times[True])}

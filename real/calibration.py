@@ -6,13 +6,12 @@ grid on a file in a folder of the disk to measure, the compute benches at the ru
 both sections written into the profile with their provenance (real.profile_writer). Units:
 bytes, seconds, bytes/s.
 
-`Recalibrator`: a validation of an hour meets the shared host's states in proportion (its checks
-moved 0.80-1.21x in 5-minute means over one grid, real/drift.py), while one calibration is a few
-minutes of one state. It calibrates at the validation's start, again between real runs once
-`every_s` seconds of runs have passed since the last calibration ended, and at the end (unless the
-last one came after the last run), each in a fresh Python process, so the calibrations bracket the
-runs and are spread over them; `merged()` is their mean (real/profile_merge.py), the profile the
-runs are then scored with.
+`Recalibrator`: a validation of an hour meets a shared host's states in proportion, while one
+calibration is a few minutes of one state. It calibrates at the validation's start, again between
+real runs once `every_s` seconds of runs have passed since the last calibration ended, and at the
+end (unless the last one came after the last run), each in a fresh Python process, so the
+calibrations bracket the runs and are spread over them; `merged()` is their mean
+(real/profile_merge.py), the profile the runs are then scored with.
 """
 
 from __future__ import annotations
@@ -90,13 +89,26 @@ def calibrate(folder: Path, target: Path, name: str, *, threads: int = 1, seed: 
     return Calibration(profile, flash, comp, flash_cmd, comp_cmd)
 
 
+def calibration_points(profile: Any, grid_configs: list[str]) -> dict[str, Any]:
+    """What fitted `profile`, for a validation's report: `measured`, each section's provenance (the
+    bench commands and what they timed: the read grid of chunk sizes x reads in flight, the kernel
+    tables, the probes), and `grid_configs`, the validation configurations (labels in
+    `grid_configs`) among them, which the score leaves out. `calibrate` times its own bench file,
+    kernels and probe layers, never a validation configuration, so a profile it wrote names none; a
+    section whose provenance names a configuration's label (one fitted on validation runs) has it
+    listed."""
+    measured = {name: getattr(profile, name).source for name in ("flash", "compute", "memory")}
+    text = "\n".join(measured.values())
+    return {"measured": measured, "grid_configs": [c for c in grid_configs if c in text]}
+
+
 class Recalibrator:
-    """Calibrations spread over a validation (module docstring), each the full benches (~5 minutes
-    here: the quick benches' small grids and probes priced a quick validation 13.8% / 60.2% off,
-    median / p90, where the profile they replaced priced it 10.4% / 19.9%). `folder`: where the bench file
-    (created once, read by every calibration, removed with the folder) and the profiles
-    cal-0.yaml, cal-1.yaml, ... go; `base`: the profile each calibration starts from (its unmeasured
-    fields: memory capacity, description); `every_s` > 0 (run_validation checks it before any work)."""
+    """Calibrations spread over a validation (module docstring), each the full benches (a few
+    minutes; the quick benches' small grids and short probes measure too little of the host to
+    score a grid against). `folder`: where the bench file (created once, read by every
+    calibration, removed with the folder) and the profiles cal-0.yaml, cal-1.yaml, ... go; `base`:
+    the profile each calibration starts from (its unmeasured fields: memory capacity, description);
+    `every_s` > 0 (run_validation checks it before any work)."""
 
     def __init__(self, folder: Path, base: Any, every_s: float, *, threads: int, seed: int, say: Any = None):
         from real.profile_writer import profile_yaml
@@ -125,12 +137,9 @@ class Recalibrator:
 
     def _calibrate(self, target: Path) -> None:
         """One calibration into `target`, in a fresh Python process (`python -m real.calibration`),
-        as `flashsim bench` runs: it measures the host, not the validating process (its heap, its
-        mappings, the framework's state after the real runs). In the thirtieth round the two
-        calibrations run inside validate right after model-mode runs read 4-8 KiB blocks 1.4-1.9x
-        slower than the ones at its start and end and priced the same runs 22-24% off (median)
-        against 8-10%; 4 KiB reads timed in validate's process right after a minute of model runs
-        were 20% slower than before them, and in a new process at the same moment were not."""
+        as `flashsim bench` runs: it measures the host, not the validating process, whose heap,
+        mappings and framework state after the real runs slow small reads and kernels timed inside
+        it."""
         import subprocess
 
         cmd = [sys.executable, "-m", "real.calibration", str(self.folder), str(target), self.base.name,

@@ -16,10 +16,8 @@ run, so each run sits between two checks, for a host whose state flips within se
   and `append`, the read plan: `bench_reader.read_plan_cost`'s quantity, on its batch sizes) over
   the profile's `flash.plan_s_per_batch` + `plan_s_per_neuron` x neurons. It stands for every term
   of Python and NumPy work around I/O waits, with cold caches (AFTER_IO_TERMS): the reader's
-  planning, the cache index work, the compute after a read wait, and the reads' CPU work that a
-  prefetch takes from the decoder. On this host the first three moved together (30-50% between
-  two calibrations half an hour apart) while the GEMV rates moved 5%; SmolLM2 with delta prefetch
-  ran at 123 to 160 ms per token on the same configuration within one hour.
+  planning and the reads' CPU work that a prefetch takes from the decoder, which move together
+  with the host's state while the GEMV rates barely move.
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights) timed against the profile's
   prediction: its dense GEMV table's call where it has one, else FLOPs at
   compute.gemv_flops_per_s.fp32 + rows x gemv_row_s. Each check's calls take the next matrices of
@@ -82,10 +80,9 @@ READ_KEYS = {c: f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS}   # chunk bytes
 WIDTH_CHECK_ROWS = 2048                    # out_features of the width checks: a table column
 WIDTH_KEYS = {512: "cpu_512", 1024: "cpu_1024"}   # in_features -> the width check's ratio name (module doc)
 RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values(), *WIDTH_KEYS.values())
-# flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio (the cold-compute
-# curves too): the reader's planning and the cache index work (timed right after a read batch), and
-# the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
-AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer", "cache_index_s_per_evicted",
+# flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio: the reader's
+# planning (timed right after a read batch), and the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
+AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron",
                   "host_cpu_s_per_read", "compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read",
                   "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
                   "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch",
@@ -347,9 +344,6 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     for key in AFTER_IO_TERMS:
         if key in flash:
             flash[key] *= after_io
-    for key in ("cold_compute_s", "framework_cold_compute_s"):
-        if key in flash:
-            flash[key] = [v * after_io for v in flash[key]]
     for c in flash.get("host_cpu_curves", {}).values():   # the AFTER_IO_TERMS at each batch size
         for key in ("compute_lost_s", "read_delay_s"):
             c[key] = [v * after_io for v in c[key]]

@@ -67,13 +67,17 @@ MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
 # neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
 MODEL_KEEP = 0.25
+# real passes over the grid by default: each pass is then scored against the mean of the other two,
+# the host's repeat spread that the simulator's error is read against (real.validate_score.floor)
+DEFAULT_REPEATS = 3
 STORE_SETTINGS = {"dtype": "fp32", "layout": "both", "alignment": "padded", "file_mode": "per-layer",
                   "order": "original"}
 
 
 def validation_spec(quick: bool) -> ModelSpec:
-    """A small llama shape, stored fp32 (rows of 4 KiB: no padding in either layout; fp32 because
-    PyTorch's CPU fp16 GEMV kernels are 2-20x slower than fp32 on this host, see docs/validation-history.md)."""
+    """A small llama shape, stored fp32: rows of 4 KiB, so no padding in either layout, and fp32
+    because PyTorch's CPU fp16 GEMV kernels convert as they go and run several times slower than
+    fp32, which would make the grid measure the conversion rather than the policies."""
     return ModelSpec(name="validate-shape", family="llama", n_layers=4 if quick else 8, d_model=1024,
                      d_ff=2048, dtype="fp32", n_heads=8, n_kv_heads=4, head_dim=128, vocab_size=4096, ffn_kind="swiglu")
 
@@ -141,13 +145,16 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 
 def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = None, seed: int = 0,
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
-                   modes: tuple[str, ...] = MODES, repeats: int = 1,
+                   modes: tuple[str, ...] = MODES, repeats: int = DEFAULT_REPEATS,
                    check_every_s: float | None = None, keep: str | Path | None = None,
                    recalibrate_every_s: float | None = None) -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
-    repeats > 1: the real side runs the whole grid that many times over (passes, so drift of the host
-    over minutes shows too); errors use the mean and `noise_floor` reports the runs' spread. `drift`:
+    repeats: the real side runs the whole grid that many times over (interleaved passes, so drift of
+    the host over minutes shows too); errors use the mean, `noise_floor` reports the runs' spread and
+    `floor` the simulator's error beside the passes' repeat spread with the pass rule
+    (real.validate_score.floor), scored on the configurations no fitting step saw (`calibration`: what
+    the profile's calibration measured; none of it is a grid configuration). `drift`:
     the host against the profile at the start and the end; `drift_checks`: those and the checks
     between real runs every `check_every_s` (None: real.drift.CHECK_EVERY_S; 0: after every real run, so
     each run sits between two checks); `drift_corrected`: the errors with each
@@ -239,8 +246,13 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     warning = load_warning(load_start, load_end)
     if warning:
         print(warning, file=sys.stderr)
-    report = summarize(rows)
-    report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m]), **info[m]} for m in modes}
+    from real.calibration import calibration_points
+
+    calibration = calibration_points(scored_with, [r["config"] for r in rows])
+    fitted = calibration["grid_configs"]
+    report = summarize(rows, fitted)
+    report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m], fitted), **info[m]} for m in modes}
+    report["calibration"] = calibration
     report["per_group"] = per_group(rows)
     report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,

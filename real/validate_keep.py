@@ -1,7 +1,7 @@
 """What `flashsim validate --keep DIR` leaves behind, and `flashsim validate --rescore DIR`, which
 scores the simulator again against those real runs without running them again.
 
-A full validation grid costs its real runs (here 17-34 minutes for 80 configurations and two to four
+A full validation grid costs its real runs (tens of minutes for 80 configurations and three
 passes); replaying it in the simulator costs seconds. Keeping what ran (each configuration's
 executed trace, its run configuration and every real run's per-token records) lets a profile, or
 a change to the simulator's model, be judged against the same measurements: the error of a second
@@ -9,8 +9,7 @@ profile is then a comparison on equal terms, not one against another grid whose 
 
 Layout of DIR (written under a temporary name and renamed when complete, so a folder named DIR is
 always a whole one). Version 2, compact enough to commit (a full grid of 80 configurations and
-three passes: 2.2 MB, where version 1 took 65 MB on this disk), so the grids behind
-docs/validation.md travel with the repository (docs/measured/grids/):
+three passes: about 2 MB), so reference grids travel with the repository:
 
     grid.json              format version, the validation's settings, one entry per configuration:
                            mode, grid point, budget, run configuration (`RunConfig.to_dict`), model
@@ -252,9 +251,14 @@ def rescore(keep: str | Path, profile: Any = None, progress: Any = None) -> dict
         rows.append({**{k: c[k] for k in ROW_KEYS}, "metrics": compare(runs[0], sim.tokens, runs[1:])})
         if progress:
             progress(len(rows), len(doc["configs"]), c["config"], rows[-1]["metrics"]["latency_s"]["error"])
+    from real.calibration import calibration_points
+
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    report = summarize(rows)
-    report["per_mode"] = {m: summarize([r for r in rows if r["mode"] == m]) for m in modes}
+    calibration = calibration_points(profile, [r["config"] for r in rows])
+    fitted = calibration["grid_configs"]
+    report = summarize(rows, fitted)
+    report["per_mode"] = {m: summarize([r for r in rows if r["mode"] == m], fitted) for m in modes}
+    report["calibration"] = calibration
     report["per_group"] = per_group(rows)
     report.update({"rescored_from": str(root), "validated_with_profile": doc.get("profile"), "modes": modes,
                    "mode": "+".join(modes), "profile": profile.name, "profile_kept": own, "tokens": doc.get("tokens"),
@@ -279,8 +283,9 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
     all the grids), `between_grids` (real.validate_score's: how far the grids' real runs of the same
     configurations agree, the host's reproducibility from one grid to another) and `per_grid` (each
     grid's whole rescore report). A grid's `unlimited_latency_error_median` / `_p90` are its
-    `convergence` estimate for unlimited passes, and `level_removed_latency_error_median` / `_p90`
-    its `level_removed` error (one factor per mode out)."""
+    `convergence` estimate for unlimited passes, `level_removed_latency_error_median` / `_p90`
+    its `level_removed` error (one factor per mode out), and `floor` its simulator-beside-repeat
+    figures and pass line (real.validate_score.floor)."""
 
     from real.validate_score import (
         between_grids,
@@ -315,7 +320,7 @@ def rescore_many(keeps: list[str | Path], profile: Any = None, progress: Any = N
                       "rest_latency_error_median": rest.get("median"), "rest_latency_error_p90": rest.get("p90"),
                       "unlimited_latency_error_median": left.get("median"), "unlimited_latency_error_p90": left.get("p90"),
                       "level_removed_latency_error_median": level.get("median"),
-                      "level_removed_latency_error_p90": level.get("p90")})
+                      "level_removed_latency_error_p90": level.get("p90"), "floor": rep.get("floor")})
 
     def spread(key: str) -> dict[str, float]:
         return median_range([g[key] for g in grids])

@@ -44,6 +44,10 @@ METRICS = ("latency_s", "io_s", "compute_s", "bytes_read")
 OPTIONAL_METRICS = ("stall_s", "mem_mgmt_s", "ffn_compute_s", "other_compute_s")   # where both sides have them
 DERIVED_METRICS = {"other_compute_s": lambda t: t.compute_s - t.ffn_compute_s}
 WARMUP_STEPS = 2
+# the metrics the floor and the pass rule cover: the total per token, its I/O and its compute
+FLOOR_METRICS = ("latency_s", "io_s", "compute_s")
+# the pass rule's fixed targets (median, p90) and how far above the host's own p90 the simulator's may be
+TARGET_MEDIAN, TARGET_P90, FLOOR_P90_FACTOR = 0.05, 0.10, 1.25
 MAX_SUBSETS = 64   # `convergence` scores at most this many subsets of n passes per configuration
 
 
@@ -182,7 +186,10 @@ def _combination(p: int, n: int, rank: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], exclude: Any = ()) -> dict[str, Any]:
+    """Error statistics over configurations (module docstring), the diagnostics, and `floor` (the
+    simulator beside the host's repeat spread, and the pass rule; `exclude`: configuration labels a
+    fitting step saw, left out of the floor's score)."""
     if not rows:
         return {"n_configs": 0, "latency_error_median": None, "latency_error_p90": None, "latency_error_max": None,
                 "per_metric": {}}
@@ -204,6 +211,49 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if rep:
         out["repeatability"] = rep
         out["convergence"] = {"latency_s": convergence(rows)}
+    out["floor"] = floor(rows, exclude)
+    return out
+
+
+def floor(rows: list[dict[str, Any]], exclude: Any = ()) -> dict[str, Any]:
+    """The simulator's error beside the host's own repeat spread, per FLOOR_METRICS, and the pass rule.
+
+    Both are scored on one footing, one real pass at a time (`compare`'s `pass_errors` and
+    `rest_errors`), pooled over the configurations and their passes:
+      sim_error:   |sim - pass| / pass, the simulator against that pass;
+      real_repeat: |mean of the configuration's other passes - pass| / pass, the host against itself.
+    A model that predicted the host's typical run exactly would score about real_repeat, so that is
+    the floor a shared host puts under any check; `excess_p50` / `excess_p90` = sim - repeat. The
+    rule per metric: sim_error_p50 <= max(TARGET_MEDIAN, real_repeat_p50) and sim_error_p90 <=
+    max(TARGET_P90, FLOOR_P90_FACTOR x real_repeat_p90); `pass` when every metric passes. Without
+    repeated passes the repeat figures are None and the fixed targets alone apply (the sim error is
+    then against the single pass). `exclude`: configuration labels a fitting step saw, left out of
+    the score (listed in `excluded_configs`)."""
+    excluded = set(exclude)
+    scored = [r for r in rows if r["config"] not in excluded] if excluded else rows
+    out: dict[str, Any] = {"n_configs": len(scored),
+                           "excluded_configs": sorted(excluded & {r["config"] for r in rows}) if excluded else [],
+                           "rule": f"per metric: sim p50 <= max({TARGET_MEDIAN:.0%}, repeat p50) and sim p90 <= "
+                                   f"max({TARGET_P90:.0%}, {FLOOR_P90_FACTOR:g} x repeat p90)",
+                           "metrics": {}}
+    ok = bool(scored)
+    for m in FLOOR_METRICS:
+        entries = [r["metrics"][m] for r in scored if m in r["metrics"]]
+        if not entries:
+            continue
+        sim = [e for x in entries for e in x.get("pass_errors", [x["error"]])]
+        rest = [e for x in entries for e in x.get("rest_errors", [])]
+        s50, s90 = float(np.median(sim)), float(np.percentile(sim, 90))
+        r50 = float(np.median(rest)) if rest else None
+        r90 = float(np.percentile(rest, 90)) if rest else None
+        limit50 = max(TARGET_MEDIAN, r50 or 0.0)
+        limit90 = max(TARGET_P90, FLOOR_P90_FACTOR * (r90 or 0.0))
+        passed = s50 <= limit50 and s90 <= limit90
+        ok = ok and passed
+        out["metrics"][m] = {"sim_error_p50": s50, "sim_error_p90": s90, "real_repeat_p50": r50, "real_repeat_p90": r90,
+                             "excess_p50": s50 - r50 if rest else None, "excess_p90": s90 - r90 if rest else None,
+                             "limit_p50": limit50, "limit_p90": limit90, "pass": passed}
+    out["pass"] = ok and bool(out["metrics"])
     return out
 
 

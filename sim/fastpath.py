@@ -44,7 +44,7 @@ def run_fast(p: PlanArrays, recorder: Recorder) -> None:
     mgmt = p.mgmt_total_s().sum(axis=1)
     head = p.head.total_s()
     stall = p.stream_s.sum(axis=1) + p.dem_plan_s.sum(axis=1) + p.dem_s.sum(axis=1) + p.head_read_s
-    comp = attn + ffn + head + p.cold_next_s.sum(axis=1)   # a wait's penalty on the code after the FFN
+    comp = attn + ffn + head
     latency = comp + mgmt + stall
     t_end = np.cumsum(latency)
     t_start = t_end - latency

@@ -30,7 +30,7 @@ from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim import bitsets
-from sim.components.compute import COLD_SPLIT, ComputeModel, HostCpu, Phase
+from sim.components.compute import ComputeModel, HostCpu, Phase
 from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
 from sim.policies.base import CapacityError
@@ -44,7 +44,7 @@ PLAN_CHUNK_STEPS = 256
 
 SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_plan_s", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
              "pf_reads", "pf_plan_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
-             "cold_next_s", "computed", "needed", "correct", "hits", "before", "after", "peak")
+             "computed", "needed", "correct", "hits", "before", "after", "peak")
 S_FIELDS = ("head_read_s", "head_read_bytes", "head_reads", "mass_num", "mass_den", "rec_num", "rec_den",
             "cache_bytes", "dram_bytes", "budget_bytes")
 
@@ -125,7 +125,7 @@ class Planner:
         if self.dropped.any():
             a.attn = _pruned_attention(a.attn, compute.attention(*args), self.mha_kept, self.ffn_kept)
         a.head = compute.head(self.steps.batch, self.steps.n_tokens)
-        # bytes a layer's attention (and predictor) streams through the CPU caches, per step (evict_s)
+        # bytes a layer's attention (and predictor) streams from DRAM per step (sim/energy.py's traffic)
         self.attn_bytes = compute.attention_bytes(*args[1:]) + pred.weight_bytes_per_layer()
         a.kv_bytes = memory.kv_bytes
         a.fixed_bytes = memory.fixed_bytes
@@ -237,28 +237,12 @@ class Planner:
         a.ffn_flop_s[rows, layer] = ffn.flop_s
         a.ffn_mem_s[rows, layer] = ffn.mem_s
         a.ffn_gather_s[rows, layer] = ffn.gather_s
-        # the code after this layer refills what the layer's streaming evicted from the CPU caches
-        # (ComputeModel.evict_s): the next attention (or the lm_head) pays it. A layer that waited for
-        # demand reads computes with cold CPU caches too (ComputeModel.cold_s at the demand batch's
-        # time and planning, the whole wait without prefetch; probed against a layer run back to
-        # back): one refill, so only the wait's penalty beyond the eviction's is added, and its FFN,
-        # its cache work and the next attention each pay a share of it (COLD_SPLIT)
-        evict = self.compute.evict_s(self.attn_bytes[rows] + self.compute.ffn_bytes(n_comp, gathers))
-        wait = a.dem_s[rows, layer] + a.dem_plan_s[rows, layer]
-        cold = np.maximum(self.compute.cold_s(wait, n_dem) - evict, 0.0)
-        on_ffn, on_mgmt, on_next = COLD_SPLIT
-        if not self.manages_cache:    # no cache work: the FFN pays its share
-            on_ffn, on_mgmt = on_ffn + on_mgmt, 0.0
-        a.ffn_ovh_s[rows, layer] = ffn.ovh_s + on_ffn * cold
-        a.cold_next_s[rows, layer] = on_next * cold + evict
+        a.ffn_ovh_s[rows, layer] = ffn.ovh_s
         if self.manages_cache:
             moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
             mg = self.compute.memory_management(moved)
             a.mgmt_mem_s[rows, layer] = mg.mem_s
-            # + the runtime's update of the cache index: every layer and step, and per evicted neuron
-            f = self.profile.flash
-            a.mgmt_ovh_s[rows, layer] = (mg.ovh_s + f.cache_index_s_per_layer + f.cache_index_s_per_evicted * c.evicted
-                                         + on_mgmt * cold)
+            a.mgmt_ovh_s[rows, layer] = mg.ovh_s
         key = (layer, a0, b0)
         q = self.quality_memo.get(key) if self.quality_memo is not None else None
         if q is None:
@@ -296,8 +280,6 @@ class Planner:
         n_need = bitsets.count(needed)
         a.needed[rows, layer] = n_need
         zero = np.zeros(b0 - a0, np.int64)
-        # its attention (when kept) still streams its bytes: the next layer's code refills (evict_s)
-        a.cold_next_s[rows, layer] = self.compute.evict_s(self.attn_bytes[rows] * self.mha_kept[layer])
         mn, md, rn, rd = layer_quality(self.view, layer, a0, b0, np.zeros_like(needed), needed, zero, zero, n_need)
         a.mass_num[rows] += mn
         a.mass_den[rows] += md
@@ -336,9 +318,6 @@ class Planner:
             a.rec_den[rows] += rd
         a.hits[rows] = pages["ffn_hit_neurons"]
         ffn = self.compute.ffn(self.steps.n_tokens[rows], a.computed[rows], gathers=False)  # the mapped dense weights
-        # dense layers: each streams its attention and all its FFN weights (evict_s on the code after)
-        streamed = self.attn_bytes[rows, None] + self.compute.ffn_bytes(a.computed[rows], gathers=False)
-        a.cold_next_s[rows] = self.compute.evict_s(streamed)
         a.ffn_flop_s[rows], a.ffn_mem_s[rows] = ffn.flop_s, ffn.mem_s
         a.ffn_gather_s[rows], a.ffn_ovh_s[rows] = ffn.gather_s, ffn.ovh_s
         a.s["cache_bytes"][rows] = pages["cached_bytes"]

@@ -178,15 +178,6 @@ def _flash(args: argparse.Namespace) -> int:
     pl = result.get("read_plan")
     if pl:
         print(f"reader planning per batch: {pl['per_batch_s'] * 1e6:.0f} us + {pl['per_neuron_s'] * 1e6:.2f} us per neuron")
-    ix = result.get("cache_index")
-    if ix:
-        print(f"cache index work per layer: {ix['per_layer_s'] * 1e6:.0f} us + {ix['per_evicted_s'] * 1e6:.2f} us "
-              "per evicted neuron")
-    cold = result.get("cold_compute")
-    if cold:
-        waits = [f"{w * 1e3:.1f} ms ({r:.0f} reads)" for w, r in zip(cold["batch_wait_s"], cold["batch_reads"])]
-        pts = _penalties(waits, cold["kernel_cold_s"], cold.get("framework_cold_s"))
-        print(f"compute after a read wait, per layer (kernels/framework, us): {pts}")
     req = result.get("request_cpu")
     if req:
         print(request_cpu_line(req))
@@ -194,13 +185,6 @@ def _flash(args: argparse.Namespace) -> int:
     if "profile" in result:
         print(f"profile {args.name!r} updated (flash section): {result['profile']['path']}")
     return 0
-
-
-def _penalties(points: list[str], kernel_s: list[float], framework_s: list[float] | None) -> str:
-    """A probe's extra microseconds per layer at each point: 'point +kernels/framework, ...'."""
-    fw = framework_s or [None] * len(points)
-    return ", ".join(f"{p} +{k * 1e6:.0f}" + (f"/{f * 1e6:.0f}" if f is not None else "")
-                     for p, k, f in zip(points, kernel_s, fw))
 
 
 def request_cpu_line(req: dict[str, Any]) -> str:
@@ -330,10 +314,6 @@ def _compute(args: argparse.Namespace) -> int:
     if fw:
         print(f"framework (tiny transformers llama): {fw['layer_s'] * 1e6:.0f} us per layer + "
               f"{fw['token_s'] * 1e6:.0f} us per step")
-    sw = result.get("swept")
-    if sw:
-        pts = _penalties([f"{n >> 20} MiB" for n in sw["sweep_bytes"]], sw["kernel_swept_s"], sw.get("framework_swept_s"))
-        print(f"compute after the caches were swept, per layer (kernels/framework, us): {pts}")
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
     return 0

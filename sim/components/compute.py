@@ -16,41 +16,22 @@ Kernel counts (each pays one `op_overhead_s`, a launch/dispatch cost):
   sparse, predictor 3 (two low-rank GEMVs and the top selection), lm_head 3 (final norm, GEMV,
   embedding lookup), memory management 1 (one batched row copy per layer when rows move).
 
-**The sparse FFN's measured kernels** (profiles with `compute.sparse_ffn`, fourteenth round). One
-rate per kernel, measured at one size and in fp32, does not carry to other widths and dtypes: on
-this host fp16 GEMVs over the gathered rows' strided views stream at a third of fp32's rate, and
-the transposed down copy slows as it grows (a Llama-2-7B fp16 layer's sparse FFN: 10.6 ms real,
-6.3 ms from the single rates). `flashsim bench compute` measures the backend's own kernels per
-dtype over a grid of widths and computed neurons (devices/kernel_table.py interpolates); where the
-run's dtype has a table, a sparse FFN costs its gather (scaled by the run's row bytes) + transposed
-copy as the gather term and (matrices - 1) gate/up GEMVs + the down GEMV as the memory term (DMA
-contention still slows the weights' streaming), with op_overhead_s only for the norm, activation
-and residual (the measured calls include their own dispatch and per-row work).
+**The sparse FFN's measured kernels** (profiles with `compute.sparse_ffn`). A single rate per
+kernel, measured at one size and dtype, does not carry to other widths and dtypes: GEMVs over the
+gathered rows' strided views and the transposed down copy change speed with their size and dtype.
+`flashsim bench compute` measures the backend's own kernels per dtype over a grid of widths and
+computed neurons (devices/kernel_table.py interpolates); where the run's dtype has a table, a sparse
+FFN costs its gather (scaled by the run's row bytes) + transposed copy as the gather term and
+(matrices - 1) gate/up GEMVs + the down GEMV as the memory term (DMA contention still slows the
+weights' streaming), with op_overhead_s only for the norm, activation and residual (the measured
+calls include their own dispatch and per-row work).
 
-**Dense GEMVs measured per shape** (profiles with `compute.dense_gemv`, fifteenth round). The
-single GEMV rate comes from one [11008, 4096] matrix; in fp16 and bf16 this CPU converts as it
-goes and its speed follows the shape (fp16 [4096, 11008]: 7.6 ms real, 3.2 ms from the rate;
-[49152, 576]: 3.3 against 6.7). `flashsim bench compute` times F.linear per dtype over
-in_features x out_features with the weights streamed from DRAM; where the run's dtype has a table,
-the attention's four projections, the lm_head and a dense FFN's matrices cost the table's calls in
-the memory term (their dispatch and per-row work included, so no gemv_row_s and no op_overhead_s
-for them), the rest of the phase's bytes at the DRAM rate.
-
-**Compute after a layer's streaming** (`evict_s`, profiles with `compute.evict_layer_s`). A layer
-streams its attention weights, KV cache and FFN rows through the CPU caches: megabytes, more than a
-core's L2 holds. The code after it (the next layer's framework and kernels, or the lm_head) finds
-its own code and data evicted, where a probe run back to back finds them warm. The measured extra
-seconds, a function of the bytes swept (real/bench_cold.py `swept_compute`), are charged to the
-code after every layer at the bytes that layer streamed (`attention_bytes` + `ffn_bytes`).
-
-**Compute after a read wait** (`cold_s`, profiles with `flash.cold_compute_s`). A layer whose
-decoder waited for demand reads runs with cold CPU caches: during the wait the reader's threads (and
-other tenants of a shared host) evicted the decoder's code and data. The measured extra seconds, a
-function of how long the decoder waited (real/bench_cold.py; the demand batch's service time and
-planning, which is the wait without prefetch), are spread over that layer's FFN, its cache work
-and the next attention (COLD_SPLIT). Both probes time a layer against the same layer run back to
-back, and both are one refill of the same caches: a layer that waited adds only the wait's penalty
-beyond its eviction's (sim/planner.py).
+**Dense GEMVs measured per shape** (profiles with `compute.dense_gemv`). A CPU that converts fp16 /
+bf16 as it goes runs a GEMV at a speed that follows its shape, not one rate. `flashsim bench compute`
+times F.linear per dtype over in_features x out_features with the weights streamed from DRAM; where
+the run's dtype has a table, the attention's four projections, the lm_head and a dense FFN's
+matrices cost the table's calls in the memory term (their dispatch and per-row work included, so no
+gemv_row_s and no op_overhead_s for them), the rest of the phase's bytes at the DRAM rate.
 
 **Unified-memory contention.** Flash DMA writes the bytes it reads into the same DRAM the compute
 units stream weights from, so while a transfer runs at r bytes/s it takes r of the DRAM bandwidth
@@ -62,8 +43,8 @@ RAM and cross PCIe.
 
 **Host CPU shared by compute and I/O** (`HostCpu`, profiles with `flash.host_cpu_s_per_read` > 0).
 On a CPU-only host the reads are submitted and completed by threads on the same cores (and, in
-Python, under the same interpreter lock) as the compute. Two effects, each with its measured
-constant (`flashsim bench flash` measures both; docs/validation-history.md has the numbers):
+Python, under the same interpreter lock) as the compute. Two effects, each measured by `flashsim
+bench flash` on the host it describes:
   * a read batch that runs while the compute runs needs CPU per read that the compute holds: its
     service time grows by n_reads x `read_delay_s_per_read` (default `host_cpu_s_per_read`; reads
     alone are timed by the read table, which bench flash measured with the same threads, so their
@@ -82,50 +63,32 @@ torch call. bench flash measures the four terms with three probes of very differ
 tiny transformers llama, a few us per call: the framework_* terms; a 1024-wide GEMV, tens of us:
 the plain terms; a 4096-wide GEMV, about 1 ms: long_kernel_*) and counts each probe's calls. A
 phase's seconds per call are its compute without contention over the loop's calls in that phase
-(counted: LOOP_ATTENTION_OPS in the attention, LOOP_FFN_OPS in the FFN step with the memory
-management); `HostCpu.at` takes the terms linear in log(seconds per call) between the two probes
-around it, the nearest probe's outside them (the framework share then adds nothing: a
-transformers layer's many short calls are what place it near the framework probe). Per phase,
-not per layer (thirteenth round): a batch costs the loop what the code it overlaps loses, and a
-delta prefetch, issued at a layer's end, runs mostly during the next layer's attention. In
-SmolLM2's transformers layer that is 69 calls of 7.5 us (520 us), against 22 of 58 us in the FFN
-step and 19.8 us over the layer; in a real model-mode run a 4-5 ms prefetch batch of
-about 125 reads stretched the attention after it from about 0.6 ms to 5.5-6.5 ms, which the
-layer's rhythm priced at about half. A batch's own delay (`delay_s`) takes the layer's seconds per
-call: it spans both phases. Measured on the real loop with every
-neuron resident (docs/validation-history.md, twelfth round), the loss per 64-read batch fell from
-1.7-2.0 ms at d_model 256 (8 us per call) to 0.45-0.57 ms at a 7B layer (340 us), and the GEMV
-probes at the same seconds per call lost the same. A profile without the three probes charges a
-Python loop the framework terms everywhere (the model before). A Python loop also loses a
-prefetch's planning whole (`flash.plan_s_per_batch` + `plan_s_per_neuron` x neurons: NumPy on the
-reader's thread, holding the interpreter lock; `cpu_share`'s plan_s): batches of 53 neurons
-through real.reader cost the all-resident loop 1.34 ms against 0.93 ms for the same raw reads,
-with about 0.32 ms of planning per batch (twelfth round). A compiled loop (decoder=native) runs on
-while the planning holds the lock.
+(LOOP_ATTENTION_OPS in the attention, LOOP_FFN_OPS in the FFN step with the memory management);
+`HostCpu.at` takes the terms linear in log(seconds per call) between the two probes around it, the
+nearest probe's outside them. Per phase, not per layer: a batch costs the loop what the code it
+overlaps loses, and a delta prefetch, issued at a layer's end, runs mostly during the next layer's
+attention. A batch's own delay (`delay_s`) takes the layer's seconds per call: it spans both
+phases. A profile without the three probes charges a Python loop the framework terms everywhere. A
+Python loop also loses a prefetch's planning whole (`flash.plan_s_per_batch` + `plan_s_per_neuron`
+x neurons: NumPy on the reader's thread, holding the interpreter lock; `cpu_share`'s plan_s). A
+compiled loop (decoder=native) runs on while the planning holds the lock.
 
-**Interference over the batch's reads** (profiles with `flash.host_cpu_curves`, twenty-third
-round). The per-read and per-batch terms are a line through two large batches (2x and 8x the reads
-in flight). A batch with one read per thread or fewer waits on the device's latency with CPU to
-spare, where a batch several reads deep per thread is paced by the reads' own CPU work (about 30 us
-per read here, most of both cores), so the line over-stated a small batch's delay about 3x (16 KiB
-reads, 64 in flight, the kernel probe: 0.13 ms measured at 16 reads against 0.48 on the line).
-bench flash measures each probe at a quarter, 1x, 2x and 8x the reads in flight; a probe with a
-curve is priced by it (`BatchCost`: linear in the reads between the sizes, proportional below the
-first, the last segment's slope beyond the last).
+**Interference over the batch's reads** (profiles with `flash.host_cpu_curves`). A batch with one
+read per thread or fewer waits on the device's latency with CPU to spare, where a batch several
+reads deep per thread is paced by the reads' own CPU work, so a line through two large batches
+over-states a small batch's delay. bench flash measures each probe at a quarter, 1x, 2x and 8x the
+reads in flight; a probe with a curve is priced by it (`BatchCost`: linear in the reads between the
+sizes, proportional below the first, the last segment's slope beyond the last).
 
 **The FFN step's own probe** (curve "ffn_step"). A Python loop's FFN step (real.backend's
 `RealExecutor.ffn`: the cache's bookkeeping in NumPy, its row moves, the gather, the sparse
-kernels) makes its torch calls at the kernel probe's rhythm (about 58 us apart), which placed it at
-the kernel terms, but the NumPy work between the calls holds the interpreter lock: with it as the
-compute, reads were delayed about twice as much as with the attention stand-in alone (0.56 / 1.10 /
-1.39 / 3.27 ms per batch of 16 / 64 / 128 / 512 reads against 0.13 / 0.52 / 0.84 / 2.08 for the
-kernel probe, the same session). bench flash runs that code itself as a probe (FfnStepProbe, its
-reads planned but not transferred). With the curve, the FFN step and the cache work of a Python
-loop take it (`HostCpu.cost`'s `ffn` share = 1), the attention keeps its rhythm's terms, and a
-prefetch's own delay takes it for the share of the batch's interval that falls on FFN steps
-(`ffn_overlap`, from the decoder's repeating attention / FFN-step pattern after the issue: a 64-read
-bundled batch issued at a layer's end, about 2 ms, ends within the next attention) and the
-attention's rhythm for the rest.
+kernels) makes its torch calls at the kernel probe's rhythm, but the NumPy work between the calls
+holds the interpreter lock, so reads wait behind it longer than behind kernels alone. bench flash
+runs that code itself as a probe (FfnStepProbe, its reads planned but not transferred). With the
+curve, the FFN step and the cache work of a Python loop take it (`HostCpu.cost`'s `ffn` share =
+1), the attention keeps its rhythm's terms, and a prefetch's own delay takes it for the share of
+the batch's interval that falls on FFN steps (`ffn_overlap`, from the decoder's repeating
+attention / FFN-step pattern after the issue) and the attention's rhythm for the rest.
 """
 
 from __future__ import annotations
@@ -151,20 +114,6 @@ LOOP_ATTENTION_OPS = {"kernels": 22, "hf": 69}
 ATTENTION_KERNELS = 8
 ATTENTION_GEMVS = 4     # of those kernels: the q, k, v and o projections
 FFN_BASE_KERNELS = 3
-# Where the compute after a demand wait pays the wait's penalty (ComputeModel.cold_s: the probe
-# times a whole layer right after a batch): the code that runs between this wait and the next,
-# each code path refilling its own code and data. The real backend's order is the FFN, its cache
-# work, the next layer's attention; the shares are measured on the real runs themselves (reads
-# against the reads' I/O skipped, the rest unchanged, paired runs; real records' ffn_compute_s,
-# mem_mgmt_s and the rest of compute_s; tests/benchmarks/test_bench_wait_penalty.py): over three
-# sessions, 11 of 12 measurements in shape and model mode gave 42-58% on the FFN, 16-24% on the
-# cache work, 21-38% on the attention side (the 12th scattered more than its penalty). With the
-# batch read into other memory (the cache rows untouched) the split is the same, so the cache work
-# and the FFN pay a refill of code and state, not rows the disk just wrote. A fourth session, on a
-# host so quiet that validate's shape paid 0.3-0.8x the probe's penalty, gave SmolLM2 51-54 / 18-21
-# / 25-31% but the shape 46-69 / 26-43 / 2-20%: the attention side's share is the least settled
-# (docs/validation-history.md, eighteenth round).
-COLD_SPLIT = (0.5, 0.2, 0.3)    # FFN, cache work, the next attention (or the lm_head)
 PREDICTOR_KERNELS = 3
 HEAD_KERNELS = 3
 MGMT_KERNELS = 1
@@ -460,25 +409,20 @@ class ComputeModel:
         kv_entries = np.where(decode, ctx_sum, kv_tokens).astype(np.float64)
         return s.attn_bytes_per_layer + s.norm_bytes_per_layer + kv_entries * self.kv_bytes_per_layer_token
 
-    def ffn_bytes(self, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> np.ndarray:
-        """Distinct bytes an FFN of n_computed neurons streams through the CPU caches: a sparse FFN
-        its cache rows, the gathered copy and the transposed down copy; a dense one its weights."""
-        s = self.spec
-        c = np.asarray(n_computed, np.float64)
-        gathered = 2.0 * c * self.row_bytes + c * s.d_model * s.dtype_bytes
-        return np.where(self._sparse(c, gathers), gathered, c * s.ffn_neuron_bytes)
-
     def _sparse(self, c: np.ndarray, gathers: bool | np.ndarray) -> np.ndarray:
         """Where an FFN of c computed neurons gathers them out of the cache matrix (the caller's
         `gathers`, Residency.gathers_at: every neuron computed included where the cache's rows sit
         in arrival order, as real.backend gathers whatever the step computes)."""
         return (c > 0) & gathers
 
-    def evict_s(self, streamed_bytes: np.ndarray) -> np.ndarray:
-        """Extra compute of the code after a layer that streamed that many bytes through the CPU
-        caches (the profile's measured `compute.evict_layer_s` curve; framework code's under
-        compute.framework=hf): the refill of the code and data they evicted (module doc)."""
-        return self.profile.compute.evict_at(streamed_bytes, self.framework_code)
+    def ffn_bytes(self, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> np.ndarray:
+        """Distinct DRAM bytes an FFN of n_computed neurons moves (sim/energy.py's traffic): a sparse
+        FFN its cache rows, the gathered copy and the transposed down copy; a dense one its weights."""
+        s = self.spec
+        c = np.asarray(n_computed, np.float64)
+        gathered = 2.0 * c * self.row_bytes + c * s.d_model * s.dtype_bytes
+        sparse = (c > 0) & gathers
+        return np.where(sparse, gathered, c * s.ffn_neuron_bytes)
 
     def ffn(self, n_tokens: np.ndarray, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> Phase:
         """FFN of each (step, layer): n_tokens [S, 1] or [S], n_computed [S, L]. `gathers` (a bool
@@ -524,22 +468,12 @@ class ComputeModel:
         return Phase(ph.flop_s, np.where(sparse, gemv, ph.mem_s), np.where(sparse, copy, ph.gather_s),
                      np.where(sparse, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
 
-    def cold_s(self, wait_s: np.ndarray, demand_reads: np.ndarray) -> np.ndarray:
-        """Extra compute of a layer whose decoder waited `wait_s` seconds for a demand batch of
-        `demand_reads` reads: its code and data were evicted from the CPU caches during the wait (the
-        profile's measured `flash.cold_compute_s` curve over the wait, or the batch's reads in older
-        profiles; framework code's under compute.framework=hf). 0 without a wait. The planner spreads
-        it over the code that runs before the next wait (COLD_SPLIT)."""
-        return self.profile.flash.cold_compute_at(np.where(demand_reads > 0, wait_s, 0.0), demand_reads,
-                                                  self.framework_code)
-
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
         rows x (`row_move_row_s` + 2 x bundle bytes / `row_move_bytes_per_s`), which bench compute
-        measures on the real cache's own deletion (NumPy fancy indexing moved SmolLM2's rows at 3.5 us
-        each where the gather's rate priced 1.6, nineteenth round); a profile without them: at
-        gather_bytes_per_s (scattered rows, not a streaming copy: the DRAM copy bandwidth
-        over-stated it 2.5x). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
+        measures on the real cache's own deletion (NumPy fancy indexing pays a per-row cost the
+        streaming gather does not); a profile without them: at gather_bytes_per_s (scattered rows,
+        not a streaming copy, so not the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
         DRAM row: real.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
         8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)

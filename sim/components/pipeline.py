@@ -53,7 +53,7 @@ class Decoder:
     # Per-(step, layer) plan columns the loop reads, in tuple order.
     CELL = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
             "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s",
-            "dem_plan_s", "pf_plan_s", "cold_next_s")
+            "dem_plan_s", "pf_plan_s")
 
     def __init__(self, env: simpy.Environment, plan: PlanArrays, flash: FlashDevice, trigger: str,
                  unified: bool, recorder: Recorder, plan_cell: Callable[[int, int], None] | None = None,
@@ -98,7 +98,6 @@ class Decoder:
             af, am, ao = attn_f[s], attn_m[s], attn_o[s]
             a_warm = (af if af > am else am) + ao
             a_tot = a_warm
-            carry = 0.0     # the previous layer's wait penalty that falls on the code after its FFN
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
                                    a_tot, 0.0, lop, p.pf_plan_s[s, 0], pattern=(a_pat, f_pat, False, lop_a))
@@ -111,9 +110,9 @@ class Decoder:
                 else:
                     c = cells[layer]
                     c_next = cells[layer + 1] if layer + 1 < L else None
-                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp, cn = c
+                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp = c
                 now = env.now
-                a_tot = a_warm + carry
+                a_tot = a_warm
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
                 # loop's torch calls) the Python loop's seconds per call, in the layer and in each phase
                 ov = (mg_m + mg_o + ff_g + (ff_f if ff_f > ff_m else ff_m) + ff_o + a_tot) if host else 0.0
@@ -133,7 +132,7 @@ class Decoder:
                 # 2. attention (+ predictor)
                 if unified and flash.free_at_s > now:
                     m = stretch(now, am, segs(now))
-                    d_attn = (af if af > m else m) + ao + carry
+                    d_attn = (af if af > m else m) + ao
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
@@ -210,7 +209,6 @@ class Decoder:
                                                p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop,
                                                p.pf_plan_s[s + 1, layer], pattern=(a_pat, f_pat, False, lop_a))
                 yield timeout(pending + d_mg + d_ffn)
-                carry = cn
             # lm_head
             if self.finish_step is not None:
                 self.finish_step(s)
@@ -223,7 +221,7 @@ class Decoder:
                 if iv:
                     iv("stall", "wait: streamed lm_head", s, L, now, end)
             now = env.now
-            hf, hm, ho = head_f[s], head_m[s], head_o[s] + carry
+            hf, hm, ho = head_f[s], head_m[s], head_o[s]
             if unified and flash.free_at_s > now:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho

@@ -162,91 +162,17 @@ def test_batch_overhead_by_reads_per_thread_by_hand() -> None:
     assert f.batch_overhead_at(np.array([64])).tolist() == pytest.approx([5e-4])    # default: one read per thread
 
 
-COLD_FIELDS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s")
+def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
+    """Profiles written with the cold-cache terms the simulator no longer has (RETIRED_*_KEYS) load;
+    the keys are dropped, and an unknown key is still refused."""
+    from devices.schema import RETIRED_COMPUTE_KEYS, RETIRED_FLASH_KEYS
 
-
-def _without_cold() -> dict:
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    for k in COLD_FIELDS:
-        data["flash"].pop(k, None)
-    return data
-
-
-def test_cold_compute_interpolates_from_zero_wait_and_clamps() -> None:
-    """flash.cold_compute_s: linear between the measured waits, from 0 s at no wait, the last value
-    beyond the last point, whatever the batch's reads; the framework curve under framework=True, the
-    kernels' without one."""
-    data = _without_cold()
-    data["flash"].update(cold_wait_s=[1e-3, 4e-3, 16e-3], cold_compute_s=[4e-5, 1e-4, 2e-4],
-                         framework_cold_compute_s=[1e-4, 2e-4, 5e-4])
-    f = DeviceProfile.model_validate(data).flash
-    wait = np.array([0, 0.5e-3, 1e-3, 2.5e-3, 10e-3, 16e-3, 1.0])
-    reads = np.full(len(wait), 7)
-    assert f.cold_compute_at(wait, reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
-    assert f.cold_compute_at(wait, reads * 100).tolist() == f.cold_compute_at(wait, reads).tolist()
-    assert f.cold_compute_at(wait, reads, framework=True).tolist() == pytest.approx(
-        [0.0, 5e-5, 1e-4, 1.5e-4, 3.5e-4, 5e-4, 5e-4])
-    data["flash"].pop("framework_cold_compute_s")
-    g = DeviceProfile.model_validate(data).flash
-    assert g.cold_compute_at(wait, reads, framework=True).tolist() == g.cold_compute_at(wait, reads).tolist()
-    for k in ("cold_wait_s", "cold_compute_s"):
-        data["flash"].pop(k)
-    assert DeviceProfile.model_validate(data).flash.cold_compute_at(wait, reads).tolist() == [0.0] * len(wait)
-
-
-def test_cold_compute_of_an_older_profile_by_the_batch_reads() -> None:
-    """An older profile gives the curve at reads per batch
-    (flash.cold_batch_reads): looked up by the reads, whatever the wait."""
-    data = _without_cold()
-    data["flash"].update(cold_batch_reads=[4.0, 16.0, 64.0], cold_compute_s=[4e-5, 1e-4, 2e-4])
-    f = DeviceProfile.model_validate(data).flash
-    reads = np.array([0, 2, 4, 10, 40, 64, 1000])
-    for wait in (np.zeros(len(reads)), np.full(len(reads), 0.05)):
-        assert f.cold_compute_at(wait, reads).tolist() == pytest.approx([0.0, 2e-5, 4e-5, 7e-5, 1.5e-4, 2e-4, 2e-4])
-
-
-@pytest.mark.parametrize("cold, expect", [
-    ({"cold_compute_s": [1e-4]}, "need cold_wait_s"),
-    ({"cold_wait_s": [4e-3, 4e-3], "cold_compute_s": [1e-4, 2e-4]}, "positive and increasing"),
-    ({"cold_wait_s": [4e-3, 16e-3], "cold_compute_s": [1e-4]}, "one value >= 0 seconds per cold_wait_s"),
-    ({"cold_wait_s": [4e-3, 16e-3], "framework_cold_compute_s": [1e-4, -1.0]}, "framework_cold_compute_s needs"),
-    ({"cold_batch_reads": [4.0, 4.0], "cold_compute_s": [1e-4, 2e-4]}, "cold_batch_reads must be positive"),
-    ({"cold_wait_s": [4e-3], "cold_batch_reads": [4.0], "cold_compute_s": [1e-4]}, "not both"),
-])
-def test_malformed_cold_compute_curve_is_refused(cold, expect) -> None:
-    data = _without_cold()
-    data["flash"].update(cold)
-    with pytest.raises(ValidationError, match=expect):
-        DeviceProfile.model_validate(data)
-
-
-def test_evict_curve_interpolates_from_zero_bytes_and_clamps() -> None:
-    """compute.evict_layer_s: linear between the swept sizes, from 0 s at 0 bytes, the last value
-    beyond the last point; the framework curve under framework=True, the kernels' without one."""
-    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    data["compute"].update(evict_bytes=[1e6, 4e6], evict_layer_s=[2e-5, 8e-5], framework_evict_layer_s=[1e-4, 1.3e-4])
-    c = DeviceProfile.model_validate(data).compute
-    nbytes = np.array([0, 5e5, 1e6, 2.5e6, 4e6, 1e9])
-    assert c.evict_at(nbytes).tolist() == pytest.approx([0.0, 1e-5, 2e-5, 5e-5, 8e-5, 8e-5])
-    assert c.evict_at(nbytes, framework=True).tolist() == pytest.approx([0.0, 5e-5, 1e-4, 1.15e-4, 1.3e-4, 1.3e-4])
-    data["compute"].pop("framework_evict_layer_s")
-    g = DeviceProfile.model_validate(data).compute
-    assert g.evict_at(nbytes, framework=True).tolist() == g.evict_at(nbytes).tolist()
-    for k in ("evict_bytes", "evict_layer_s"):
-        data["compute"].pop(k)
-    assert DeviceProfile.model_validate(data).compute.evict_at(nbytes).tolist() == [0.0] * len(nbytes)
-
-
-@pytest.mark.parametrize("curve, expect", [
-    ({"evict_layer_s": [1e-4]}, "need evict_bytes"),
-    ({"evict_bytes": [4e6, 1e6], "evict_layer_s": [1e-4, 2e-4]}, "positive and increasing"),
-    ({"evict_bytes": [1e6, 4e6], "evict_layer_s": [1e-4]}, "one value >= 0 seconds per evict_bytes"),
-    ({"evict_bytes": [1e6, 4e6], "framework_evict_layer_s": [1e-4, -1.0]}, "framework_evict_layer_s needs"),
-])
-def test_malformed_evict_curve_is_refused(curve, expect) -> None:
-    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    for k in ("evict_bytes", "evict_layer_s", "framework_evict_layer_s"):
-        data["compute"].pop(k, None)
-    data["compute"].update(curve)
-    with pytest.raises(ValidationError, match=expect):
+    data["flash"].update(cold_wait_s=[1e-3, 4e-3], cold_compute_s=[4e-5, 1e-4], framework_cold_compute_s=[1e-4, 2e-4])
+    data["compute"].update(evict_bytes=[1e6, 4e6], evict_layer_s=[2e-5, 8e-5])
+    p = DeviceProfile.model_validate(data)
+    assert not any(hasattr(p.flash, k) for k in RETIRED_FLASH_KEYS)
+    assert not any(hasattr(p.compute, k) for k in RETIRED_COMPUTE_KEYS)
+    data["compute"]["evict_layer_sec"] = [1.0]
+    with pytest.raises(ValidationError, match="evict_layer_sec"):
         DeviceProfile.model_validate(data)

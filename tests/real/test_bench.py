@@ -220,16 +220,6 @@ def test_bench_compute_records_threads(tmp_path, capsys):
         assert t["in_features"] == list(QUICK_IN_FEATURES) and t["out_features"] == list(QUICK_OUT_FEATURES)
         assert all(x > 0 for row in t["gemv_s"] for x in row)
     assert ComputeSpec.model_validate(compute).dense_gemv is not None
-    # the probe layers after the caches were swept: one penalty per swept size, for both probes
-    from real.bench_cold import SWEEP_BYTES
-
-    sw = res["swept"]
-    assert sw["sweep_bytes"] == list(SWEEP_BYTES) and sw["kernel_warm_s"] > 0 and sw["framework_warm_s"] > 0
-    assert compute["evict_bytes"] == [float(n) for n in SWEEP_BYTES]
-    for key, got in (("kernel_swept_s", compute["evict_layer_s"]), ("framework_swept_s", compute["framework_evict_layer_s"])):
-        assert len(got) == len(SWEEP_BYTES) and all(x >= 0 for x in got)
-        assert got == pytest.approx(sw[key], rel=1e-3, abs=1e-12)
-    assert "swept through the caches" in compute["source"]
     # the neuron cache's own row moves: 2 x bytes moved per second of LayerCache.delete
     mv = res["row_move"]
     assert len(mv["s_per_row_moved"]) == 2 and all(t > 0 for t in mv["s_per_row_moved"])
@@ -239,7 +229,7 @@ def test_bench_compute_records_threads(tmp_path, capsys):
     if t2 > t1 and t1 > (t2 - t1) / (b2 - b1) * b1:
         assert mv["row_s"] + 2 * b1 / mv["bytes_per_s"] == pytest.approx(t1, rel=1e-6)
     assert "row moves" in compute["source"]
-    assert ComputeSpec.model_validate(compute).evict_at(np.array([64 << 20]))[0] == compute["evict_layer_s"][-1]
+    assert not any(k.startswith("evict") for k in compute)          # a term the simulator no longer has
     with pytest.raises(FlashsimError, match="must be >= 1"):
         run_compute_bench(quick=True, threads=0)
     with pytest.raises(FlashsimError, match="needs torch"):
@@ -252,10 +242,8 @@ def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
     assert main(["bench", "compute", "--quick", "--threads", "1", "--out", str(out), "--name", "one"]) == 0
     text = capsys.readouterr().out
     assert "1 threads" in text and "framework (tiny transformers llama)" in text
-    assert "compute after the caches were swept, per layer (kernels/framework, us): 1 MiB +" in text
     prof = load_profile(out)
     assert prof.compute.threads == 1 and prof.compute.sparse_ffn is not None and prof.compute.dense_gemv is not None
-    assert prof.compute.evict_bytes is not None and prof.compute.framework_evict_layer_s is not None
     assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
     assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
     err = capsys.readouterr().err
@@ -303,7 +291,7 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
 
 
 def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
-    """One round of reader planning and cache index timing per pass; the profile takes the medians
+    """One round of reader planning per pass; the profile takes the medians
     (the read table: the mean time per byte over the sweeps)."""
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu", "--passes", "3")) == 0
@@ -312,7 +300,6 @@ def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
     assert p["batch_neurons"] == [16, 512] and p["in_flight"] == 4 and p["samples"] >= 1
     assert all(t > 0 for t in p["batch_s"]) and p["per_batch_s"] >= 0 and p["per_neuron_s"] >= 0
     assert len(p["rounds"]) == 3 and p["per_batch_s"] == sorted(r["per_batch_s"] for r in p["rounds"])[1]
-    assert len(res["cache_index"]["rounds"]) == 3
     # the read table: each point's mean time per byte over the sweeps (the harmonic mean of their rates)
     g = res["grid"]
     for i, row in enumerate(g["bytes_per_s"]):
@@ -339,44 +326,22 @@ def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys,
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["batches"] is None and res["read_plan"] is None
-    assert "batch overhead, reader planning and compute after a read wait not measured" in res["note"] and "Permission denied" in res["note"]
+    assert "batch overhead and reader planning not measured" in res["note"] and "Permission denied" in res["note"]
     f = load_profile(out).flash
     assert f.batch_overhead_s is None and f.plan_s_per_batch == 0 and f.read_table is not None
 
 
-def test_bench_flash_times_compute_after_a_read_wait_and_the_cache_index(full_quick_flash):
-    """With the host CPU probe on: per batch size, a layer's kernels (and a tiny transformers llama
-    layer) right after a reader batch less back to back; and the backend's per-layer index work.
-    Both land in the profile with their source (the text output's lines: the compute-threads test)."""
-    text, folder = full_quick_flash
-    out = folder / "prof.yaml"
-    res = json.loads(text)
-    cold, ix = res["cold_compute"], res["cache_index"]
-    # a short bench: one long wait, two batches of the largest back to back
-    assert cold["batch_neurons"] == [4, 16, 64, 256, 1024, 1024] and cold["samples"] == 8
-    assert cold["batch_repeats"] == [1, 1, 1, 1, 1, 2]
-    assert all(b > a > 0 for a, b in zip(cold["batch_reads"], cold["batch_reads"][1:]))
-    w = cold["batch_wait_s"]
-    assert w[0] > 0 and w[5] > 1.5 * w[4]      # two batches back to back wait about twice as long as one
-    assert len(cold["kernel_cold_s"]) == 6 and all(x >= 0 for x in cold["kernel_cold_s"]) and cold["kernel_warm_s"] > 0
-    assert len(cold["framework_cold_s"]) == 6 and cold["framework_warm_s"] > 0
-    assert ix["layer_neurons"] == 512 and ix["drop_all_s"] > 0 and ix["per_layer_s"] == ix["keep_all_s"] > 0
-    f = load_profile(out).flash
-    keep = [i for i in range(6) if w[i] > max(w[:i], default=0.0)]
-    assert f.cold_batch_reads is None and f.cold_wait_s == pytest.approx([w[i] for i in keep], rel=1e-3)
-    assert f.cold_compute_s == pytest.approx([cold["kernel_cold_s"][i] for i in keep], rel=1e-3, abs=1e-12)
-    assert f.framework_cold_compute_s == pytest.approx([cold["framework_cold_s"][i] for i in keep], rel=1e-3, abs=1e-12)
-    assert f.cache_index_s_per_layer == pytest.approx(ix["per_layer_s"], rel=1e-3)
-    assert f.cache_index_s_per_evicted == pytest.approx(ix["per_evicted_s"], rel=1e-3, abs=1e-15)
-    assert "compute after a read wait" in f.source and "1024 x 2" in f.source and "cache index work" in f.source
-    # a wait no longer than the previous one's is dropped (the curve increases): a batch whose reads
-    # coalesce can wait less than a smaller one
-    from real.bench_flash import flash_section
+def test_bench_flash_writes_no_retired_terms(full_quick_flash):
+    """With the host CPU probe on: no compute after a read wait and no cache index work is measured
+    or written (terms the simulator no longer has)."""
+    from devices.schema import RETIRED_FLASH_KEYS
 
-    res["cold_compute"] = dict(cold, batch_wait_s=[1e-4, 2e-4, 2e-4, 4e-3, 3e-3, 8e-3])
-    sec = flash_section(res, "measured")
-    assert sec["cold_wait_s"] == [1e-4, 2e-4, 4e-3, 8e-3] and "cold_batch_reads" not in sec
-    assert sec["cold_compute_s"] == pytest.approx([cold["kernel_cold_s"][i] for i in (0, 1, 3, 5)], rel=1e-3, abs=1e-12)
+    text, folder = full_quick_flash
+    res = json.loads(text)
+    assert "cold_compute" not in res and "cache_index" not in res
+    written = yaml.safe_load((folder / "prof.yaml").read_text())["flash"]
+    assert not any(k in written for k in RETIRED_FLASH_KEYS)
+    assert "compute after a read wait" not in written["source"] and "cache index work" not in written["source"]
 
 
 def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(monkeypatch):
@@ -385,8 +350,6 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
     0.8x (states 1.5, 1.5, 0.8: the slices' means are 1.5 and 1.15). The overhead is 0.2 ms in
     either state; unscaled it would be the state's difference from the table."""
     from types import SimpleNamespace
-
-    import numpy as np
 
     import real.bench_reader as BR
     from devices.curves import TableReadCurve
@@ -451,7 +414,6 @@ def test_bench_flash_times_segmented_reads(tmp_path, capsys):
 def test_random_reads_land_across_the_destination_region(tmp_path):
     """Each thread takes its own next slot of one huge-page region (as reads land in cache rows),
     not one reused buffer: after a short point, slot k of thread k and later slots hold file bytes."""
-    import numpy as np
 
     from real.bench_io import DEST_BYTES, BenchFile, random_read_bytes_per_s
 
@@ -509,7 +471,7 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
     res = bfm.run_flash_bench(tmp_path / "b.dat", 8 << 20, cfg)
     sweep = ["read"] * 4
     assert events[:15] == [*sweep, "round0", *sweep, "round1", *sweep, "round2"]
-    assert res["read_plan"] is not None and res["cache_index"] is not None and res["cold_compute"] is None
+    assert res["read_plan"] is not None
 
 
 def test_probe_summary_pools_the_rounds_slices_by_hand():
@@ -623,40 +585,6 @@ def test_ffn_step_probe_runs_the_backends_ffn_step_without_transfers(tmp_path):
     assert section["host_cpu_batch_reads"] == [1, 4, 8, 32]
     assert set(section["host_cpu_curves"]) == {"kernel", "ffn_step"}
     assert "FFN step" in section["source"]
-
-
-def test_cold_compute_runs_the_backends_ffn_step_as_the_tiny_llamas_mlp(tmp_path):
-    """cold_compute(ffn_step=...): the tiny llama runs it as every decoder layer's MLP (as model mode
-    runs SmolLM2's), in the back-to-back timings and after each wait alike, and the result says so;
-    the kernel probe keeps its own small FFN. Without it, nothing calls it."""
-    pytest.importorskip("torch")
-    from real.bench_cold import cold_compute
-    from real.bench_host_cpu import FfnStepProbe
-    from real.bench_reader import bench_store
-
-    probe = FfnStepProbe(tmp_path, 1, 0)
-    calls = []
-
-    def step() -> None:
-        calls.append(probe.n_layer)
-        probe.layer()
-
-    try:
-        with bench_store(tmp_path, 0) as store:
-            res = cold_compute(store, 4, 0, samples=8, long_repeats=(2,), ffn_step=step)
-            n_with = len(calls)
-            plain = cold_compute(store, 4, 0, samples=8, long_repeats=(2,))
-        assert len(calls) == n_with          # the plain probe never calls it
-    finally:
-        probe.close()
-    points = len(res["batch_neurons"])
-    # the tiny llama: at least `samples` + 8 layers back to back and after each wait, every layer's
-    # MLP one FFN step (decode steps of 4 layers: at most 3 layers more per point)
-    assert (points + 1) * (8 + 8) <= n_with <= (points + 1) * (8 + 8 + 3)
-    assert calls[:4] == [0, 1, 0, 1]                                   # layer after layer of its store
-    assert probe.n_step > 0                                           # whole decode steps completed
-    assert res["ffn_step"] is True and plain["ffn_step"] is False
-    assert len(res["framework_cold_s"]) == points and res["framework_warm_s"] > plain["framework_warm_s"]
 
 
 def test_the_width_checks_time_table_cells_and_skip_a_profile_without_them(monkeypatch):

@@ -36,7 +36,8 @@ def test_calibrate_end_to_end_quick(monkeypatch, tmp_path, capsys):
     # and validate ran against it
     v = rep["validate"]
     assert v["profile"] == "calib-test" and v["n_configs"] == 2 and v["modes"] == ["shape"]
-    assert v["per_metric"]["bytes_read"]["max"] == 0.0
+    # bytes agree exactly in every pass; the mean over validate's 3 passes may differ in its last bit
+    assert v["per_metric"]["bytes_read"]["max"] == pytest.approx(0.0, abs=1e-12)
     assert list(disk.iterdir()) == []          # the bench file is removed
     # the CPU cost of one read request, and what was measured vs carried over
     assert prof.flash.request_cpu_s is not None and prof.flash.request_cpu_s > 0

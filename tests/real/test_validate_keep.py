@@ -114,6 +114,8 @@ def test_rescore_many_by_hand(tmp_path, capsys):
     assert main(["validate", "--rescore", *map(str, kept), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["latency_error_median"]["median"] == pytest.approx(0.1) and out["n_grids"] == 2
+    for g, rep in zip(out["grids"], out["per_grid"], strict=True):     # each grid's floor in its row
+        assert g["floor"] == rep["floor"] and set(g["floor"]["metrics"]) == {"latency_s", "io_s", "compute_s"}
     # one grid of two passes plots each point with its passes' range
     assert main(["validate", "--rescore", str(kept[0]), "--plot", str(tmp_path / "one")]) == 0
     assert (tmp_path / "one" / "validate_scatter.png").stat().st_size > 0

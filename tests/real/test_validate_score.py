@@ -212,3 +212,33 @@ def test_level_removed_by_hand():
     assert S.summarize(rows)["level_removed"] == lv      # every summary carries it
     assert S.level_removed([row("shape", 1.0, 0.0)]) == {} and "level_removed" not in S.summarize(
         [{"metrics": {m: {"error": 0.1} for m in S.METRICS}}])
+
+
+def test_floor_by_hand():
+    # one configuration, three passes 2, 4, 3, the simulator at 3 (test above): the simulator against
+    # each pass 0.5, 0.25, 0 (p50 0.25, p90 0.45); the other passes' mean against each 0.75, 0.375, 0
+    # (p50 0.375, p90 0.675): excess -0.125 / -0.225, limits max(5%, 0.375) and max(10%, 1.25 x 0.675)
+    class T:
+        def __init__(self, v):
+            self.latency_s = self.io_s = self.compute_s = v
+            self.bytes_read = 100
+
+    run = lambda v: [T(50.0), T(50.0), T(v), T(v)]   # noqa: E731
+    rows = [{"config": "a", "metrics": S.compare(run(2.0), run(3.0), [run(4.0), run(3.0)])}]
+    f = S.summarize(rows)["floor"]
+    lat = f["metrics"]["latency_s"]
+    assert set(f["metrics"]) == {"latency_s", "io_s", "compute_s"}
+    assert lat["sim_error_p50"] == pytest.approx(0.25) and lat["sim_error_p90"] == pytest.approx(0.45)
+    assert lat["real_repeat_p50"] == pytest.approx(0.375) and lat["real_repeat_p90"] == pytest.approx(0.675)
+    assert lat["excess_p50"] == pytest.approx(-0.125) and lat["excess_p90"] == pytest.approx(-0.225)
+    assert lat["limit_p90"] == pytest.approx(1.25 * 0.675) and lat["pass"] and f["pass"]
+    # a simulator at 6: against 2, 4, 3 -> 2, 0.5, 1 (p50 1 > 0.375): fails
+    bad = [{"config": "a", "metrics": S.compare(run(2.0), run(6.0), [run(4.0), run(3.0)])}]
+    assert not S.floor(bad)["pass"] and not S.floor(bad)["metrics"]["io_s"]["pass"]
+    # one pass: no repeat spread, the fixed targets alone (error 0.04 passes 5% / 10%, 0.06 fails)
+    one = S.floor([{"config": "a", "metrics": S.compare(run(1.0), run(1.04))}])
+    assert one["metrics"]["latency_s"]["real_repeat_p50"] is None and one["pass"]
+    assert not S.floor([{"config": "a", "metrics": S.compare(run(1.0), run(1.06))}])["pass"]
+    # a configuration a fitting step saw is listed and left out of the score
+    ex = S.floor(bad + rows, exclude=["a"])
+    assert ex["excluded_configs"] == ["a"] and ex["n_configs"] == 0 and not ex["pass"]

@@ -52,17 +52,15 @@ def recorded_path(traces_dir):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def base_profile() -> DeviceProfile:
-    """this-host without the host CPU fields and the cold-cache penalties (those models off)."""
+    """this-host without the host CPU fields (that model off)."""
     data = load_profile("this-host").model_dump(mode="json", exclude_none=True)
     for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
               "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
-              "batch_overhead_s", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s", "plan_s_per_batch", "plan_s_per_neuron", "cache_index_s_per_layer",
-              "cache_index_s_per_evicted", "cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s", "segment_s",
+              "batch_overhead_s", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s", "plan_s_per_batch", "plan_s_per_neuron",
+              "segment_s",
               "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
               "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
               "long_kernel_read_delay_s_per_batch", "host_cpu_batch_reads", "host_cpu_curves"):
         data["flash"].pop(k, None)
-    for k in ("evict_bytes", "evict_layer_s", "framework_evict_layer_s"):
-        data["compute"].pop(k, None)
     return DeviceProfile.model_validate(data)
