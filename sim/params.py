@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin
 
 from devices.errors import FlashsimError
+from devices.limits import check_param
 from devices.units import parse_bytes
 
 
@@ -118,7 +119,8 @@ def build_params(cls: type, mapping: Mapping[str, Any] | None, where: str) -> An
     kwargs = {}
     for f in fields_of(cls):
         if f.name in mapping:
-            kwargs[f.name] = coerce(mapping[f.name], hints[f.name], f"{where}.{f.name}", f.metadata.get("unit"))
+            kwargs[f.name] = check_param(f"{where}.{f.name}", coerce(mapping[f.name], hints[f.name],
+                                                                     f"{where}.{f.name}", f.metadata.get("unit")))
     try:
         return cls(**kwargs)
     except ValueError as e:

@@ -192,7 +192,7 @@ def _read(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
     if args.tokens < 1 or args.in_flight < 1:
         raise FlashsimError("--tokens and --in-flight must be >= 1")
-    store = open_store(args.store, verify="sizes")
+    store = open_store(args.store, verify="record")
     rng = np.random.default_rng(args.seed)
     max_chunk = parse_bytes(args.max_chunk, "--max-chunk")
     with BundleReader(store, layout=args.layout, in_flight=args.in_flight, max_chunk_bytes=max_chunk,
@@ -235,7 +235,7 @@ def _mmap(args: argparse.Namespace) -> int:
     from real.mmap_baseline import MmapFfnBaseline
     from real.store import open_store
 
-    store = open_store(args.store, verify="sizes")
+    store = open_store(args.store, verify="record")
     layout = args.layout or ("unbundled" if "unbundled" in store.layouts else "bundled")
     info = store.layout(layout)
     ffn_bytes = info.region_bytes * info.regions_per_layer * store.n_layers
