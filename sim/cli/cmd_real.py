@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.limits import MAX_READ_CALLS, READER_THREADS, check_cli, check_size
 from devices.units import format_bytes, format_rate, parse_bytes
 from real.predictor_train import (  # NumPy only
     DEFAULT_EPOCHS,
@@ -192,7 +193,10 @@ def _read(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
     if args.tokens < 1 or args.in_flight < 1:
         raise FlashsimError("--tokens and --in-flight must be >= 1")
+    check_cli("--in-flight", args.in_flight, READER_THREADS)
     store = open_store(args.store, verify="record")
+    check_size("--tokens x the store's layers (read calls)", args.tokens * store.n_layers, MAX_READ_CALLS,
+               "use fewer --tokens")
     rng = np.random.default_rng(args.seed)
     max_chunk = parse_bytes(args.max_chunk, "--max-chunk")
     with BundleReader(store, layout=args.layout, in_flight=args.in_flight, max_chunk_bytes=max_chunk,

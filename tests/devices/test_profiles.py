@@ -91,13 +91,13 @@ def _write(tmp_path: Path, mutate) -> Path:
         (lambda d: d["compute"].update(gemv_flops_per_s={"fp64": 1.0}), r"compute.gemv_flops_per_s"),
         (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
         (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
-         r"batch_overhead_s values must be >= 0"),
+         r"batch_overhead_s(\[0\] = -1e-05 is outside \[0| values must be >= 0)"),
         (lambda d: (_by_ratio(d, [1.0, 4.0], [[0.0, 0.0]] * 7), d["flash"].pop("batch_overhead_by_ratio_s")),
          r"go together"),
         (lambda d: _by_ratio(d, [4.0, 1.0], [[0.0, 0.0]] * 7), r"increasing values >= 1"),
         (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0]]),
          r"one row per read_table.in_flight entry, one value per batch_overhead_reads_per_thread entry"),
-        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0, -1e-5]] * 7), r"batch_overhead_by_ratio_s values must be >= 0"),
+        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0, -1e-5]] * 7), r"batch_overhead_by_ratio_s(\[0\]\[1\] = -1e-05 is outside \[0| values must be >= 0)"),
         (lambda d: (_by_ratio(d, [1.0], [[0.0]] * 7), d["flash"].update(batch_overhead_s=[0.0] * 7)), r"not both"),
     ],
 )
@@ -209,7 +209,7 @@ def test_cold_compute_of_an_older_profile_by_the_batch_reads() -> None:
     ({"cold_compute_s": [1e-4]}, "need cold_wait_s"),
     ({"cold_wait_s": [4e-3, 4e-3], "cold_compute_s": [1e-4, 2e-4]}, "positive and increasing"),
     ({"cold_wait_s": [4e-3, 16e-3], "cold_compute_s": [1e-4]}, "one value >= 0 seconds per cold_wait_s"),
-    ({"cold_wait_s": [4e-3, 16e-3], "framework_cold_compute_s": [1e-4, -1.0]}, "framework_cold_compute_s needs"),
+    ({"cold_wait_s": [4e-3, 16e-3], "framework_cold_compute_s": [1e-4, -1.0]}, r"framework_cold_compute_s(\[1\] = -1 is outside \[0| needs)"),
     ({"cold_batch_reads": [4.0, 4.0], "cold_compute_s": [1e-4, 2e-4]}, "cold_batch_reads must be positive"),
     ({"cold_wait_s": [4e-3], "cold_batch_reads": [4.0], "cold_compute_s": [1e-4]}, "not both"),
 ])
@@ -241,7 +241,7 @@ def test_evict_curve_interpolates_from_zero_bytes_and_clamps() -> None:
     ({"evict_layer_s": [1e-4]}, "need evict_bytes"),
     ({"evict_bytes": [4e6, 1e6], "evict_layer_s": [1e-4, 2e-4]}, "positive and increasing"),
     ({"evict_bytes": [1e6, 4e6], "evict_layer_s": [1e-4]}, "one value >= 0 seconds per evict_bytes"),
-    ({"evict_bytes": [1e6, 4e6], "framework_evict_layer_s": [1e-4, -1.0]}, "framework_evict_layer_s needs"),
+    ({"evict_bytes": [1e6, 4e6], "framework_evict_layer_s": [1e-4, -1.0]}, r"framework_evict_layer_s(\[1\] = -1 is outside \[0| needs)"),
 ])
 def test_malformed_evict_curve_is_refused(curve, expect) -> None:
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())

@@ -114,3 +114,11 @@ def test_issue47_model_mode_runs_from_the_store_resident_tensors(tmp_path):
     assert float(model.model.embed_tokens.weight.detach().abs().sum()) > 0
     with pytest.raises(FlashsimError, match="incomplete"):
         load_resident(model, open_store(write_shape_store(spec, tmp_path / "shape", seed=0, dtype="fp32")))
+
+
+@pytest.mark.parametrize(("argv", "contains"), [(["--tokens", "1000000000000"], "above the limit"),
+                                                (["--in-flight", "1000000"], "--in-flight"),
+                                                (["--fraction", "nan"], "--fraction")])
+def test_issue47_real_read_values_refused(capsys, clean_store, argv, contains):
+    code, _, err = cli(capsys, "real", "read", clean_store, *argv)
+    assert_refused(code, err, contains=contains)
