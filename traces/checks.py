@@ -10,9 +10,11 @@ converter); numbers computed from it would be silently wrong. The rules (names u
   float16 rounding of the stored magnitudes and the float32 sum: relative 2e-3);
 * `magnitudes >= 0` and `magnitudes descending`: top_mag holds |a| of the K strongest, strongest first;
 * `indices in range` and `indices unique`: top_idx names K distinct neurons of the layer;
-* `mask agrees with magnitudes`: every rule that decides activity by magnitude (threshold, topk,
-  relu, synthetic) marks the strongest neurons active: no stored neuron marked inactive is
-  stronger than one marked active, and none is left out while a weaker one is in the mask's top-K;
+* `mask agrees with magnitudes`: a rule that decides activity by magnitude (threshold, topk, relu)
+  marks the strongest neurons active: no stored neuron marked inactive is stronger than one marked
+  active, and none is left out while a weaker one is in the mask's top-K. ("synthetic" traces are
+  exempt: a predictor's or an executed run's sets are written as synthetic masks over the source's
+  magnitudes, and need not be the strongest neurons);
 * `threshold rule`: with per-layer thresholds, a stored neuron is active iff |a| >= the threshold;
 * `phase values`, `prefill before decode`: phase is 0/1 and, within a prompt, prefill tokens come
   before the decode tokens; `prompt token counts`: each prompt's prefill / decode tokens match the
@@ -34,6 +36,7 @@ from devices.errors import FlashsimError
 REL_TOL = 2e-3          # float16 magnitudes (2^-11 relative) against a float32 sum over N neurons
 PREFILL, DECODE = 0, 1
 FINITE_RULE = "finite (no NaN or infinity)"
+MAGNITUDE_RULES = ("threshold", "topk", "relu")     # activity decided by |a| (traces/format.py SparsityRule)
 
 
 def _fail(path: Path, array: str, rule: str, layer: int | None, token: int | None, detail: str = "") -> None:
@@ -105,6 +108,8 @@ def check_layer(path: Path, layer: int, n_neurons: int, rule: str, threshold: fl
         dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
         if np.any(dup):
             _fail(path, "top_idx", "indices unique", layer, _first(dup))
+    if rule not in MAGNITUDE_RULES:
+        return
     mask = np.unpackbits(np.asarray(packed), axis=-1, count=n_neurons, bitorder="little").astype(bool)
     act = np.take_along_axis(mask, ix, axis=1)                          # [T, K] stored neuron active?
     amin = np.where(act, m, np.inf).min(axis=1)

@@ -51,8 +51,9 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize(out, tiny_spec(), 16, 0, active_fraction=0.2, overlap=0.7, hot_skew=0.3, prompt_tokens=8)
 
 
-def rehashed_copy(src: Path, dst: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
-    """A copy of a trace whose arrays `mutate(arrays)` changed, with checksums that match again."""
+def rehashed_copy(src: Path, dst: Path, mutate, rule: str | None = None) -> Path:  # type: ignore[no-untyped-def]
+    """A copy of a trace whose arrays `mutate(arrays)` changed, with checksums that match again
+    (and, with `rule`, its manifest's sparsity rule replaced)."""
     shutil.copytree(src, dst)
     man = json.loads((dst / "manifest.json").read_text())
     arrays = {n: np.load(dst / f"{n}.npy").copy() for n in man["files"]}
@@ -60,5 +61,7 @@ def rehashed_copy(src: Path, dst: Path, mutate) -> Path:  # type: ignore[no-unty
     for n, a in arrays.items():
         np.save(dst / f"{n}.npy", a)
         man["files"][n]["sha256"] = hashlib.sha256((dst / f"{n}.npy").read_bytes()).hexdigest()
+    if rule is not None:
+        man["sparsity"]["rule"] = rule
     (dst / "manifest.json").write_text(json.dumps(man))
     return dst

@@ -3,6 +3,8 @@ refused at open, naming the array, the layer and token, and the rule."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from devices.errors import FlashsimError
 from tests.robustness.conftest import assert_refused, cli, rehashed_copy
+from traces.checks import FINITE_RULE
 from traces.format import open_trace
 
 
@@ -35,8 +38,8 @@ def _mask_drops_top(a):
 CASES = {"negsum": (_negsum, "abs_sum >= 0", "abs_sum"), "sumsmall": (_sumsmall, "abs_sum >= top magnitude", "abs_sum"),
          "negmag": (_negmag, "magnitudes >= 0", "top_mag"), "ascmag": (_ascmag, "magnitudes descending", "top_mag"),
          "dupidx": (_dupidx, "indices unique", "top_idx"), "allprefill": (_allprefill, "prompt token counts", "phase"),
-         "badphase": (_badphase, "phase values", "phase"), "nanmag": (_nanmag, "finite", "top_mag"),
-         "infsum": (_infsum, "finite", "abs_sum"), "idxrange": (_idxrange, "indices in range", "top_idx"),
+         "badphase": (_badphase, "phase values", "phase"), "nanmag": (_nanmag, FINITE_RULE, "top_mag"),
+         "infsum": (_infsum, FINITE_RULE, "abs_sum"), "idxrange": (_idxrange, "indices in range", "top_idx"),
          "promptrange": (_prompt_range, "prompt_index in range", "prompt_index"),
          "order": (_decode_then_prefill, "prefill before decode", "phase"),
          "masktop": (_mask_drops_top, "mask agrees with magnitudes", "masks")}
@@ -45,8 +48,8 @@ CASES = {"negsum": (_negsum, "abs_sum >= 0", "abs_sum"), "sumsmall": (_sumsmall,
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_issue47_inconsistent_trace_refused(tmp_path, capsys, trace_dir, case):
     mutate, rule, array = CASES[case]
-    bad = rehashed_copy(trace_dir, tmp_path / "bad", mutate)
-    with pytest.raises(FlashsimError, match=f"{array}.npy: .*'{rule}'"):
+    bad = rehashed_copy(trace_dir, tmp_path / "bad", mutate, rule="topk" if case == "masktop" else None)
+    with pytest.raises(FlashsimError, match=f"{array}.npy: .*'{re.escape(rule)}'"):
         open_trace(bad)
     code, _, err = cli(capsys, "trace", "stats", bad)
     assert_refused(code, err, contains=rule)
@@ -55,11 +58,12 @@ def test_issue47_inconsistent_trace_refused(tmp_path, capsys, trace_dir, case):
     assert_refused(code, err, out)
 
 
-def test_issue47_valid_traces_pass(trace_dir):
+def test_issue47_valid_traces_pass(tmp_path, trace_dir):
     from traces.data import shipped_trace_path
 
     open_trace(trace_dir)
     open_trace(shipped_trace_path())
+    open_trace(rehashed_copy(trace_dir, tmp_path / "topk", lambda a: None, rule="topk"))  # synthetic masks: by |a|
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
