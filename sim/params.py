@@ -119,13 +119,15 @@ def build_params(cls: type, mapping: Mapping[str, Any] | None, where: str) -> An
     kwargs = {}
     for f in fields_of(cls):
         if f.name in mapping:
-            kwargs[f.name] = check_param(f"{where}.{f.name}", coerce(mapping[f.name], hints[f.name],
-                                                                     f"{where}.{f.name}", f.metadata.get("unit")))
+            kwargs[f.name] = coerce(mapping[f.name], hints[f.name], f"{where}.{f.name}", f.metadata.get("unit"))
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ValueError as e:
         msg = str(e)
         raise FlashsimError(msg if msg.startswith(where) else f"{where}.{msg}") from None
+    for name, value in kwargs.items():      # the class's own checks first, then the physical ranges
+        check_param(f"{where}.{name}", value)
+    return obj
 
 
 def params_to_dict(obj: Any) -> dict[str, Any]:
