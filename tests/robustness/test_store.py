@@ -122,3 +122,11 @@ def test_issue47_model_mode_runs_from_the_store_resident_tensors(tmp_path):
 def test_issue47_real_read_values_refused(capsys, clean_store, argv, contains):
     code, _, err = cli(capsys, "real", "read", clean_store, *argv)
     assert_refused(code, err, contains=contains)
+
+
+def test_issue47_convert_cleans_an_interrupted_writer(tmp_path):
+    stale = tmp_path / ".s.tmp-99999999-deadbeef"        # left by a `real convert` killed with -9
+    (stale / "ffn").mkdir(parents=True)
+    (stale / "ffn" / "layer_000.bundled.bin").write_bytes(b"\0" * 8192)
+    write_shape_store(tiny_spec(), tmp_path / "s", seed=0, dtype="fp32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
