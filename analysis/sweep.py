@@ -23,6 +23,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -125,14 +126,13 @@ def evaluate_row(evaluator: str, point: dict[str, Any]) -> dict[str, Any]:
 def build_manifest(loaded: LoadedSpec, points: list[SweepPoint], evaluator: str) -> dict[str, Any]:
     """Provenance of a sweep directory; `sweep_store.COMPATIBLE_FIELDS` must match on a rerun."""
     from devices.model_spec import load_model
-    from devices.schema import profile_path
+    from devices.schema import profile_file
 
     spec = loaded.spec
     traces = {t: trace_sha256(resolve_trace(loaded, t)) for t in spec.traces}
     devices = {}
     for d in spec.devices:
-        r = resolve_device(loaded, d)
-        path = Path(r) if r != d else profile_path(d)
+        path = profile_file(resolve_device(loaded, d))
         devices[d] = store.file_sha256(path)
     models = {}
     for m in spec.models:
@@ -172,6 +172,26 @@ def run_sweep(spec: str | Path | LoadedSpec, out_dir: str | Path, *, workers: in
             raise FlashsimError(f"{loaded.path}: {e}") from None
     out = Path(out_dir)
     store.check_out_dir(out)
+    created = not out.exists()
+    try:
+        outcome, first_error = _run_points(loaded, points, out, evaluator, engine, workers, scheduler, progress, t0)
+    except BaseException:
+        if created and out.exists() and not store.finished_point_ids(out):   # nothing written: leave nothing
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    if outcome.n_points and outcome.n_errors == outcome.n_points:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise FlashsimError(f"every one of the {outcome.n_points} sweep points failed"
+                            f"{' (nothing kept)' if created else ''}; the first: {first_error}")
+    return outcome
+
+
+def _run_points(loaded: LoadedSpec, points: list[SweepPoint], out: Path, evaluator: str, engine: str,
+                workers: int, scheduler: str | None, progress: bool | None,
+                t0: float) -> tuple[SweepOutcome, str | None]:
+    """Run the points not yet in `out` (locked); (outcome, the first error message of this run)."""
+    first_error = None
     with store.locked(out):
         store.ensure_manifest(out, build_manifest(loaded, points, evaluator))
         store.remove_stale_temporaries(out)
@@ -193,6 +213,7 @@ def run_sweep(spec: str | Path | LoadedSpec, out_dir: str | Path, *, workers: in
             for row in rows:
                 writer.add(row)
                 n_errors += row["status"] != "ok"
+                first_error = first_error or row.get("error")
                 bar.update(1)
                 if len(writer.rows) >= flush_every or time.monotonic() - last_flush >= _FLUSH_S:
                     writer.flush()
@@ -202,7 +223,7 @@ def run_sweep(spec: str | Path | LoadedSpec, out_dir: str | Path, *, workers: in
             writer.flush()
             bar.close()
     return SweepOutcome(out, len(points), len(done), writer.n_written, n_errors,
-                        time.perf_counter() - t0, engine, workers)
+                        time.perf_counter() - t0, engine, workers), first_error
 
 
 def default_workers() -> int:

@@ -26,9 +26,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from pydantic import (
 )
 
 from devices.errors import FlashsimError
+from devices.limits import MAX_GRID_POINTS, check_size
 from devices.units import parse_bytes
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
@@ -380,11 +383,29 @@ def resolve_model(loaded: LoadedSpec, entry: str | None) -> str | None:
     return entry
 
 
-def expand(loaded: LoadedSpec) -> list[SweepPoint]:
-    """Every point of the grid, in a fixed order (traces, models, devices, budgets, presets, values).
+def grid_size(loaded: LoadedSpec) -> int:
+    """Points of the grid, counted without building them (traces x models x devices x budgets x the
+    presets' value combinations)."""
+    spec = loaded.spec
+    per_preset = 0
+    for preset in spec.presets:
+        entry = preset if isinstance(preset, PresetEntry) else PresetEntry(name=preset)
+        grid = {**spec.set, **entry.set}
+        per_preset += math.prod(len(_values(v)) for v in grid.values())
+    return len(spec.traces) * len(spec.models) * len(spec.devices) * len(spec.dram_budgets) * per_preset
 
-    Raises FlashsimError when a trace is missing or two points resolve to the same configuration.
-    """
+
+def check_grid_size(loaded: LoadedSpec) -> int:
+    """The grid's size; FlashsimError above MAX_GRID_POINTS (devices/limits.py), before any point is built."""
+    n = grid_size(loaded)
+    check_size(f"{loaded.path}: the grid's size (points)", n, MAX_GRID_POINTS,
+               "split the sweep into several files or give fewer values per parameter")
+    return n
+
+
+def iter_points(loaded: LoadedSpec) -> Iterator[SweepPoint]:
+    """Every point of the grid, lazily, in a fixed order (traces, models, devices, budgets, presets,
+    values); duplicates are not checked here (`expand` does)."""
     spec = loaded.spec
     traces = []
     for i, t in enumerate(spec.traces):
@@ -394,23 +415,55 @@ def expand(loaded: LoadedSpec) -> list[SweepPoint]:
         except FlashsimError as e:
             raise FlashsimError(f"{loaded.path}: traces[{i}]: {e}") from None
     budgets = [None if b is None else parse_bytes(b) for b in spec.dram_budgets]
-    points: list[SweepPoint] = []
-    seen: dict[str, SweepPoint] = {}
+    index = itertools.count()
     combos = itertools.product(traces, spec.models, spec.devices, budgets, spec.presets)
     for (trace, sha), model, device, budget, preset in combos:
         entry = preset if isinstance(preset, PresetEntry) else PresetEntry(name=preset)
         grid = {**spec.set, **entry.set}
         keys = sorted(grid)
         for values in itertools.product(*(_values(grid[k]) for k in keys)):
-            p = SweepPoint(index=len(points), trace=trace, trace_sha256=sha,
-                           model=resolve_model(loaded, model), device=resolve_device(loaded, device),
-                           dram_budget_bytes=budget, preset=entry.name,
-                           overrides=dict(zip(keys, values)), seed=spec.seed)
-            if p.point_id in seen:
-                raise FlashsimError(
-                    f"{loaded.path}: two grid entries give the same point ({p.label()} on {p.device}, "
-                    f"budget {budget}, trace {Path(trace).name}); remove the duplicate"
-                )
-            seen[p.point_id] = p
-            points.append(p)
+            yield SweepPoint(index=next(index), trace=trace, trace_sha256=sha,
+                             model=resolve_model(loaded, model), device=resolve_device(loaded, device),
+                             dram_budget_bytes=budget, preset=entry.name,
+                             overrides=dict(zip(keys, values)), seed=spec.seed)
+
+
+def expand(loaded: LoadedSpec) -> list[SweepPoint]:
+    """Every point of the grid, in a fixed order (traces, models, devices, budgets, presets, values).
+
+    Raises FlashsimError when the grid is larger than MAX_GRID_POINTS, a trace is missing or two
+    points resolve to the same configuration.
+    """
+    check_grid_size(loaded)
+    points: list[SweepPoint] = []
+    seen: dict[str, SweepPoint] = {}
+    for p in iter_points(loaded):
+        if p.point_id in seen:
+            raise FlashsimError(
+                f"{loaded.path}: two grid entries give the same point ({p.label()} on {p.device}, "
+                f"budget {p.dram_budget_bytes}, trace {Path(p.trace).name}); remove the duplicate"
+            )
+        seen[p.point_id] = p
+        points.append(p)
     return points
+
+
+def probe_points(loaded: LoadedSpec) -> list[SweepPoint]:
+    """A few points that use every device, model, budget, preset and parameter value of the grid at
+    least once (each value with the other keys at their first value): what `--dry-run` checks
+    without enumerating the product."""
+    spec = loaded.spec
+    first = next(iter_points(loaded))
+    out: list[SweepPoint] = []
+    for model, device, budget in itertools.product(spec.models, spec.devices, spec.dram_budgets):
+        out.append(replace(first, model=resolve_model(loaded, model), device=resolve_device(loaded, device),
+                           dram_budget_bytes=None if budget is None else parse_bytes(budget)))
+    for preset in spec.presets:
+        entry = preset if isinstance(preset, PresetEntry) else PresetEntry(name=preset)
+        grid = {k: _values(v) for k, v in {**spec.set, **entry.set}.items()}
+        base = {k: v[0] for k, v in grid.items()}
+        out.append(replace(first, preset=entry.name, overrides=dict(sorted(base.items()))))
+        for k, values in grid.items():
+            for v in values[1:]:
+                out.append(replace(first, preset=entry.name, overrides=dict(sorted({**base, k: v}.items()))))
+    return out

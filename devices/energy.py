@@ -32,7 +32,7 @@ class SourcedValue(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    value: float = Field(ge=0, allow_inf_nan=False)
+    value: float = Field(ge=0, le=1e5, allow_inf_nan=False)  # devices/limits.py: no device draws 100 kW
     kind: Literal["datasheet", "published", "estimate", "measured"]
     source: str = Field(min_length=1, description="citation (title, URL) or the reasoning of an estimate")
 

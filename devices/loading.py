@@ -64,6 +64,8 @@ def validation_message(err: ValidationError) -> str:
         msg = "unknown key (check its spelling; see the bundled files for the schema)"
     elif first["type"] == "missing":
         msg = "required field is missing"
+    elif first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
     more = len(err.errors()) - 1
     return f"field '{loc}': {msg}" + (f" (and {more} more problem(s))" if more else "")
 

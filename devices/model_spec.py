@@ -18,9 +18,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from devices.errors import FlashsimError, unknown_name
+from devices.limits import MAX_PARAMS, check_field
 from devices.loading import validate_file, validation_message
 
 BUNDLED_DIR = Path(__file__).parent / "models"
@@ -62,10 +71,19 @@ class ModelSpec(BaseModel):
     kv_dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp16"
     source: str = ""
 
+    @field_validator("*")
+    @classmethod
+    def _physical_range(cls, v: object, info: ValidationInfo) -> object:
+        """Every number within its physical range (devices/limits.py FIELD_LIMITS)."""
+        return check_field("ModelSpec", str(info.field_name), v)
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.total_params > MAX_PARAMS:
+            raise ValueError(f"{self.total_params:,} parameters is above the limit of {MAX_PARAMS:,} (no model has "
+                             "10^14 parameters: the largest published have ~2x10^12)")
         return self
 
     def with_dtype(self, dtype: str) -> ModelSpec:

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
 from devices.energy import EnergySpec
 from devices.errors import FlashsimError, unknown_name
 from devices.kernel_table import KernelTable
+from devices.limits import check_field
 from devices.loading import validate_file
 
 SCHEMA_VERSION = 1
@@ -40,6 +41,12 @@ RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _physical_range(cls, v: object, info: ValidationInfo) -> object:
+        """Every number within its physical range (devices/limits.py FIELD_LIMITS)."""
+        return check_field(cls.__name__, str(info.field_name), v)
 
 
 class Source(_Strict):
@@ -559,11 +566,17 @@ def profile_path(name: str) -> Path:
     raise unknown_name("device", name, list_profiles())
 
 
+def profile_file(name_or_path: str | Path) -> Path:
+    """The file of a profile given by name (the search path) or by path (absolute or relative)."""
+    p = Path(name_or_path).expanduser()
+    return p if p.suffix in (".yaml", ".yml", ".json") or p.is_file() else profile_path(str(name_or_path))
+
+
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
     """Load a bundled profile by name, or any profile file by path; raise FlashsimError."""
-    p = Path(name_or_path)
+    p = Path(name_or_path).expanduser()
     by_path = p.suffix in (".yaml", ".yml", ".json") or p.is_file()
-    path = p if by_path else profile_path(str(name_or_path))
+    path = profile_file(name_or_path)
     profile = validate_file(DeviceProfile, path)
     if not by_path:
         check_profile_name(profile, path)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from devices.errors import FlashsimError
@@ -32,6 +33,8 @@ def parse_bytes(value: str | int | float, what: str = "size") -> int:
             )
         number, unit = float(m.group(1)), m.group(2).lower()
     result = number * _BYTE_UNITS[unit]
+    if not math.isfinite(result):
+        raise FlashsimError(f"{what}: {value!r} is not a finite size; use e.g. '4GiB' or a number of bytes")
     if result < 0:
         raise FlashsimError(f"{what}: must be >= 0, got {value!r}")
     return int(round(result))

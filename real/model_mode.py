@@ -35,6 +35,7 @@ from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from real.backend import RealExecutor, RealRun
+from real.dtypes import decode
 from sim.config import RunConfig
 from sim.policies.base import CapacityError
 
@@ -71,6 +72,39 @@ def check_store_matches(store: Any, spec: ModelSpec) -> None:
                             "convert with --dtype fp32")
     if spec.ffn_bias:
         raise FlashsimError(f"{spec.name}: FFN biases are not supported by model mode")
+
+
+FFN_WEIGHTS = ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+def load_resident(model: Any, store: Any) -> int:
+    """Copy the store's resident tensors (attention, norms, embeddings, lm_head) into the model, so a
+    model-mode run computes with the store's bytes, not the source model's; the FFN weights are read
+    from the store's bundles by the run itself. Returns the tensors copied; FlashsimError when the
+    store lacks one the model needs or a shape differs."""
+    import torch
+
+    from real.safetensors_io import read_safetensors
+
+    if not store.manifest.resident.complete:
+        raise FlashsimError(f"store {store.path}: its resident tensors are incomplete (a shape-mode store); "
+                            "model mode needs a store written by `flashsim real convert --model`")
+    tensors, _ = read_safetensors(store.resident_path())
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    n = 0
+    with torch.no_grad():
+        for name, param in model.state_dict().items():
+            if name.endswith(FFN_WEIGHTS) or (tied and name == "lm_head.weight"):
+                continue
+            if name not in tensors:
+                raise FlashsimError(f"{store.resident_path()}: tensor {name!r} is missing; re-create the store")
+            arr = np.asarray(tensors[name][1])
+            if tuple(arr.shape) != tuple(param.shape):
+                raise FlashsimError(f"{store.resident_path()}: tensor {name!r} has shape {list(arr.shape)}, the "
+                                    f"model needs {list(param.shape)}; the store is of another model")
+            param.copy_(torch.from_numpy(decode(arr, store.dtype).reshape(arr.shape)))
+            n += 1
+    return n
 
 
 def _mlps(model: Any) -> list[Any]:
@@ -154,6 +188,7 @@ def prepare(model: Any, spec: ModelSpec, store: Any, token_ids: np.ndarray, *, k
     check_store_matches(store, spec)
     if not 0 < keep_fraction <= 1:
         raise FlashsimError(f"--keep {keep_fraction}: must be in (0, 1]")
+    load_resident(model, store)
     token_ids = np.asarray(token_ids, np.int64)
     if len(token_ids) < 2:
         raise FlashsimError("model mode needs a text of at least 2 tokens")

@@ -47,13 +47,11 @@ def write_executed_trace(out: str | Path, run: Any, view: Any, spec: Any, proven
 
 def write_records(path: str | Path, run: Any) -> Path:
     """Per-token records as Parquet, columns `sim.records.TOKEN_COLUMNS` (atomic)."""
-    import os
+    from traces.outputs import write_atomic
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     r = Recorder()
     r.tokens = run.tokens
-    tmp = path.with_name(f".{path.name}.tmp")
-    r.frame().to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    frame = r.frame()
+    return write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False), "records")

@@ -41,7 +41,7 @@ from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
 from real.buffers import ALIGN_BYTES, round_up
 from real.dtypes import ELEMENT_BYTES, decode
-from traces.format import sha256_file
+from traces.format import sha256_file  # noqa: F401  (re-exported: real.convert, real.store_writer)
 
 FORMAT_NAME = "flashsim-store"
 SCHEMA_VERSION = 1
@@ -267,9 +267,11 @@ class WeightStore:
         }
 
 
-def open_store(path: str | Path, verify: Literal["full", "sizes"] = "sizes") -> WeightStore:
+def open_store(path: str | Path, verify: Literal["full", "sizes", "record"] = "sizes") -> WeightStore:
     """Open and validate a store. "sizes" checks the manifest, every file's presence, size and
-    alignment and the neuron order; "full" also checks every file's SHA-256 (reads everything)."""
+    alignment and the neuron order; "full" also checks every file's SHA-256 (reads everything);
+    "record" (what runs use) does the full check only when the store's verified-once record is
+    missing or any file changed since (real/store_integrity.py), so a run never reads a changed byte."""
     path = Path(path)
     man_path = path / MANIFEST
     if not path.is_dir():
@@ -284,7 +286,12 @@ def open_store(path: str | Path, verify: Literal["full", "sizes"] = "sizes") -> 
     except ValidationError as e:
         raise FlashsimError(f"{man_path}: {validation_message(e)}") from None
     _check_layout(man_path, m, spec)
-    _check_files(path, m, full=(verify == "full"))
+    _check_files(path, m)
+    if verify in ("full", "record"):
+        from real.store_integrity import record_matches, verify_store
+
+        if verify == "full" or not record_matches(path, list(m.files)):
+            verify_store(path, {name: info.sha256 for name, info in m.files.items()})
     neuron_at = _load_order(path, m, spec)
     return WeightStore(path, m, neuron_at)
 
@@ -318,7 +325,7 @@ def _check_layout(man_path: Path, m: StoreManifest, spec: ModelSpec) -> None:
             raise FlashsimError(f"{man_path}: field 'files.{name}': expected {size} bytes for this layout")
 
 
-def _check_files(path: Path, m: StoreManifest, full: bool) -> None:
+def _check_files(path: Path, m: StoreManifest) -> None:
     for name, info in m.files.items():
         p = path / name
         if not p.is_file():
@@ -331,12 +338,6 @@ def _check_files(path: Path, m: StoreManifest, full: bool) -> None:
                                 "reads whole 4 KiB blocks: re-create the store")
         if size != info.bytes:
             raise FlashsimError(f"{p}: {size} bytes, {MANIFEST} says {info.bytes}; the file was changed")
-    if full:
-        for name, info in m.files.items():
-            got = sha256_file(path / name)
-            if got != info.sha256:
-                raise FlashsimError(f"{path / name}: checksum mismatch (sha256 {got[:16]}..., {MANIFEST} says "
-                                    f"{info.sha256[:16]}...); the file is corrupt: re-create the store")
 
 
 def _load_order(path: Path, m: StoreManifest, spec: ModelSpec) -> np.ndarray:

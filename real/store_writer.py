@@ -14,7 +14,6 @@ import errno
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from real.store import (
     sha256_file,
 )
 from traces.format import publish_dir
+from traces.outputs import remove_stale_temporaries, temp_name
 
 BLOCK_ROWS = 1024
 # Free space kept beyond the store itself: filesystem metadata and journal, other writers, and the
@@ -74,7 +74,8 @@ class StoreWriter:
         self.planned_bytes = sum(self.sizes.values()) + self.neuron_at.nbytes + resident_bytes_estimate
         self.out.parent.mkdir(parents=True, exist_ok=True)
         check_disk_room(self.out.parent, self.planned_bytes)
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        remove_stale_temporaries(self.out)      # of a writer killed before it renamed its work
+        self.tmp = temp_name(self.out)
         (self.tmp / "ffn").mkdir(parents=True)
         self._fds: dict[str, int] = {}
         self._resident: ResidentInfo | None = None

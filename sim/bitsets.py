@@ -75,7 +75,7 @@ def window_union(rows: np.ndarray, history: np.ndarray, k: int) -> np.ndarray:
     full_rows = np.concatenate([history[max(0, len(history) - (k - 1)):], rows]) if k > 1 else rows
     h = full_rows.shape[0] - S
     out = rows.copy()
-    for j in range(1, k):
+    for j in range(1, min(k, h + S)):  # rows further back than the history reaches add nothing
         lo = h - j
         if lo >= 0:
             out |= full_rows[lo: lo + S]

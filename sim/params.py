@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin
 
 from devices.errors import FlashsimError
+from devices.limits import check_param
 from devices.units import parse_bytes
 
 
@@ -120,10 +121,13 @@ def build_params(cls: type, mapping: Mapping[str, Any] | None, where: str) -> An
         if f.name in mapping:
             kwargs[f.name] = coerce(mapping[f.name], hints[f.name], f"{where}.{f.name}", f.metadata.get("unit"))
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ValueError as e:
         msg = str(e)
         raise FlashsimError(msg if msg.startswith(where) else f"{where}.{msg}") from None
+    for name, value in kwargs.items():      # the class's own checks first, then the physical ranges
+        check_param(f"{where}.{name}", value)
+    return obj
 
 
 def params_to_dict(obj: Any) -> dict[str, Any]:

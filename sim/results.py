@@ -17,7 +17,6 @@ Exports write to a temporary name and rename, so a partial file never looks vali
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,12 +63,12 @@ class RunResult:
 
     def write_records(self, path: str | Path) -> Path:
         """Per-token records as Parquet (atomic)."""
+        from traces.outputs import write_atomic
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        self.records().to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-        return path
+        frame = self.records()
+        return write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False), "records")
 
     # ---- summary ------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -167,8 +166,7 @@ def to_jsonable(x: Any) -> Any:
 
 
 def _atomic_text(path: Path, text: str) -> Path:
+    from traces.outputs import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, lambda tmp: tmp.write_text(text))

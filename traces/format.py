@@ -35,8 +35,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from devices.errors import FlashsimError
+from devices.limits import MAX_TRACE_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
+from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "flashsim-trace"
@@ -114,12 +116,22 @@ def publish_dir(tmp: Path, out: Path, overwrite: bool) -> None:
         if not overwrite:
             shutil.rmtree(tmp, ignore_errors=True)
             raise FlashsimError(f"{out}: appeared while writing; not overwritten")
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+def check_trace_size(spec: ModelSpec, n_tokens: int, top_k: int = 0) -> None:
+    """Refuse a trace too large to write or replay (tokens x layers x neurons above MAX_TRACE_CELLS,
+    or one layer's arrays beyond this machine's memory) before anything is allocated."""
+    cells = int(n_tokens) * spec.n_layers * spec.d_ff
+    check_size(f"the trace's size (tokens x layers x neurons = {n_tokens:,} x {spec.n_layers:,} x {spec.d_ff:,})",
+               cells, MAX_TRACE_CELLS, "use fewer --tokens or a smaller model")
+    per_layer = int(n_tokens) * (spec.d_ff * 4 + top_k * 6 + 16)   # a layer's float32 work arrays
+    check_memory(f"a trace of {n_tokens:,} tokens ({spec.name})", per_layer, "use fewer --tokens")
 
 
 def index_dtype(n_neurons: int) -> np.dtype:
@@ -283,19 +295,9 @@ def open_trace(path: str | Path, verify: bool = True) -> Trace:
 
 
 def _check_values(path: Path, m: TraceManifest, a: dict[str, np.ndarray]) -> None:
-    phase = np.asarray(a["phase"])
-    if np.any(phase > DECODE):
-        raise FlashsimError(f"{path / 'phase.npy'}: values must be 0 (prefill) or 1 (decode)")
-    pi = np.asarray(a["prompt_index"])
-    if pi.size and (pi.min() < 0 or pi.max() >= len(m.prompts)):
-        raise FlashsimError(f"{path / 'prompt_index.npy'}: index out of range of the {len(m.prompts)} prompts")
-    for layer in range(m.n_layers):
-        if m.top_k and not np.all(np.isfinite(a["top_mag"][layer])):
-            raise FlashsimError(f"{path / 'top_mag.npy'}: NaN or infinite magnitude in layer {layer}")
-        if not np.all(np.isfinite(a["abs_sum"][layer])):
-            raise FlashsimError(f"{path / 'abs_sum.npy'}: NaN or infinite value in layer {layer}")
-        if m.top_k and np.any(a["top_idx"][layer] >= m.n_neurons):
-            raise FlashsimError(f"{path / 'top_idx.npy'}: neuron index >= {m.n_neurons} in layer {layer}")
+    from traces.checks import check_trace  # the semantic rules (vectorised, one layer at a time)
+
+    check_trace(path, m, a)
 
 
 class TraceWriter:
@@ -317,6 +319,8 @@ class TraceWriter:
             raise FlashsimError(f"{self.out}: already exists; choose another --out or remove it")
         if n_tokens < 1:
             raise FlashsimError("a trace needs at least one token")
+        check_trace_size(spec, n_tokens, top_k)
+        check_output_dir(self.out, "--out", overwrite)
         if not 0 <= top_k <= spec.d_ff:
             raise FlashsimError(f"top_k must be in [0, {spec.d_ff}], got {top_k}")
         self.spec, self.n_tokens, self.top_k = spec, n_tokens, top_k
@@ -324,7 +328,8 @@ class TraceWriter:
         self.synthetic, self.provenance = synthetic, provenance or {}
         self.overwrite = overwrite
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        remove_stale_temporaries(self.out)      # of a writer killed before it renamed its work
+        self.tmp = temp_name(self.out)
         self.tmp.mkdir()
         shapes = expected_arrays(spec.n_layers, n_tokens, spec.d_ff, top_k)
         self._arrays = {

@@ -73,7 +73,8 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
-from traces.format import DECODE, PromptInfo, SparsityRule, Trace, TraceWriter
+from traces.format import DECODE, PromptInfo, SparsityRule, Trace, TraceWriter, check_trace_size
+from traces.outputs import check_output_dir
 from traces.stats import (
     HOT_CDF_GRID,
     count_packed,
@@ -769,6 +770,8 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
     the source's prompt lengths (cycled) with `like`, else one prompt."""
     if n_tokens < 2:
         raise FlashsimError(f"--tokens {n_tokens}: a synthetic trace needs at least 2 tokens")
+    check_trace_size(spec, n_tokens, spec.d_ff if magnitudes else 0)   # before any array is built
+    check_output_dir(out, "--out", overwrite)
     if prompt_tokens is not None and prompt_tokens < 1:
         raise FlashsimError(f"--prompt-tokens {prompt_tokens}: must be >= 1")
     if prompt_tokens is not None:

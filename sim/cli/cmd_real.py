@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.limits import MAX_READ_CALLS, READER_THREADS, check_cli, check_size
 from devices.units import format_bytes, format_rate, parse_bytes
 from real.predictor_train import (  # NumPy only
     DEFAULT_EPOCHS,
@@ -198,7 +199,10 @@ def _read(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
     if args.tokens < 1 or args.in_flight < 1:
         raise FlashsimError("--tokens and --in-flight must be >= 1")
-    store = open_store(args.store, verify="sizes")
+    check_cli("--in-flight", args.in_flight, READER_THREADS)
+    store = open_store(args.store, verify="record")
+    check_size("--tokens x the store's layers (read calls)", args.tokens * store.n_layers, MAX_READ_CALLS,
+               "use fewer --tokens")
     rng = np.random.default_rng(args.seed)
     max_chunk = parse_bytes(args.max_chunk, "--max-chunk")
     with BundleReader(store, layout=args.layout, in_flight=args.in_flight, max_chunk_bytes=max_chunk,
@@ -241,7 +245,7 @@ def _mmap(args: argparse.Namespace) -> int:
     from real.mmap_baseline import MmapFfnBaseline
     from real.store import open_store
 
-    store = open_store(args.store, verify="sizes")
+    store = open_store(args.store, verify="record")
     layout = args.layout or ("unbundled" if "unbundled" in store.layouts else "bundled")
     info = store.layout(layout)
     ffn_bytes = info.region_bytes * info.regions_per_layer * store.n_layers

@@ -21,7 +21,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
-from sim.cli.output import print_json, print_table
+from sim.cli.output import output_file, print_json, print_table
 
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
 KEPT_PROFILE = "kept"
@@ -112,9 +112,11 @@ def _run(args: argparse.Namespace) -> int:
     from real.store import open_store
 
     profile = load_profile(args.profile)
+    if args.records:
+        output_file(args.records, "FILE.parquet", "--records")   # refused before any work
     if not Path(args.store).exists():
         raise FlashsimError(f"--store {args.store}: no such weight store (write one with `flashsim real convert`)")
-    store = open_store(args.store)
+    store = open_store(args.store, verify="record")   # a changed byte since the last check: refused
     cfg = _config(args)
     quality = None
     from real.rapl import RaplMeter

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import print_json, print_table
+from sim.cli.output import output_file, print_json, print_table
 
 ENGINES = ("auto", "des", "fast")
 
@@ -91,6 +91,9 @@ def _run(args: argparse.Namespace) -> int:
     from sim.engine import build
     from traces.format import open_trace
 
+    for option, path, kind in (("--records", args.records, "FILE.parquet"), ("--timeline", args.timeline, "FILE.json")):
+        if path:
+            output_file(path, kind, option)           # a directory or unwritable path: refused before any work
     cfg = _config(args)
     trace = open_trace(Path(args.trace))
     spec = load_model(args.model) if args.model else None

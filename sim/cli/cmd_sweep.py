@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.sweep import ENGINES, run_sweep
-from analysis.sweep_spec import expand, load_spec
+from analysis.sweep_spec import load_spec
 from analysis.tables import load_results
 from sim.cli.output import print_json, print_table
 
@@ -59,17 +59,22 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _dry_run(args: argparse.Namespace) -> int:
-    from analysis.sweep_point import check_points
+    import itertools
 
-    points = expand(load_spec(args.spec))
-    check_points(points)
+    from analysis.sweep_point import check_points
+    from analysis.sweep_spec import check_grid_size, iter_points, probe_points
+
+    loaded = load_spec(args.spec)
+    n = check_grid_size(loaded)          # counted, never built: any grid answers at once
+    points = list(itertools.islice(iter_points(loaded), 50))
+    check_points(points + probe_points(loaded))   # every name and value once, not the product
     rows = [[p.index, p.point_id, p.label(), p.device,
              "device" if p.dram_budget_bytes is None else p.dram_budget_bytes] for p in points]
     if args.json:
-        print_json({"n_points": len(points), "points": [{**p.to_dict(), "point_id": p.point_id} for p in points]})
+        print_json({"n_points": n, "points": [{**p.to_dict(), "point_id": p.point_id} for p in points]})
         return 0
-    print(f"{len(points)} points (nothing run: --dry-run)")
-    print_table(["#", "point_id", "point", "device", "dram_budget_bytes"], rows[:50])
-    if len(rows) > 50:
-        print(f"... and {len(rows) - 50} more")
+    print(f"{n} points (nothing run: --dry-run)")
+    print_table(["#", "point_id", "point", "device", "dram_budget_bytes"], rows)
+    if n > len(rows):
+        print(f"... and {n - len(rows)} more")
     return 0

@@ -9,19 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from devices.errors import FlashsimError
 from sim.results import to_jsonable
 
 
 def output_file(path: str, kind: str, option: str = "--out") -> Path:
     """`path` as a file to write: FlashsimError when it is a directory or its folder does not exist
     (`kind` names what to give instead, e.g. "FILE.json")."""
-    out = Path(path)
-    if out.is_dir():
-        raise FlashsimError(f"{option} {out}: is a directory; give a {kind}")
-    if not out.parent.is_dir():
-        raise FlashsimError(f"{option} {out}: folder {out.parent} does not exist")
-    return out
+    from traces.outputs import check_output_file
+
+    return check_output_file(path, option, kind)
 
 
 def print_json(obj: Any) -> None:

@@ -57,7 +57,8 @@ def random_trace(path: Path, n_layers: int = 2, n_tokens: int = 24, n: int = 16,
     mags = rng.random((n_layers, n_tokens, n)).astype(np.float32)
     masks = mags > 0.6
     pi = np.repeat(np.arange(3), -(-n_tokens // 3))[:n_tokens].astype(np.int32)
-    phase = (np.arange(n_tokens) % 8 >= 3).astype(np.uint8)
+    pos = np.arange(n_tokens) - np.searchsorted(pi, pi)         # position within its prompt
+    phase = (pos >= 3).astype(np.uint8)                           # 3 prefill tokens, then decode
     return write_trace(path, masks, pi, phase, ["qa", "code", "story"], mags, top_k)
 
 

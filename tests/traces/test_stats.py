@@ -129,6 +129,7 @@ def test_bit_operations_match_a_set_reference(tmp_path_factory, data):
     prompt = sorted(data.draw(st.lists(st.integers(0, 3), min_size=n_tok, max_size=n_tok)))
     prompt = np.unique(prompt, return_inverse=True)[1].astype(np.int32)
     phase = np.array(data.draw(st.lists(st.integers(0, 1), min_size=n_tok, max_size=n_tok)), np.uint8)
+    phase = phase[np.lexsort((phase, prompt))]          # within a prompt, prefill before decode
     if not phase.any():
         phase[-1] = 1
     path = write_trace(tmp_path_factory.mktemp("h") / "t", _masks(sets, n), prompt, phase,
