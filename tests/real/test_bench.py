@@ -24,8 +24,8 @@ def _quick_flash(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def full_quick_flash(tmp_path_factory) -> tuple[str, Path]:
-    """One quick bench flash with every probe on (the host-CPU probe, compute after a read wait, the
-    cache index work: tens of seconds), its JSON and profile shared by the tests that read them:
+    """One quick bench flash with every probe on (the host-CPU probe, the per-request CPU cost: tens
+    of seconds), its JSON and profile shared by the tests that read them:
     (stdout, the folder it ran in, holding prof.yaml)."""
     import contextlib
     import io
@@ -257,7 +257,8 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
     text = capsys.readouterr().out
     line = next(t for t in text.splitlines() if t.startswith("host CPU probe"))
     assert "2-thread compute" in line and "us/read" in line and "4 in flight" in line
-    assert "compute after a read wait, per layer" in text and "cache index work per layer" in text
+    assert "compute after a read wait" not in text and "cache index work" not in text   # retired terms
+    assert "CPU per read request" in text
     assert any("--compute-threads 2" in r for r in load_profile(out).source.references)
     assert main(_quick_flash(tmp_path, "--no-host-cpu", "--out", str(out), "--json")) == 0
     res = json.loads(capsys.readouterr().out)
