@@ -155,6 +155,10 @@ class Plan:
     min_agreement: float | None = None
     quality: dict[str, Any] | None = None       # the measured-quality table's provenance (None: proxy only)
     comparisons: list[dict[str, Any]] = field(default_factory=list)
+    power_mode: str | None = None
+    bound: str = "achievable"
+    device_inputs: list[dict[str, Any]] = field(default_factory=list)
+    peak_bound: dict[str, Any] | None = None   # {"best": tok/s, "configurations": {label: tok/s}} at the datasheet ceiling
 
     @property
     def feasible(self) -> bool:
@@ -167,7 +171,9 @@ class Plan:
                 "closest": self.closest, "binding_constraint": self.binding, "pareto": self.pareto,
                 "min_dram_bytes": self.min_dram.get("bytes"), "min_dram": self.min_dram,
                 "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs,
-                "min_agreement": self.min_agreement, "quality": self.quality, "comparisons": self.comparisons}
+                "min_agreement": self.min_agreement, "quality": self.quality, "comparisons": self.comparisons,
+                "power_mode": self.power_mode, "bound": self.bound, "device_inputs": self.device_inputs,
+                "peak_bound": self.peak_bound}
 
 
 class Planner:
@@ -496,7 +502,8 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                min_quality: float | None = None, trace: str | None = None, tokens: int = DEFAULT_PLAN_TOKENS,
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
                progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None,
-               min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED) -> Plan:
+               min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED,
+               bound: str = "achievable") -> Plan:
     """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
     temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
     stage name when one starts and with None after every simulated run."""
@@ -509,7 +516,10 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
         raise FlashsimError(f"--tokens {tokens}: must be >= 2")
-    spec, profile = load_model(model), load_profile(device)
+    from devices.achievable import at_bound, inputs
+
+    spec, raw = load_model(model), load_profile(device)
+    profile = at_bound(raw, bound)
     if budget_bytes is not None and budget_bytes > profile.memory.capacity_bytes:  # before the slow part
         raise FlashsimError(f"--dram-free {format_bytes(budget_bytes)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
@@ -519,11 +529,20 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
             note("synthesizing trace")
         tr, info, rescale = planning_trace(spec, f"{tmp}/trace", trace_path=trace, tokens=tokens, seed=seed)
         note("simulating")
+        grid = native_grid() if native_only else PLAN_GRID
         result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
                       min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
-                      grid=native_grid() if native_only else PLAN_GRID, tolerance_bytes=tolerance_bytes,
-                      progress=lambda: note(None), max_jpt=max_jpt, min_agreement=min_agreement,
-                      quality=quality)
+                      grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
+                      min_agreement=min_agreement, quality=quality)
+        if bound == "achievable":   # every configuration again at the datasheet ceiling (no bisection)
+            note("peak bound")
+            pl = Planner(tr, spec, at_bound(raw, "peak"), rescale=rescale, seed=seed, progress=lambda: note(None))
+            peak = {r["label"]: _finite(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
+                                        .metric("tokens_per_s")) for r in result.rows if r["fits"]}
+            result.peak_bound = {"configurations": peak,
+                                 "best": peak.get(result.best["label"]) if result.best else None}
+    result.power_mode, result.bound = raw.power_mode, bound
+    result.device_inputs = inputs(raw, bound, spec.dtype)
     if trace is None:
         info["path"] = None  # it lived in a temporary directory
     if native_only:

@@ -20,6 +20,8 @@ Two forms, chosen by the profile:
     - in_flight > largest in_flight: no further parallelism: bw(c, q_max);
     - in_flight < smallest in_flight (only if the table starts above 1): latency-bound, scaled by
       q / q_min.
+* **CPU-capped** (`CpuBoundReadCurve`, profiles with `flash.request_cpu_s`): either form capped at
+  the requests per second the host CPU can issue through the I/O path.
 * **Closed form** (datasheet / paper devices, no measured grid): each read costs
   `latency_s + chunk / sequential_bytes_per_s`; with q reads in flight the device delivers
   `q * chunk / (latency_s + chunk / seq)`, capped by the controller's IOPS limit `iops_max * chunk`
@@ -126,7 +128,40 @@ class ClosedFormReadCurve:
         return np.minimum(np.minimum(parallel, self.iops_max * c), self.sequential_bytes_per_s)
 
 
-ReadCurve = TableReadCurve | ClosedFormReadCurve
+@dataclass(frozen=True)
+class CpuBoundReadCurve:
+    """A read curve capped by the host CPU each request costs through the I/O path.
+
+    Each read request takes `request_cpu_s` of CPU (system call, submission, completion interrupt,
+    waking the reader thread); q reader threads run on at most `io_cores` cores at a time, so the
+    host issues at most min(q, io_cores) / request_cpu_s requests per second whatever the device
+    could serve: bytes_per_s = min(base(c, q), c * min(q, io_cores) / request_cpu_s). Only a cap: a
+    published fio/CrystalDiskMark table already holds its own host's per-request time in its
+    latencies, so the CPU time is not added to each read's latency as well."""
+
+    base: TableReadCurve | ClosedFormReadCurve
+    request_cpu_s: float
+    io_cores: int = 1
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.request_cpu_s) and self.request_cpu_s > 0):
+            raise ValueError(f"request_cpu_s must be finite and > 0, got {self.request_cpu_s}")
+        if self.io_cores < 1:
+            raise ValueError(f"io_cores must be >= 1, got {self.io_cores}")
+
+    def cpu_iops(self, in_flight: float) -> float:
+        """Requests per second the CPU can issue with `in_flight` reader threads."""
+        return min(float(in_flight), float(self.io_cores)) / self.request_cpu_s
+
+    def bytes_per_s(self, chunk_bytes: float, in_flight: float = 1) -> float:
+        return float(self.bytes_per_s_many(np.asarray([chunk_bytes], float), in_flight)[0])
+
+    def bytes_per_s_many(self, chunk_bytes: np.ndarray, in_flight: float = 1) -> np.ndarray:
+        c = np.asarray(chunk_bytes, dtype=float)
+        return np.minimum(self.base.bytes_per_s_many(c, in_flight), c * self.cpu_iops(in_flight))
+
+
+ReadCurve = TableReadCurve | ClosedFormReadCurve | CpuBoundReadCurve
 
 
 def read_time_s(curve: ReadCurve, chunk_bytes: float, n_reads: int, in_flight: int) -> float:

@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from devices.curves import ClosedFormReadCurve, ReadCurve, TableReadCurve
+from devices.curves import ClosedFormReadCurve, CpuBoundReadCurve, ReadCurve, TableReadCurve
 from devices.energy import EnergySpec
 from devices.errors import FlashsimError, unknown_name
 from devices.kernel_table import KernelTable
@@ -60,13 +68,36 @@ class Source(_Strict):
     notes: str | None = None
 
 
+# Where one achievable number comes from (devices/achievable.py folds them in; `devices show` prints
+# them beside the peaks): measured on the host by `flashsim bench`, a published measurement (cited
+# with its conditions), a datasheet figure, or a stated estimate with its reasoning.
+SourceKind = Literal["measured", "published", "datasheet", "estimate"]
+
+
+class Provenance(_Strict):
+    """The source of one achievable number: its kind and the citation with its conditions."""
+
+    kind: SourceKind
+    source: str
+
+
+def _needs_source(value: object, source: Provenance | None, name: str) -> None:
+    if value is not None and source is None:
+        raise ValueError(f"{name} needs {name.split('.')[-1]}_source (kind and citation)")
+
+
 class MemorySpec(_Strict):
-    """DRAM seen by the inference process."""
+    """DRAM seen by the inference process. `bandwidth_bytes_per_s` is the peak (datasheet or, on a
+    measured host, its copy bandwidth); `sustained_bandwidth_bytes_per_s` is what batch-1 decode
+    streams weights at (achievable; the simulator's default, devices/achievable.py)."""
 
     capacity_bytes: int = Field(gt=0)
     reserved_bytes: int = Field(ge=0, description="taken by the OS, runtime and display")
     bandwidth_bytes_per_s: float = Field(gt=0)
     unified: bool = Field(description="CPU, accelerator and flash DMA share one DRAM")
+    sustained_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, description="DRAM bandwidth a "
+                                                          "batch-1 decode's weight streaming reaches (achievable)")
+    sustained_bandwidth_source: Provenance | None = None
     source: str
 
     @model_validator(mode="after")
@@ -75,6 +106,12 @@ class MemorySpec(_Strict):
             raise ValueError(
                 f"reserved_bytes ({self.reserved_bytes}) must be < capacity_bytes ({self.capacity_bytes})"
             )
+        _needs_source(self.sustained_bandwidth_bytes_per_s, self.sustained_bandwidth_source,
+                      "sustained_bandwidth")
+        if self.sustained_bandwidth_bytes_per_s is not None and \
+                self.sustained_bandwidth_bytes_per_s > self.bandwidth_bytes_per_s:
+            raise ValueError(f"sustained_bandwidth_bytes_per_s ({self.sustained_bandwidth_bytes_per_s:g}) exceeds "
+                             f"the peak bandwidth_bytes_per_s ({self.bandwidth_bytes_per_s:g})")
         return self
 
 
@@ -174,8 +211,21 @@ class ComputeSpec(_Strict):
                                              "(d_model, neurons) (`flashsim bench compute`); None = the single rates")
     dense_gemv: DenseGemvSpec | None = Field(default=None, description="dense GEMV seconds per dtype over (in_features, "
                                              "out_features) (`flashsim bench compute`); None = the single rates")
+    cpu_cores: int | None = Field(default=None, ge=1, description="cores the compute runs on when the CPU "
+                                  "computes (reads then take CPU time from the decoder); None: an accelerator computes")
     threads: int | None = Field(default=None, ge=1, description="compute threads the rates were measured with "
                                 "(`flashsim bench compute --threads`); real runs use it and warn on a mismatch")
+    # Achievable (devices/achievable.py): a batch-1 dense GEMV streams its weights at
+    # gemv_efficiency[dtype] x the sustained DRAM bandwidth (dequantization, the tail of each row,
+    # launch gaps); a sparse FFN's gather + GEMV over the selected rows reaches sparse_gemv_efficiency
+    # x the dense GEMV's rate per byte of rows computed.
+    gemv_efficiency: dict[Literal["fp32", "fp16", "bf16", "int8", "int4"], float] | None = Field(
+        default=None, description="share of the sustained DRAM bandwidth a batch-1 dense GEMV streams "
+        "weights at, per dtype (achievable)")
+    gemv_efficiency_source: Provenance | None = None
+    sparse_gemv_efficiency: float | None = Field(default=None, gt=0, lt=1, description="share of the dense "
+                                                 "GEMV rate a gather + GEMV over selected rows reaches (achievable)")
+    sparse_gemv_efficiency_source: Provenance | None = None
     source: str
 
     @model_validator(mode="before")
@@ -186,6 +236,24 @@ class ComputeSpec(_Strict):
         if isinstance(data, dict) and any(k in data for k in RETIRED_COMPUTE_KEYS):
             data = {k: v for k, v in data.items() if k not in RETIRED_COMPUTE_KEYS}
         return data
+
+    @model_validator(mode="after")
+    def _achievable(self) -> ComputeSpec:
+        _needs_source(self.gemv_efficiency, self.gemv_efficiency_source, "gemv_efficiency")
+        _needs_source(self.sparse_gemv_efficiency, self.sparse_gemv_efficiency_source, "sparse_gemv_efficiency")
+        for k, e in (self.gemv_efficiency or {}).items():
+            if not 0 < e <= 1:
+                raise ValueError(f"gemv_efficiency.{k} must be in (0, 1], got {e}")
+        return self
+
+    def gemv_efficiency_for(self, dtype: str) -> float:
+        """The dense GEMV efficiency of `dtype` (the nearest wider dtype listed; 1.0 without any)."""
+        eff = self.gemv_efficiency or {}
+        for d in (dtype, *_WIDER.get(dtype, ())):
+            if d in eff:
+                return eff[d]
+        return 1.0
+
 
     @field_validator("gemv_flops_per_s")
     @classmethod
@@ -252,7 +320,19 @@ class FlashSpec(_Strict):
     max_in_flight: int = Field(ge=1, description="hardware queue depth usable by one process")
     iops_max: float | None = Field(default=None, gt=0, description="closed-form model's controller IOPS cap")
     read_table: ReadTable | None = None
-    request_cpu_s: float | None = Field(default=None, ge=0, description="CPU seconds one read request costs through the I/O path: submit, completion, thread hand-off")
+    # Achievable (devices/achievable.py): random reads against request size and queue depth from a
+    # published measurement of this SSD or its class (fio / CrystalDiskMark-style, Linux or Android),
+    # the link's limit, and the host CPU each request costs through the I/O path.
+    read_table_achievable: ReadTable | None = Field(default=None, description="published random-read "
+                                                    "throughput over request size x queue depth (achievable)")
+    read_table_achievable_source: Provenance | None = None
+    link_bytes_per_s: float | None = Field(default=None, gt=0, description="what the storage link allows "
+                                           "(PCIe lanes x rate, UFS gear), after encoding")
+    request_cpu_s: float | None = Field(default=None, ge=0, description="CPU seconds one read request costs "
+                                        "through the I/O path: submit, completion, thread hand-off")
+    request_cpu_source: Provenance | None = None
+    io_cores: int | None = Field(default=None, ge=1, description="CPU cores the I/O path can use at once (its "
+                                 "reader threads'); with request_cpu_s it caps IOPS at io_cores / request_cpu_s")
     # Host CPU work of I/O (see sim/components/compute.py `HostCpu`). Non-zero only on a host whose
     # CPU both runs the compute and submits/completes the reads (a CPU-only host reading with
     # threads): there each read takes CPU time from the compute running at the same time, and the
@@ -366,6 +446,19 @@ class FlashSpec(_Strict):
         return data
 
     @model_validator(mode="after")
+    def _achievable(self) -> FlashSpec:
+        _needs_source(self.read_table_achievable, self.read_table_achievable_source, "read_table_achievable")
+        _needs_source(self.request_cpu_s, self.request_cpu_source, "request_cpu")
+        return self
+
+    @property
+    def measured_io_cpu(self) -> bool:
+        """The host CPU of the I/O path is already inside measured tables (bench flash's batch
+        overheads or host-CPU terms): request_cpu_s must not be charged again."""
+        return (self.batch_overhead_s is not None or self.batch_overhead_by_ratio_s is not None
+                or self.host_cpu_s_per_read > 0)
+
+    @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:
         if self.read_table is None and self.iops_max is None:
             raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
@@ -475,13 +568,19 @@ class FlashSpec(_Strict):
 
     @cached_property
     def curve(self) -> ReadCurve:
-        """The read model: the table when measured, the closed form otherwise."""
+        """The read model: the table when measured, the closed form otherwise; with request_cpu_s
+        (and no measured I/O CPU terms) capped by the CPU the requests cost (CpuBoundReadCurve)."""
+        base: ReadCurve
         if self.read_table is not None:
             t = self.read_table
-            return TableReadCurve(tuple(t.chunk_bytes), tuple(t.in_flight),
+            base = TableReadCurve(tuple(t.chunk_bytes), tuple(t.in_flight),
                                   tuple(tuple(r) for r in t.bytes_per_s))
-        assert self.iops_max is not None
-        return ClosedFormReadCurve(self.sequential_read_bytes_per_s, self.read_latency_s, self.iops_max)
+        else:
+            assert self.iops_max is not None
+            base = ClosedFormReadCurve(self.sequential_read_bytes_per_s, self.read_latency_s, self.iops_max)
+        if self.request_cpu_s and not self.measured_io_cpu:
+            return CpuBoundReadCurve(base, self.request_cpu_s, self.io_cores or 1)
+        return base
 
     def bytes_per_s(self, chunk_bytes: float, in_flight: int | None = None) -> float:
         return self.curve.bytes_per_s(chunk_bytes, in_flight or self.max_in_flight)
@@ -513,8 +612,36 @@ class FlashSpec(_Strict):
         return np.interp(q, depths, np.asarray(self.batch_overhead_s))
 
 
+class PowerMode(_Strict):
+    """One power mode (nvpmodel mode, performance profile): the fields it changes, by dotted path
+    (`memory.bandwidth_bytes_per_s`, `compute.gemv_flops_per_s.fp16`, `flash.request_cpu_s`), each
+    an absolute value; the profile's own numbers are its default mode's."""
+
+    description: str
+    source: str
+    set: dict[str, float] = Field(default_factory=dict)
+
+
+class PowerModes(_Strict):
+    """The device's power modes; `default` is the mode it ships in (named in every output)."""
+
+    default: str
+    modes: dict[str, PowerMode]
+
+    @model_validator(mode="after")
+    def _default_listed(self) -> PowerModes:
+        if self.default not in self.modes:
+            raise ValueError(f"default {self.default!r} is not one of the modes ({', '.join(self.modes)})")
+        for name in self.modes:
+            if not name or "@" in name or not name.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"mode name {name!r}: use letters, digits, '-' and '_'")
+        return self
+
+
 class DeviceProfile(_Strict):
-    """A device: memory, compute and flash, each with its source."""
+    """A device: memory, compute and flash, each with its source. Achievable numbers sit beside the
+    peaks; devices/achievable.py folds one set into the fields the simulator reads (`bound`) and
+    applies a power mode (`power_mode`)."""
 
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
@@ -524,6 +651,22 @@ class DeviceProfile(_Strict):
     compute: ComputeSpec
     flash: FlashSpec
     energy: EnergySpec | None = None
+    power_modes: PowerModes | None = None
+    # set by devices/achievable.py, never read from a file
+    _power_mode: str | None = PrivateAttr(default=None)
+    _bound: str = PrivateAttr(default="raw")
+
+    @property
+    def power_mode(self) -> str | None:
+        """The power mode applied (None: the profile has no modes)."""
+        if self._power_mode is not None:
+            return self._power_mode
+        return self.power_modes.default if self.power_modes is not None else None
+
+    @property
+    def bound(self) -> str:
+        """"raw" (as in the file: peaks and achievable numbers side by side), "achievable" or "peak"."""
+        return self._bound
 
     @property
     def available_bytes(self) -> int:
@@ -573,14 +716,23 @@ def profile_file(name_or_path: str | Path) -> Path:
 
 
 def load_profile(name_or_path: str | Path) -> DeviceProfile:
-    """Load a bundled profile by name, or any profile file by path; raise FlashsimError."""
-    p = Path(name_or_path).expanduser()
+    """Load a bundled profile by name, or any profile file by path; raise FlashsimError. A name or
+    path may end in `@MODE` to pick one of the profile's power modes (default: the mode it ships in).
+    The profile comes back raw (peaks and achievable numbers side by side); the simulator folds in
+    the achievable numbers (devices/achievable.py `at_bound`) unless told `--bound peak`."""
+    text = str(name_or_path)
+    mode = None
+    if "@" in text and not Path(text).is_file():
+        text, mode = text.rsplit("@", 1)
+    p = Path(text).expanduser()
     by_path = p.suffix in (".yaml", ".yml", ".json") or p.is_file()
-    path = profile_file(name_or_path)
+    path = profile_file(text)
     profile = validate_file(DeviceProfile, path)
     if not by_path:
         check_profile_name(profile, path)
-    return profile
+    from devices.achievable import with_power_mode
+
+    return with_power_mode(profile, mode)
 
 
 def check_profile_name(profile: DeviceProfile, path: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 import simpy
 
+from devices.achievable import resolved
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
@@ -246,6 +247,7 @@ class Simulation:
         cfg.update({
             "policies": {s: p.describe() for s, p in self.stack.policies.items()},
             "model": self.spec.name, "model_dtype": self.spec.dtype, "device": self.profile.name,
+            "power_mode": self.profile.power_mode, "bound": self.profile.bound,
             "trace": str(self.trace.path), "trace_model": self.trace.spec.name,
             "rescaled": self.view.rescaled, "dram_budget_bytes": self.budget_bytes,
             "fixed_bytes": self.memory.fixed_bytes, "fixed_parts": dict(self.memory.parts),
@@ -260,8 +262,10 @@ class Simulation:
 
 def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: RunConfig,
           cache: SetAlgebraCache | None = None) -> Simulation:
-    """Resolve and validate everything a run needs (FlashsimError for bad input)."""
+    """Resolve and validate everything a run needs (FlashsimError for bad input). A raw profile runs
+    on its achievable numbers (devices/achievable.py); pass `at_bound(profile, "peak")` for the ceiling."""
     cache = cache or DEFAULT_CACHE
+    profile = resolved(profile)
     base_spec = spec if spec is not None else trace.spec
     choices = config.slots()
     policies = {slot: c.instantiate() for slot, c in choices.items()}

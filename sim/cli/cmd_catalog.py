@@ -6,6 +6,7 @@ import argparse
 
 from devices import list_models, list_profiles, load_model, load_profile
 from devices.model_spec import DTYPE_BITS
+from devices.schema import DeviceProfile
 from devices.units import format_bytes, format_rate
 from sim.cli.output import print_json, print_table
 
@@ -50,9 +51,16 @@ def _devices_list(args: argparse.Namespace) -> int:
 
 
 def _devices_show(args: argparse.Namespace) -> int:
+    from devices.achievable import at_bound, inputs
+
     p = load_profile(args.name)
+    ach, peak = at_bound(p, "achievable"), at_bound(p, "peak")
     if args.json:
-        print_json({**p.summary(), "profile": p.model_dump(mode="json")})
+        print_json({**p.summary(), "power_mode": p.power_mode,
+                    "power_modes": sorted(p.power_modes.modes) if p.power_modes else [],
+                    "achievable": {"inputs": inputs(p, "achievable"), **_speeds(ach)},
+                    "peak": {"inputs": inputs(p, "peak"), **_speeds(peak)},
+                    "profile": p.model_dump(mode="json")})
         return 0
     print(f"{p.name}: {p.description}")
     print(f"  source: {p.source.kind}; " + "; ".join(p.source.references))
@@ -69,7 +77,41 @@ def _devices_show(args: argparse.Namespace) -> int:
     rows = [[format_bytes(ch)] + [format_rate(f.bytes_per_s(ch, q)) for q in depths] for ch in chunks]
     print("  read throughput (" + ("measured table" if f.read_table else "closed-form model") + "):")
     print_table(["chunk"] + [f"q={q}" for q in depths], rows, align="r" * (len(depths) + 1))
+    if p.power_modes is not None:
+        print(f"  power mode: {p.power_mode} (modes: {', '.join(p.power_modes.modes)}; default "
+              f"{p.power_modes.default}; pick one with NAME@MODE)")
+    print("  achievable (the simulator's default) vs peak (--bound peak), with each input's source kind:")
+    kinds = {r["input"]: r for r in inputs(p, "achievable")}
+    pkinds = {r["input"]: r for r in inputs(p, "peak")}
+    for name in dict.fromkeys([*kinds, *pkinds]):
+        print(f"    {name}: achievable {_cell(kinds.get(name))}; peak {_cell(pkinds.get(name))}")
+    ra, rp = ach.flash, peak.flash
+    rows = [[format_bytes(ch)] + [f"{format_rate(ra.bytes_per_s(ch, q))} / {format_rate(rp.bytes_per_s(ch, q))}"
+                                  for q in depths] for ch in chunks]
+    print("  read throughput, achievable / peak:")
+    print_table(["chunk"] + [f"q={q}" for q in depths], rows, align="r" * (len(depths) + 1))
+    for r in inputs(p, "achievable"):
+        print(f"    source of {r['input']} ({r['kind']}): {r['source']}")
     return 0
+
+
+def _cell(r: dict | None) -> str:
+    return "-" if r is None else f"{_fmt(r['value'])} [{r['kind']}]"
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _speeds(p: DeviceProfile) -> dict:
+    f = p.flash
+    return {"dram_bandwidth_bytes_per_s": p.memory.bandwidth_bytes_per_s,
+            "flash_4k_q32_bytes_per_s": f.bytes_per_s(4096, min(32, f.max_in_flight)),
+            "flash_16k_q32_bytes_per_s": f.bytes_per_s(16384, min(32, f.max_in_flight))}
 
 
 def _models_list(args: argparse.Namespace) -> int:

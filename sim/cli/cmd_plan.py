@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and noisy predictors")
     p.add_argument("--native-only", action="store_true",
                    help="leave out quantized configurations (a filter: their quality is measured like the others')")
+    p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
+                   help="device numbers: achievable (published/measured, the default; each speed is shown with its "
+                        "peak-bound figure beside it) or peak (datasheet ceiling only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_plan)
 
@@ -58,7 +61,7 @@ def run_plan(args: argparse.Namespace) -> Plan:
         return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
                           min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
                           native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
-                          min_agreement=args.min_agreement)
+                          min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -99,24 +102,29 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         targets.append(f"<= {p.max_jpt:g} J/token")
     if p.min_agreement is not None:
         targets.append(f"measured agreement >= {p.min_agreement:g}")
-    print(f"plan: {p.model} on {p.device}, DRAM budget {format_bytes(p.budget_bytes)}"
+    mode = f" in power mode {p.power_mode}" if p.power_mode else ""
+    print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
     if full:
         rows = []
+        peaks = (p.peak_bound or {}).get("configurations", {})
         for r in p.rows:
             status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
-            rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-", _gib(r["dram_peak_bytes"]),
+            rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-",
+                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r["dram_peak_bytes"]),
                          "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
                          _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
                          _mj(r.get("joules_per_token")), r["binding_constraint"], status])
         print()
-        print_table(["configuration", "tok/s", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token", "binding",
-                     "feasible"], rows, align="lrrrrrrll")
+        print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token",
+                     "binding", "feasible"], rows, align="lrrrrrrrll")
     print()
     if p.best is not None:
         b = p.best
-        print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s, DRAM {format_bytes(b['dram_peak_bytes'])}, "
+        pb = (p.peak_bound or {}).get("best")
+        beside = f" expected ({_tps(pb)} peak-bound)" if pb is not None else ""
+        print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s{beside}, DRAM {format_bytes(b['dram_peak_bytes'])}, "
               f"mass kept {b['activation_mass_kept']:.3f}, energy {_mj(b.get('joules_per_token'))} mJ/token; "
               f"bound by {b['binding_constraint']} "
               f"(per token: flash stall {b['stall_ms_per_token']:.1f} ms, compute {b['compute_ms_per_token']:.1f} ms, "
@@ -145,6 +153,10 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
                           for f in m["families"]) + ")")
     else:
         print(f"smallest DRAM meeting {what}: none ({m.get('reason', 'no budget up to the device DRAM works')})")
+    if p.device_inputs:
+        from sim.cli.cmd_replay import inputs_line
+
+        print(inputs_line(p.device_inputs))
     for n in p.notes:
         print(f"note: {n}")
     print(f"({len(p.rows)} configurations, {p.runs} simulated runs with the bisection, {p.seconds:.1f} s)")

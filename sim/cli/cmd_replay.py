@@ -23,6 +23,9 @@ from devices.units import format_bytes, format_rate, parse_bytes
 from sim.cli.output import output_file, print_json, print_table
 
 ENGINES = ("auto", "des", "fast")
+# the figures repeated at the datasheet ceiling (`peak_bound` in --json) beside the expected ones
+PEAK_KEYS = ("tokens_per_s", "ms_per_token", "io_ms_per_token", "compute_ms_per_token", "stall_ms_per_token",
+             "flash_throughput_bytes_per_s")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, help="prompt tokens per sequence (default: the trace's prompts)")
     p.add_argument("--seed", type=int, help="seed of the random streams (default 0)")
     p.add_argument("--rescale", action="store_true", help="allow a trace of another shape than --model (tiled)")
+    p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
+                   help="device numbers: achievable (published/measured, the default) or peak (datasheet ceiling); "
+                        "with achievable the peak-bound figure is printed beside it")
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="des: discrete-event; fast: analytic (refused with timing feedback); auto: fast when valid")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -97,8 +103,10 @@ def _run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     trace = open_trace(Path(args.trace))
     spec = load_model(args.model) if args.model else None
-    profile = load_profile(args.device)
-    sim = build(trace, spec, profile, cfg)
+    from devices.achievable import at_bound, inputs
+
+    raw = load_profile(args.device)
+    sim = build(trace, spec, at_bound(raw, args.bound), cfg)
     fast = {"auto": "auto", "des": False, "fast": True}[args.engine]
     result = sim.run(fast=fast, timeline=bool(args.timeline))
     if args.records:
@@ -106,6 +114,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.timeline:
         result.write_timeline(args.timeline)
     summary = result.summary()
+    summary["bound"] = args.bound
+    summary["power_mode"] = raw.power_mode
+    summary["device_inputs"] = inputs(raw, args.bound, sim.spec.dtype)
+    if args.bound == "achievable":   # the datasheet ceiling beside the expected figure
+        peak = build(trace, spec, at_bound(raw, "peak"), cfg).run(fast=fast).summary()
+        summary["peak_bound"] = {k: peak[k] for k in PEAK_KEYS}
     if args.json:
         print_json(summary)
     else:
@@ -115,12 +129,18 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     c = s["config"]
-    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}, preset {c['preset']}, "
-          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}")
+    mode = f" in power mode {s['power_mode']}" if s.get("power_mode") else ""
+    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
+          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, {s.get('bound', 'achievable')} "
+          "device numbers")
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
+    pk = s.get("peak_bound")
+    beside = (lambda key, fmt: f"; peak-bound {fmt(pk[key])}") if pk else (lambda key, fmt: "")
     rows = [
-        ["ms per token", f"{s['ms_per_token']:.3f}", f"p50 {s['latency_p50_ms']:.3f}, p90 {s['latency_p90_ms']:.3f}"],
-        ["tokens per s", f"{s['tokens_per_s']:.2f}", f"batch {s['batch']}, {s['decode_tokens']} tokens"],
+        ["ms per token", f"{s['ms_per_token']:.3f}", f"p50 {s['latency_p50_ms']:.3f}, p90 {s['latency_p90_ms']:.3f}"
+         + beside("ms_per_token", lambda v: f"{v:.3f}")],
+        ["tokens per s", f"{s['tokens_per_s']:.2f}", f"batch {s['batch']}, {s['decode_tokens']} tokens"
+         + beside("tokens_per_s", lambda v: f"{v:.2f} (datasheet ceiling)")],
         ["  I/O ms", f"{s['io_ms_per_token']:.3f}", "flash busy for the token (may overlap compute)"],
         ["  compute ms", f"{s['compute_ms_per_token']:.3f}", "attention, predictor, FFN, lm_head"],
         ["  stall ms", f"{s['stall_ms_per_token']:.3f}", "waiting for flash"],
@@ -135,6 +155,7 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
         pf = s["prefill"]
         rows.append(["prefill ms", f"{pf['ms']:.3f}", f"{pf['tokens']} tokens, {format_bytes(pf['flash_bytes'])} read"])
     print_table(["metric", "value", "note"], rows, align="lrl")
+    print(inputs_line(s.get("device_inputs", [])))
     for n in s["notes"]:
         print(f"note: {n}")
     if s["joules_per_token"] is None:
@@ -155,6 +176,14 @@ def energy_rows(s: dict[str, Any]) -> list[list[str]]:
              "static": f"platform idle over {inp['token_s'] * 1e3:.3f} ms"}
     rows += [[f"  {k} mJ", f"{mj[k]:.3f}", notes[k]] for k in ("flash", "dram", "compute", "static")]
     return rows
+
+
+def inputs_line(rows: list[dict[str, Any]]) -> str:
+    """One line naming which device inputs are measured, published, datasheet figures or estimates."""
+    from devices.achievable import inputs_by_kind
+
+    kinds = inputs_by_kind(rows)
+    return "device inputs: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
 
 
 def _params(p: dict[str, Any]) -> str:

@@ -356,7 +356,10 @@ class ComputeModel:
         self.loop_attention_ops = LOOP_ATTENTION_OPS[framework] if self.python_loop else 0
         self.loop_ops_per_layer = LOOP_FFN_OPS + self.loop_attention_ops if self.python_loop else 0
         self.flops_per_s = profile.compute.flops_per_s(spec.dtype)
-        self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s
+        # weights stream at the DRAM bandwidth x the dense GEMV's efficiency for the dtype on a profile
+        # folded to its achievable numbers (devices/achievable.py); the peak and a raw profile: 1.0
+        eff = profile.compute.gemv_efficiency_for(spec.dtype) if profile.bound == "achievable" else 1.0
+        self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s * eff
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s
         self.move_bytes_per_s = profile.compute.row_move_bytes_per_s or self.gather_bytes_per_s
         self.move_row_s = profile.compute.row_move_row_s
