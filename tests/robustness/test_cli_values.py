@@ -162,3 +162,20 @@ def test_issue47_sweep_profile_by_absolute_path(tmp_path, capsys, trace_dir):
     spec = _sweep(tmp_path, traces=[str(trace_dir)], devices=[str(prof)], presets=["naive"])
     code, out, err = cli(capsys, "sweep", spec, "--out", tmp_path / "o", "--no-progress", "--workers", "1")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "compute", "--quick", "--threads", "100000000", "--no-write"],
+    ["bench", "flash", "--quick", "--compute-threads", "0", "--no-write"],
+    ["validate", "--quick", "--threads", "99999999"],
+    ["real", "train-predictor", "--model", "smollm2-135m", "--out", "x.safetensors", "--threads", "-3"],
+])
+def test_absurd_thread_counts_are_refused_before_any_work(argv, capsys):
+    """A thread count far beyond any core count crashed OpenMP (a segfault) in bench compute."""
+    from sim.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "threads: must be between 1 and 1024" in err and "\n" not in err and "Traceback" not in err
