@@ -300,7 +300,9 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     req = result.get("request_cpu")
     if req and req["reads"] > 0:   # the I/O path's own cost, on any host (real/bench_request_cpu.py)
         extra["request_cpu_s"] = sig4(req["request_cpu_s"])
-        source += "; " + request_cpu_source(req, req["date"], req["host"], req["tool"], result.get("direct_io", True))
+        cited = request_cpu_source(req, req["date"], req["host"], req["tool"], result.get("direct_io", True))
+        extra["request_cpu_source"] = {"kind": "measured", "source": cited}
+        source += "; " + cited
     if shares_cpu and host and host["cpu_s_per_read"] > 0:
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])

@@ -106,7 +106,14 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     if compute is not None:
         data["compute"] = compute
     if memory is not None:
-        data["memory"] = {**data["memory"], **memory}
+        # the bandwidth measured here is what this host sustains: a base profile's published
+        # achievable figure describes another machine
+        carried = {k: v for k, v in data["memory"].items()
+                   if k not in ("sustained_bandwidth_bytes_per_s", "sustained_bandwidth_source")}
+        data["memory"] = {**carried, **memory}
+    # a measured profile describes the host in the power mode it ran in: a base profile's modes
+    # would overwrite the measurements with datasheet numbers
+    data.pop("power_modes", None)
     today = dt.date.today().isoformat()
     src = dict(data.get("source", {}))
     refs = [r for r in src.get("references", []) if not r.startswith(f"flashsim bench {what}")]

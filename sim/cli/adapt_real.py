@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table, thread_count
+from sim.cli.output import output_file, print_json, print_table
 
 DEFAULT_GSI_STEPS = (0, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 256   # as `adapt gsi`, so the builtin text scores like the GSI file's perplexities
@@ -50,7 +50,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    help=f"score the first T tokens of the text (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--repeats", type=int, default=3, metavar="R",
                    help="timed passes per drop set after one warm-up pass; the median is reported (default 3)")
-    p.add_argument("--threads", type=thread_count, metavar="N",
+    p.add_argument("--threads", type=int, metavar="N",
                    help="torch CPU threads for the passes (default: torch's own choice)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_prune_eval)
@@ -80,7 +80,7 @@ def register(asub: argparse._SubParsersAction) -> None:
     s.add_argument("--prompts-per-task", type=int, default=None, metavar="N",
                    help="held-out prompts per task (default: all)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random selection (default 0)")
-    s.add_argument("--threads", type=thread_count, metavar="N",
+    s.add_argument("--threads", type=int, metavar="N",
                    help="torch CPU threads (default: torch's own choice)")
     s.add_argument("--out", metavar="FILE.csv", help="also write the table as CSV")
     s.add_argument("--json", action="store_true", help="print one JSON object")

@@ -25,7 +25,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import print_json, print_table, thread_count
+from sim.cli.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--keep-file", action="store_true", help="keep a file this command created")
     f.add_argument("--import-fio", help="build the flash section from fio --output-format=json results instead")
     f.add_argument("--seed", type=int, default=0, help="seed of the random offsets and file contents")
-    f.add_argument("--compute-threads", type=thread_count, default=1, help="threads of the host-CPU probe's compute (the "
+    f.add_argument("--compute-threads", type=int, default=1, help="threads of the host-CPU probe's compute (the "
                    "real runs' compute threads; default 1)")
     f.add_argument("--no-host-cpu", action="store_true", help="skip the host-CPU probe (reads' CPU cost and their "
                    "interference with a concurrent compute); the profile then gets no host-CPU terms")
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quick", action="store_true", help="smaller matrices and shorter timing")
     c.add_argument("--framework", choices=["auto", "torch", "numpy"], default="auto")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=thread_count, help="compute threads (torch) to measure with, recorded as the "
+    c.add_argument("--threads", type=int, help="compute threads (torch) to measure with, recorded as the "
                    "profile's compute.threads; use the count the real runs will use (default: PyTorch's own)")
     c.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="where the kernels run: cpu "
                    "(default), cuda (the GPU, through the real backend's CUDA path: real/bench_cuda.py), auto "

@@ -29,7 +29,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import print_json, thread_count
+from sim.cli.output import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quick", action="store_true", help="the benches' quick grids (64 MiB file, 3 chunk sizes x 2 "
                                                         "depths, small GEMV); validation is always --quick")
     c.add_argument("--size", help="size of the bench file (default 2GiB; --quick 64MiB)")
-    c.add_argument("--threads", type=thread_count, default=1, help="compute threads: bench compute measures with this many and "
+    c.add_argument("--threads", type=int, default=1, help="compute threads: bench compute measures with this many and "
                                                          "validate runs with as many (default 1)")
     c.add_argument("--modes", default="shape,model", help="validation modes (default shape,model)")
     c.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table, thread_count
+from sim.cli.output import print_json, print_table
 
 
 def register_real(rsub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
                                                   "(trades recall for precision)")
     e.add_argument("--lags", type=int, default=DEFAULT_LAGS,
                    help=f"token distances k at which persistence is measured, 1..k (default {DEFAULT_LAGS})")
-    e.add_argument("--threads", type=thread_count, default=1, help="PyTorch threads (default 1, as train-predictor)")
+    e.add_argument("--threads", type=int, default=1, help="PyTorch threads (default 1, as train-predictor)")
     e.add_argument("--json", action="store_true", help="print every figure (per layer, per lag, counts) as JSON")
     e.set_defaults(func=_predictor_errors)
 

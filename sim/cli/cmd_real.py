@@ -26,7 +26,7 @@ from real.predictor_train import (  # NumPy only
     DEFAULT_LR,
     DEFAULT_RANK,
 )
-from sim.cli.output import print_json, print_table, thread_count
+from sim.cli.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT,
                    help=f"share of the prompts held out for recall/precision (default {DEFAULT_HOLDOUT:g})")
     t.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the minibatches")
-    t.add_argument("--threads", type=thread_count, default=1,
+    t.add_argument("--threads", type=int, default=1,
                    help="PyTorch threads (default 1: on cores shared with other work every multi-threaded op waits "
                         "for a descheduled worker; 1 also makes results host-independent)")
     t.add_argument("--out", required=True, help="predictor file to write (.safetensors)")

@@ -21,7 +21,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
-from sim.cli.output import output_file, print_json, print_table, thread_count
+from sim.cli.output import output_file, print_json, print_table
 
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
 KEPT_PROFILE = "kept"
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--tokens", type=int, help="decode steps per configuration (default 12 quick, 24 full)")
     v.add_argument("--seed", type=int, default=0, help="seed of the store, trace and compute inputs")
     v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
-    v.add_argument("--threads", type=thread_count, help="PyTorch compute threads of the real runs (default: the profile's "
+    v.add_argument("--threads", type=int, help="PyTorch compute threads of the real runs (default: the profile's "
                                                "compute.threads, the count its rates were measured at; 1 if none)")
     v.add_argument("--modes", default="shape,model", help="shape (random-weight store of a small llama shape), model "
                                                         "(SmolLM2 token by token, its real FFN weights), or both (default)")
@@ -86,7 +86,7 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
     r.add_argument("--profile", default="this-host", help="device profile for the policies' context")
     r.add_argument("--dram-budget", help="DRAM for the model, caches and KV cache, e.g. 200MiB")
     r.add_argument("--tokens", type=int, help="shape mode: decode steps (default: every trace token)")
-    r.add_argument("--threads", type=thread_count, help="PyTorch compute threads (default: PyTorch's own setting)")
+    r.add_argument("--threads", type=int, help="PyTorch compute threads (default: PyTorch's own setting)")
     r.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where compute runs")
     r.add_argument("--records", help="write per-token records (the simulator's schema) to this Parquet file")
     r.add_argument("--trace-out", help="write the executed sets as a trace here (replay it with `flashsim replay`)")

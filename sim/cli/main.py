@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2 if args.command is None else 0
     try:
+        check_thread_counts(args)
         return int(args.func(args) or 0)
     except FlashsimError as e:
         if args.debug:
@@ -67,6 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+MAX_THREADS = 1024  # no on-device decoder runs more compute threads; far beyond the core count OpenMP crashes
+
+
+def check_thread_counts(args: argparse.Namespace) -> None:
+    """Every verb's thread-count option (--threads, --compute-threads) is a whole number in
+    [1, MAX_THREADS], checked before any work."""
+    for flag in ("threads", "compute_threads"):
+        n = getattr(args, flag, None)
+        if n is not None and not 1 <= n <= MAX_THREADS:
+            raise FlashsimError(f"--{flag.replace('_', '-')} {n}: must be >= 1 and <= {MAX_THREADS} threads "
+                                "(use the core count the real runs will use)")
 
 
 if __name__ == "__main__":

@@ -40,20 +40,3 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: st
     print("  ".join("-" * w for w in widths))
     for r in cells:
         print(fmt(r))
-
-
-MAX_THREADS = 1024  # no on-device decoder runs more compute threads; far beyond the core count OpenMP crashes
-
-
-def thread_count(text: str) -> int:
-    """argparse type of a compute-thread count: an integer in [1, MAX_THREADS]."""
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of threads") from None
-    if not 1 <= n <= MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"{n} threads: must be between 1 and {MAX_THREADS} "
-                                         "(use the core count the real runs will use)")
-    return n

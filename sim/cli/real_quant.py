@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table, thread_count, to_jsonable
+from sim.cli.output import output_file, print_json, print_table, to_jsonable
 
 DOC_KIND = "flashsim-quant-quality"
 DOC_VERSION = 1
@@ -47,7 +47,7 @@ def register(rsub: argparse._SubParsersAction) -> None:
     q.add_argument("--bits", default="8,4", metavar="B,...", help="weight precisions: 8 (Q8_0) and/or 4 (Q4_0)")
     q.add_argument("--keep", default="1,0.9,0.75,0.5,0.3,0.2,0.1", metavar="F,...",
                    help="shares of FFN neurons kept per token by the oracle (1 = dense FFN)")
-    q.add_argument("--threads", type=thread_count, metavar="N", help="torch CPU threads (default: torch's own choice)")
+    q.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's own choice)")
     q.add_argument("--out", metavar="FILE.json", help="write the quality table (the planner's data file format)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(func=_quant_quality)

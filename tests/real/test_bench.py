@@ -247,7 +247,7 @@ def test_cli_bench_compute_threads_recorded(tmp_path, capsys):
     assert any(r.endswith("--quick --threads 1") for r in prof.source.references)
     assert main(["bench", "compute", "--quick", "--threads", "0", "--no-write"]) == 2
     err = capsys.readouterr().err
-    assert "--threads: 0 threads: must be between 1 and" in err and "Traceback" not in err
+    assert "--threads 0: must be >= 1" in err and "Traceback" not in err
 
 
 def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
@@ -269,7 +269,7 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
     assert main(_quick_flash(tmp_path, "--compute-threads", "0", "--no-write")) == 2
     assert main(["bench", "flash", "--import-fio", str(FIO), "--no-host-cpu", "--no-write"]) == 2
     err = capsys.readouterr().err
-    assert "--compute-threads: 0 threads" in err and "drop --no-host-cpu" in err and "Traceback" not in err
+    assert "--compute-threads 0" in err and "drop --no-host-cpu" in err and "Traceback" not in err
 
 
 def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
