@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -163,3 +164,27 @@ def need_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in df]
     if missing:
         raise FlashsimError(f"{what}: the results have no column {', '.join(missing)}")
+
+
+def bar_panels(df: pd.DataFrame, kind: str, max_bars: int, bar_height_in: float, draw: Callable[[Any, pd.DataFrame], None],
+               xlabel: str) -> tuple[Figure, Any]:
+    """One horizontal-bar panel per (trace, model, device, budget), configurations in preset order:
+    `draw(ax, rows)` fills a panel; returns the figure and its axes. Refuses a panel of more than
+    `max_bars` configurations (TooCrowded: narrow them with --where)."""
+    from analysis import tables as T
+
+    groups = panels(df, (T.TRACE, T.MODEL, T.DEVICE, T.BUDGET), 4, kind)
+    heights = []
+    for _, g in groups:
+        if len(g) > max_bars:
+            raise TooCrowded(f"{kind}: {len(g)} configurations in one panel (at most {max_bars}); "
+                             "narrow them with --where KEY=VALUE")
+        heights.append(len(g))
+    fig = new_figure(9.0, 1.2 + bar_height_in * sum(heights) + 0.5 * len(groups))
+    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
+    for ax, (name, g) in zip(axes, groups):
+        order = ["_rank", T.POINT_INDEX] if T.POINT_INDEX in g else ["_rank"]
+        draw(ax, g.assign(_rank=g[T.PRESET].map(preset_rank)).sort_values(order))
+        ax.set_title(name, fontsize=10, loc="left")
+    axes[-1].set_xlabel(xlabel)
+    return fig, axes

@@ -33,21 +33,7 @@ def draw(results: ResultSet, where: Sequence[str] | None = None) -> Figure:
     if df.empty:
         raise FlashsimError(f"{KIND}: no point of the results ran successfully")
     C.need_columns(df, [T.MS_PER_TOKEN, T.IO_MS, *STACK], KIND)
-    groups = C.panels(df, (T.TRACE, T.MODEL, T.DEVICE, T.BUDGET), 4, KIND)
-    heights = []
-    for _, g in groups:
-        if len(g) > MAX_BARS:
-            raise C.TooCrowded(f"{KIND}: {len(g)} configurations in one panel (at most {MAX_BARS}); "
-                                "narrow them with --where KEY=VALUE")
-        heights.append(len(g))
-    fig = C.new_figure(9.0, 1.2 + 0.42 * sum(heights) + 0.5 * len(groups))
-    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
-    for ax, (title, g) in zip(axes, groups):
-        g = g.assign(_rank=g[T.PRESET].map(C.preset_rank)).sort_values(["_rank", T.POINT_INDEX]
-                                                                          if T.POINT_INDEX in g else ["_rank"])
-        _panel(ax, g)
-        ax.set_title(title, fontsize=10, loc="left")
-    axes[-1].set_xlabel("milliseconds per decoded token")
+    fig, axes = C.bar_panels(df, KIND, MAX_BARS, 0.42, _panel, "milliseconds per decoded token")
     handles = [Patch(color=C.COLORS[c], label=C.COMPONENT_NAMES[c]) for c in (*STACK, "other")]
     handles.append(Patch(facecolor="white", edgecolor=C.COLORS[T.IO_MS], hatch="////",
                          label="flash I/O busy (overlaps the rest when prefetching)"))

@@ -40,21 +40,7 @@ def draw(results: ResultSet, where: Sequence[str] | None = None) -> Figure:
         raise FlashsimError(f"{KIND}: no point has energy numbers (their device profiles have no energy section)")
     left_out = int((~known).sum())
     df = df[known]
-    groups = C.panels(df, (T.TRACE, T.MODEL, T.DEVICE, T.BUDGET), 4, KIND)
-    heights = []
-    for _, g in groups:
-        if len(g) > MAX_BARS:
-            raise C.TooCrowded(f"{KIND}: {len(g)} configurations in one panel (at most {MAX_BARS}); "
-                               "narrow them with --where KEY=VALUE")
-        heights.append(len(g))
-    fig = C.new_figure(9.0, 1.2 + 0.38 * sum(heights) + 0.5 * len(groups))
-    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[h + 1.5 for h in heights])[:, 0]
-    for ax, (title, g) in zip(axes, groups):
-        g = g.assign(_rank=g[T.PRESET].map(C.preset_rank)).sort_values(["_rank", T.POINT_INDEX]
-                                                                          if T.POINT_INDEX in g else ["_rank"])
-        _panel(ax, g)
-        ax.set_title(title, fontsize=10, loc="left")
-    axes[-1].set_xlabel("millijoules per decoded token")
+    fig, axes = C.bar_panels(df, KIND, MAX_BARS, 0.38, _panel, "millijoules per decoded token")
     handles = [Patch(color=COLORS[c], label=NAMES[c]) for c in T.ENERGY_COMPONENTS]
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     C.title(fig, TITLE + (f" ({left_out} points without energy numbers left out)" if left_out else ""), df)
