@@ -511,14 +511,18 @@ def _lookup(u: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
     return q[i] + (x - i) * (q[i + 1] - q[i])
 
 
-def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
+                    log_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k (indices, |a| float16, descending) and abs_sum (float32) for one block bool [B, N].
 
     Active |a| are i.i.d. from the model's quantiles, clipped below at the threshold (the synthetic
     trace's rule is "active <=> |a| >= theta"); each row stores its strongest actives, then the top
     order statistics of its inactive |a| (all below theta). Rows are ordered with integer sort keys
     (uniform draw, then neuron index) so the order is exact and platform-independent.
+    With log_weight (float [N], traces/synthetic_tasks.py) a row's magnitudes (the same i.i.d.
+    multiset) go to its active neurons in a Plackett-Luce order with weights exp(log_weight) (sorted
+    by log_weight + Gumbel noise): neurons that carry the source's strongest activations get the
+    largest draws more often, while every token's magnitude distribution is unchanged.
     """
     b, n = active.shape
     if n >= 1 << _IDX_BITS:
@@ -537,6 +541,12 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int,
     n_act = np.minimum(counts, k)
     act_idx = keys & ((1 << _IDX_BITS) - 1)
     act_mag = _lookup((keys >> _IDX_BITS) / float(1 << _U_BITS), quant)
+    if log_weight is not None and len(flat):
+        race = log_weight[cols] + rng.gumbel(size=len(flat))        # Plackett-Luce via Gumbel-max
+        r_int = np.clip(np.floor((race + 256.0) * (1 << 30)), 0, (1 << _U_BITS) - 1).astype(np.int64)
+        rkeys = np.full((b, max(c_max, 1)), -1, np.int64)
+        rkeys[rows, np.arange(len(flat)) - starts[rows]] = (r_int << _IDX_BITS) | cols
+        act_idx = np.sort(rkeys, axis=1)[:, ::-1][:, :k] & ((1 << _IDX_BITS) - 1)
     n_off = n - counts
     m = np.minimum(k - n_act, n_off)                              # inactive entries stored per row
     m_max = int(m.max()) if b else 0
@@ -618,6 +628,7 @@ class LayerPlan:
     extra: dict[str, Any] = field(default_factory=dict)
     task_z: np.ndarray | None = None      # float64 [n_tasks, N] fitted z per task (synthetic_tasks)
     task_scale: np.ndarray | None = None  # float64 [n_tasks] rate scale per task
+    log_weight: np.ndarray | None = None  # float64 [N] magnitude order weights (synthetic_tasks)
 
     def to_json(self) -> dict[str, Any]:
         return {"source_layer": self.source_layer,
@@ -842,7 +853,7 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
                 if k:
                     assert plan.magnitude is not None
                     w.top_idx[layer, t0:t1], w.top_mag[layer, t0:t1], w.abs_sum[layer, t0:t1] = \
-                        draw_magnitudes(x, plan.magnitude, k, mrng)
+                        draw_magnitudes(x, plan.magnitude, k, mrng, plan.log_weight)
                 else:
                     w.abs_sum[layer, t0:t1] = x.sum(axis=1)
             counts.append(count_packed(w.masks[layer], spec.d_ff, measured, n_before, None, FIT_WINDOWS))

@@ -28,11 +28,12 @@ plain one (reason stated in the manifest under `tasks`).
 The check (`profile_check`) runs the profiler on the source and on the written synthetic trace and
 reports, per layer, the overlap |A & B| / n of the top-n sets (n = TOP_FRACTION N) of the secondary
 ranking and of each fitted task's base ranking, under both profiler scores: |a| sums (its default)
-and activation counts (its K = 0 score). The tolerance is stated on the count score: the mean
-overlap must reach the source's own split-half floor (first vs second half of each task's tokens),
-i.e. the synthetic trace reproduces the source's profile at least as well as the source reproduces
-itself. The |a| score is reported, not bounded: synthetic magnitudes are i.i.d. over active neurons
-(traces/synthetic.py), so the source's per-neuron massive activations are not carried over.
+and activation counts (its K = 0 score). The tolerance: for each ranking the mean overlap must
+reach the source's own split-half floor (the same overlap between the first and the second half of
+each task's tokens, same score), i.e. the synthetic trace reproduces the source's profile at least
+as well as the source reproduces itself. Under the |a| score the neurons that carry the strongest
+activations follow the source through `magnitude_log_weight` (a Plackett-Luce order of each token's
+i.i.d. magnitudes, so the magnitude distribution is unchanged).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def assign_tasks(rates: np.ndarray, rho: np.ndarray, sigma: np.ndarray, counts: 
 def apply_tasks(plans: list, source: Trace, measured: np.ndarray, fit: TaskFit,
                 rng: np.random.Generator) -> None:
     """Re-assign every plan in place (plans from synthetic.plan_like, one per target layer)."""
-    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    cache: dict[Any, Any] = {}
     for plan in plans:
         sl = int(plan.source_layer)
         if sl not in cache:
@@ -147,8 +148,29 @@ def apply_tasks(plans: list, source: Trace, measured: np.ndarray, fit: TaskFit,
         counts, tokens = cache[sl]
         plan.rates, plan.rho, plan.sigma, plan.task_z, plan.task_scale = assign_tasks(
             plan.rates, plan.rho, plan.sigma, counts, tokens, rng)
+        if source.top_k > 0 and plan.magnitude is not None:
+            if ("w", sl) not in cache:
+                cache[("w", sl)] = magnitude_log_weight(source, sl, measured)
+            plan.log_weight = cache[("w", sl)]
         plan.extra["task_active_fraction"] = {
             t: round(float(counts[i].mean() / tokens[i]), 6) for i, t in enumerate(fit.tasks)}
+
+
+def magnitude_log_weight(source: Trace, layer: int, measured: np.ndarray) -> np.ndarray:
+    """log w_n for the Plackett-Luce magnitude order (synthetic.draw_magnitudes): how much more often
+    than its share of activity neuron n is among a token's K strongest in the source,
+    w_n = ((k_n + PRIOR_TOKENS s) / (c_n + PRIOR_TOKENS)) / s, with k_n its top-K appearances, c_n
+    its active tokens and s = sum k / sum c (the prior pulls rarely active neurons toward 1)."""
+    n = source.n_neurons
+    sel = np.flatnonzero(measured)
+    idx, _ = source.top(layer)
+    top = np.asarray(idx[sel])
+    on = source.mask(layer, sel)
+    in_top = np.take_along_axis(on, top.astype(np.int64), axis=1)   # stored and active
+    k_n = np.bincount(top[in_top].ravel().astype(np.int64), minlength=n).astype(np.float64)
+    c_n = on.sum(axis=0).astype(np.float64)
+    s = max(k_n.sum(), 1.0) / max(c_n.sum(), 1.0)
+    return np.log((k_n + PRIOR_TOKENS * s) / (c_n + PRIOR_TOKENS) / s)
 
 
 def token_task_ids(segment_tasks: Sequence[str], segments: Sequence[int], tasks: Sequence[str]) -> np.ndarray:
@@ -194,11 +216,14 @@ class CountView:
 
 def profile_check(source: Trace, synthetic: Any, tasks: Sequence[str], layer_map: Sequence[int]) -> dict:
     """The overlaps under both profiler scores: |a| sums (its default) and activation counts (K = 0)."""
-    count = _profile_overlaps(CountView(source), CountView(synthetic), tasks, layer_map)
-    floor = split_half_floor(source, tasks, layer_map)
-    count["split_half_floor"] = floor
-    count["passes"] = bool(all(count["overlap"][k]["mean"] >= floor[k] for k in floor))
-    return {"magnitude": _profile_overlaps(source, synthetic, tasks, layer_map), "count": count}
+    out = {"count": _profile_overlaps(CountView(source), CountView(synthetic), tasks, layer_map)}
+    if source.top_k > 0 and synthetic.top_k > 0:
+        out["magnitude"] = _profile_overlaps(source, synthetic, tasks, layer_map)
+    for key, res in out.items():
+        floor = split_half_floor(source, tasks, layer_map, by_magnitude=key == "magnitude")
+        res["split_half_floor"] = floor
+        res["passes"] = bool(all(res["overlap"][k]["mean"] >= floor[k] for k in floor))
+    return out
 
 
 def _profile_overlaps(source: Any, synthetic: Any, tasks: Sequence[str], layer_map: Sequence[int]) -> dict:
@@ -244,8 +269,9 @@ def task_summary(fit: TaskFit, tasked: bool, writer: Any, spec: Any, source: Tra
     return out
 
 
-def split_half_floor(source: Trace, tasks: Sequence[str], layer_map: Sequence[int]) -> dict[str, float]:
-    """The source's own reproducibility under the count score: mean over layers of the top-n overlap
+def split_half_floor(source: Trace, tasks: Sequence[str], layer_map: Sequence[int],
+                     by_magnitude: bool = False) -> dict[str, float]:
+    """The source's own reproducibility under the profiler's count (or |a|-sum) score: mean over layers of the top-n overlap
     between the rankings from the first and the second half of each task's tokens (secondary: the
     halves pooled over tasks). A synthetic trace fitted to the source is expected to agree with the
     source's profile at least as well as half of the source agrees with the other half."""
@@ -257,13 +283,21 @@ def split_half_floor(source: Trace, tasks: Sequence[str], layer_map: Sequence[in
     for sl in sorted(set(layer_map)):
         a_all, b_all = np.zeros(n), np.zeros(n)
         for t in tasks:
-            a = source.mask(sl, halves[t][0]).sum(axis=0).astype(np.float64)
-            b = source.mask(sl, halves[t][1]).sum(axis=0).astype(np.float64)
+            a, b = (_half_scores(source, sl, h, by_magnitude) for h in halves[t])
             a_all += a
             b_all += b
             out[f"base.{t}"].append(_top_overlap(a, b, top_n))
         out["secondary"].append(_top_overlap(a_all, b_all, top_n))
     return {k: round(float(np.mean(v)), 4) for k, v in out.items()}
+
+
+def _half_scores(source: Trace, layer: int, sel: np.ndarray, by_magnitude: bool) -> np.ndarray:
+    """The profiler's score of one layer over the selected tokens (traces/profiler.py's formula)."""
+    if not by_magnitude:
+        return source.mask(layer, sel).sum(axis=0).astype(np.float64)
+    idx, mag = source.top(layer)
+    return np.bincount(np.asarray(idx[sel]).ravel().astype(np.int64), minlength=source.n_neurons,
+                       weights=np.asarray(mag[sel], np.float64).ravel())
 
 
 def _top_overlap(a: np.ndarray, b: np.ndarray, top_n: int) -> float:

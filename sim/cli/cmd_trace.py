@@ -173,18 +173,21 @@ def _print_tasks(tasks: dict) -> None:
         print(f"tasks: not task-aware ({tasks.get('reason')})")
         return
     check = tasks["profile_check"]
-    cnt, mag = check["count"], check["magnitude"]
+    cnt, mag = check["count"], check.get("magnitude")
     print(f"tasks: {', '.join(tasks['fitted_tasks'])} fitted"
           + (f"; {', '.join(tasks['unfitted_tasks'])} unfitted (< {tasks['min_task_tokens']} tokens)"
              if tasks["unfitted_tasks"] else ""))
     rows = [[k, _f(tasks["active_fraction"]["target"].get(k[5:])) if k.startswith("base.") else "-",
              _f(tasks["active_fraction"]["achieved"].get(k[5:])) if k.startswith("base.") else "-",
-             _f(cnt["overlap"][k]["mean"]), _f(cnt["overlap"][k]["min"]), _f(cnt["split_half_floor"][k]),
-             _f(mag["overlap"][k]["mean"])] for k in cnt["overlap"]]
-    print_table(["ranking", "active t", "active a", "top-n overlap", "min layer", "split-half floor",
-                 "|a|-score overlap"], rows, align="lrrrrrr")
-    print(f"profiler top-n sets, n = {cnt['top_n']} per layer (chance {_f(cnt['chance'])}); count-score overlap "
-          f"{'reaches' if cnt['passes'] else 'does NOT reach'} the source's split-half floor")
+             f"{_f(cnt['overlap'][k]['mean'])}/{_f(cnt['split_half_floor'][k])}",
+             "-" if mag is None else f"{_f(mag['overlap'][k]['mean'])}/{_f(mag['split_half_floor'][k])}"]
+            for k in cnt["overlap"]]
+    print_table(["ranking", "active t", "active a", "count-score overlap/floor", "|a|-score overlap/floor"],
+                rows, align="lrrrr")
+    verdict = " and ".join(f"{name} {'reaches' if res['passes'] else 'does NOT reach'}"
+                           for name, res in [("count", cnt), ("|a|", mag)] if res is not None)
+    print(f"profiler top-n sets, n = {cnt['top_n']} per layer (chance {_f(cnt['chance'])}), mean over layers; "
+          f"floor = the source's split-half overlap: {verdict} it")
 
 
 def _synth_command(args: argparse.Namespace, model: str, n_tokens: int) -> str:
