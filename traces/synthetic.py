@@ -42,7 +42,8 @@ Generative model ("markov-context-mixture-v1"), per layer; neurons are independe
     al. 2023, reports power-law distributed neuron activation frequencies) with beta solved so that
     hot80_fraction measured on the synthetic trace of this length is H (sampling noise included);
     one class (rho, sigma = 0) with rho solved so that the expected overlap_prev is P.
-    Tasks are not modelled: every prompt is labelled "synthetic", every token decode (id -1).
+    Tasks (--like, source with >= 2 labelled tasks, same neuron count): see traces/synthetic_tasks.py;
+    otherwise (or with --prompt-tokens) every prompt is labelled "synthetic". Every token is decode (id -1).
 
 Magnitudes (on by default): per layer a threshold theta (the synthetic rule is "active <=> |a| >=
 theta"); active neurons draw |a| i.i.d. from the source layer's empirical distribution of active
@@ -84,6 +85,7 @@ from traces.stats import (
     tokens_before_in_prompt,
     trace_stats,
 )
+from traces.synthetic_tasks import TaskFit, apply_tasks, source_tasks, task_summary, token_task_ids
 
 GENERATOR = "markov-context-mixture-v1"
 FIT_WINDOWS = 8               # coverage k = 1..8 is fitted and checked
@@ -509,14 +511,18 @@ def _lookup(u: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
     return q[i] + (x - i) * (q[i + 1] - q[i])
 
 
-def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
+                    log_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k (indices, |a| float16, descending) and abs_sum (float32) for one block bool [B, N].
 
     Active |a| are i.i.d. from the model's quantiles, clipped below at the threshold (the synthetic
     trace's rule is "active <=> |a| >= theta"); each row stores its strongest actives, then the top
     order statistics of its inactive |a| (all below theta). Rows are ordered with integer sort keys
     (uniform draw, then neuron index) so the order is exact and platform-independent.
+    With log_weight (float [N], traces/synthetic_tasks.py) a row's magnitudes (the same i.i.d.
+    multiset) go to its active neurons in a Plackett-Luce order with weights exp(log_weight) (sorted
+    by log_weight + Gumbel noise): neurons that carry the source's strongest activations get the
+    largest draws more often, while every token's magnitude distribution is unchanged.
     """
     b, n = active.shape
     if n >= 1 << _IDX_BITS:
@@ -535,6 +541,12 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int,
     n_act = np.minimum(counts, k)
     act_idx = keys & ((1 << _IDX_BITS) - 1)
     act_mag = _lookup((keys >> _IDX_BITS) / float(1 << _U_BITS), quant)
+    if log_weight is not None and len(flat):
+        race = log_weight[cols] + rng.gumbel(size=len(flat))        # Plackett-Luce via Gumbel-max
+        r_int = np.clip(np.floor((race + 256.0) * (1 << 30)), 0, (1 << _U_BITS) - 1).astype(np.int64)
+        rkeys = np.full((b, max(c_max, 1)), -1, np.int64)
+        rkeys[rows, np.arange(len(flat)) - starts[rows]] = (r_int << _IDX_BITS) | cols
+        act_idx = np.sort(rkeys, axis=1)[:, ::-1][:, :k] & ((1 << _IDX_BITS) - 1)
     n_off = n - counts
     m = np.minimum(k - n_act, n_off)                              # inactive entries stored per row
     m_max = int(m.max()) if b else 0
@@ -614,6 +626,9 @@ class LayerPlan:
     magnitude: MagnitudeModel | None = None
     source_layer: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    task_z: np.ndarray | None = None      # float64 [n_tasks, N] fitted z per task (synthetic_tasks)
+    task_scale: np.ndarray | None = None  # float64 [n_tasks] rate scale per task
+    log_weight: np.ndarray | None = None  # float64 [N] magnitude order weights (synthetic_tasks)
 
     def to_json(self) -> dict[str, Any]:
         return {"source_layer": self.source_layer,
@@ -736,9 +751,11 @@ def plan_params(spec: ModelSpec, n_tokens: int, active_fraction: float, overlap:
 
 # ---- generation -------------------------------------------------------------------------------
 def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generator,
-                   block: int = TOKEN_BLOCK):
+                   block: int = TOKEN_BLOCK, task_of_token: np.ndarray | None = None):
     """Yield (t0, bool [b, N]) blocks of one layer. At restart[t] (a prompt start) each neuron gets
-    a fresh prompt rate and a stationary state; otherwise it follows its chain from token t-1."""
+    a fresh prompt rate and a stationary state; otherwise it follows its chain from token t-1.
+    With task_of_token (int per token, -1 = none) and plan.task_z, a prompt of a fitted task takes
+    that task's z per neuron and rate scale instead of random z (see traces/synthetic_tasks.py)."""
     n_tokens, n = len(restart), len(plan.rates)
     has_ctx = bool(np.any(plan.sigma > 0))
     prev = None
@@ -749,8 +766,13 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
         x = np.empty(u.shape, bool)
         for t in range(b):
             if restart[t0 + t]:
-                z = QUAD_Z[rng.integers(0, len(QUAD_Z), n)] if has_ctx else 0.0
-                lam64 = prompt_rates(plan.rates, plan.sigma, z)
+                task = -1 if task_of_token is None or plan.task_z is None else int(task_of_token[t0 + t])
+                if task >= 0:
+                    assert plan.task_scale is not None
+                    lam64 = prompt_rates(plan.rates * plan.task_scale[task], plan.sigma, plan.task_z[task])
+                else:
+                    z = QUAD_Z[rng.integers(0, len(QUAD_Z), n)] if has_ctx else 0.0
+                    lam64 = prompt_rates(plan.rates, plan.sigma, z)
                 q01, q11 = transition_probs(lam64, plan.rho)
                 lam, p01, p11 = (a.astype(np.float32) for a in (lam64, q01, q11))
                 np.less(u[t], lam, out=x[t])
@@ -781,12 +803,17 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
                                   n_tokens)
     else:
         segments = [n_tokens]
-    fit_ss, mask_ss, mag_ss = np.random.SeedSequence(seed).spawn(3)
+    fit_ss, mask_ss, mag_ss, task_ss = np.random.SeedSequence(seed).spawn(4)
+    task_fit: TaskFit | None = None
     fit_rng = np.random.default_rng(fit_ss)
     if like is not None:
         if like.n_tokens < 2:
             raise FlashsimError(f"--like {like.path}: the source trace needs at least 2 tokens")
         plans = plan_like(like, spec, fit_rng, phase=like_phase, magnitudes=magnitudes)
+        like_measured = measured_tokens(like.phase, like_phase)
+        task_fit = source_tasks(like, like_measured, spec.d_ff)
+        if task_fit.active:
+            apply_tasks(plans, like, like_measured, task_fit, np.random.default_rng(task_ss))
         params: dict[str, Any] = {"mode": "like", "source": {
             "path": str(like.path), "model": like.spec.name, "n_tokens": like.n_tokens,
             "n_layers": like.n_layers, "n_neurons": like.n_neurons, "phase": like_phase,
@@ -800,9 +827,13 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
     f_max = max(float(p.predicted["active_fraction"]) for p in plans)
     k = top_k_for(spec.d_ff, f_max) if magnitudes else 0
     mean_f = float(np.mean([p.predicted["active_fraction"] for p in plans]))
-    prompts = [PromptInfo(id=f"synthetic-{i}", task="synthetic", n_prompt_tokens=0, n_generated_tokens=m)
-               for i, m in enumerate(segments)]
+    labels = (["synthetic"] * len(segments) if task_fit is None or prompt_tokens is not None else
+              [task_fit.segment_tasks[i % len(task_fit.segment_tasks)] for i in range(len(segments))])
+    prompts = [PromptInfo(id=f"synthetic-{i}", task=t, n_prompt_tokens=0, n_generated_tokens=m)
+               for i, (t, m) in enumerate(zip(labels, segments))]
     prompt_index = np.repeat(np.arange(len(segments), dtype=np.int32), segments)
+    tasked = task_fit is not None and task_fit.active and prompt_tokens is None
+    task_ids = token_task_ids(task_fit.segment_tasks, segments, task_fit.tasks) if tasked else None
     n_before = tokens_before_in_prompt(prompt_index)
     restart = n_before == 0
     measured = np.ones(n_tokens, bool)
@@ -816,13 +847,13 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
         for layer, plan in enumerate(plans):
             rng = np.random.default_rng(layer_ss[layer])
             mrng = np.random.default_rng(mlayer_ss[layer])
-            for t0, x in generate_layer(plan, restart, rng):
+            for t0, x in generate_layer(plan, restart, rng, task_of_token=task_ids):
                 t1 = t0 + len(x)
                 w.masks[layer, t0:t1] = np.packbits(x, axis=1, bitorder="little")
                 if k:
                     assert plan.magnitude is not None
                     w.top_idx[layer, t0:t1], w.top_mag[layer, t0:t1], w.abs_sum[layer, t0:t1] = \
-                        draw_magnitudes(x, plan.magnitude, k, mrng)
+                        draw_magnitudes(x, plan.magnitude, k, mrng, plan.log_weight)
                 else:
                     w.abs_sum[layer, t0:t1] = x.sum(axis=1)
             counts.append(count_packed(w.masks[layer], spec.d_ff, measured, n_before, None, FIT_WINDOWS))
@@ -837,6 +868,9 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
             "layers": [{**p.to_json(), "achieved": _rounded({kk: pl[kk] for kk in keep})}
                        for p, pl in zip(plans, per_layer)],
         }
+        if task_fit is not None:
+            w.synthetic["tasks"] = task_summary(task_fit, tasked, w, spec, like, plans, prompt_index,
+                                                labels, str(out))
     return Path(out)
 
 

@@ -140,7 +140,7 @@ def _synth(args: argparse.Namespace) -> int:
     syn = trace.manifest.synthetic or {}
     summary = {"out": str(out), "model": spec.name, "n_layers": spec.n_layers, "n_neurons": spec.d_ff,
                "n_tokens": n_tokens, "top_k": trace.top_k, "seed": args.seed, "mode": syn.get("mode"),
-               "achieved": syn.get("achieved"),
+               "achieved": syn.get("achieved"), "tasks": syn.get("tasks"),
                "layers": [{"layer": i, "source_layer": lay.get("source_layer"), "target": lay["target"],
                            "achieved": lay["achieved"]} for i, lay in enumerate(syn.get("layers", []))]}
     if args.json:
@@ -162,7 +162,32 @@ def _synth(args: argparse.Namespace) -> int:
              ta(lay["target"], lay["achieved"], "hot80_fraction")] for lay in summary["layers"]]
     print_table(cols, rows, align="r" * len(cols))
     print("t/a = target (fitted to) / achieved on the written trace; '-' = not a target in this mode")
+    tasks = syn.get("tasks")
+    if tasks:
+        _print_tasks(tasks)
     return 0
+
+
+def _print_tasks(tasks: dict) -> None:
+    if not tasks.get("task_aware"):
+        print(f"tasks: not task-aware ({tasks.get('reason')})")
+        return
+    check = tasks["profile_check"]
+    cnt, mag = check["count"], check.get("magnitude")
+    print(f"tasks: {', '.join(tasks['fitted_tasks'])} fitted"
+          + (f"; {', '.join(tasks['unfitted_tasks'])} unfitted (< {tasks['min_task_tokens']} tokens)"
+             if tasks["unfitted_tasks"] else ""))
+    rows = [[k, _f(tasks["active_fraction"]["target"].get(k[5:])) if k.startswith("base.") else "-",
+             _f(tasks["active_fraction"]["achieved"].get(k[5:])) if k.startswith("base.") else "-",
+             f"{_f(cnt['overlap'][k]['mean'])}/{_f(cnt['split_half_floor'][k])}",
+             "-" if mag is None else f"{_f(mag['overlap'][k]['mean'])}/{_f(mag['split_half_floor'][k])}"]
+            for k in cnt["overlap"]]
+    print_table(["ranking", "active t", "active a", "count-score overlap/floor", "|a|-score overlap/floor"],
+                rows, align="lrrrr")
+    verdict = " and ".join(f"{name} {'reaches' if res['passes'] else 'does NOT reach'}"
+                           for name, res in [("count", cnt), ("|a|", mag)] if res is not None)
+    print(f"profiler top-n sets, n = {cnt['top_n']} per layer (chance {_f(cnt['chance'])}), mean over layers; "
+          f"floor = the source's split-half overlap: {verdict} it")
 
 
 def _synth_command(args: argparse.Namespace, model: str, n_tokens: int) -> str:
