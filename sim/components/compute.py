@@ -130,8 +130,9 @@ class HostCpu:
 
     Two sets of interference constants: while the compute runs kernels (which release the
     interpreter lock) and while it runs framework code (Python holding it: Hugging Face modules).
-    A phase whose framework share is f (its framework_*_s over its duration) mixes them linearly;
-    the fw_* fields default to the kernel ones."""
+    A Python loop without the profile's probes takes the framework ones; `cost` mixes the two by a
+    framework share f given by the caller (the pipeline gives 0: no phase carries a framework time
+    of its own); the fw_* fields default to the kernel ones."""
 
     cpu_s_per_read: float      # the reads' own CPU work (submission, completion, thread hand-off)
     lost_s_per_read: float     # compute time lost per read running concurrently
