@@ -44,7 +44,8 @@ DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
 # kept grids carry them; loading drops them.
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted")
-RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s")
+RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s", "row_move_bytes_per_s",
+                        "row_move_row_s", "framework_layer_s", "framework_token_s")
 
 
 class _Strict(BaseModel):
@@ -195,18 +196,8 @@ class ComputeSpec(_Strict):
     op_overhead_s: float = Field(ge=0, description="fixed cost per operation (launch / dispatch)")
     gemv_row_s: float = Field(default=0.0, ge=0, description="time per output row of a GEMV beyond streaming its "
                               "bytes (the inner loop's setup, the prefetcher restarting per row); 0 = none")
-    row_move_bytes_per_s: float | None = Field(default=None, gt=0, description="the neuron cache's row moves "
-                                               "(a deletion's gather of the last rows and scatter into the holes, "
-                                               "2 x bytes moved per second); None = gather_bytes_per_s")
-    row_move_row_s: float = Field(default=0.0, ge=0, description="the same moves' fixed time per row moved "
-                                  "(NumPy's per-row work); 0 = none")
     transpose_bytes_per_s: float | None = Field(default=None, gt=0, description="the sparse FFN's transposed copy "
                                                 "of the gathered down rows; None = no such copy")
-    framework_layer_s: float = Field(default=0.0, ge=0, description="per decoder layer, the framework's own work "
-                                     "outside the kernels (Hugging Face modules: Python, dispatch, cache and "
-                                     "rotary bookkeeping); charged when the run config's compute.framework is hf")
-    framework_token_s: float = Field(default=0.0, ge=0, description="per decode step, the framework's work outside "
-                                     "the layers (masks, positions, embedding call)")
     sparse_ffn: SparseFfnSpec | None = Field(default=None, description="the sparse FFN's kernels per dtype over "
                                              "(d_model, neurons) (`flashsim bench compute`); None = the single rates")
     dense_gemv: DenseGemvSpec | None = Field(default=None, description="dense GEMV seconds per dtype over (in_features, "

@@ -27,18 +27,6 @@
   rows_few). Measured here: 70 ns per row, which makes a 1024-wide fp32 GEMV stream at 20 GB/s
   against 25 GB/s for 4096-wide rows. The GEMV rates written to the profile are the dense GEMV's
   with its rows' share removed, so rate + row cost reproduce the dense measurement.
-* Framework overhead (torch + transformers): decode steps of two tiny random llama models in
-  transformers (width FRAMEWORK_DIMS, 1 and FRAMEWORK_LAYERS layers, KV cache on), whose kernels
-  take microseconds, so a step's time is the framework's own work: Python module calls, dispatch,
-  mask / rotary / cache bookkeeping. framework_layer_s = the slope per layer, framework_token_s =
-  the rest of a step. Charged by the simulator when the run config's compute.framework is hf (what
-  flashsim's model mode runs); measured here: ~130 us per layer and ~150 us per step.
-* Row moves: the real neuron cache's own deletion (`real.cache.LayerCache.delete`: the last rows
-  gathered by NumPy fancy indexing into a scratch, then scattered into the holes) on MOVE_SHAPE,
-  after the same untimed sweep, per row moved at two row sizes: a fixed time per row
-  (`row_move_row_s`) and 2 x bytes moved per second (`row_move_bytes_per_s`), the simulator's
-  memory management. Measured apart from the gather because it is slower per row: SmolLM2's real
-  runs moved rows at 3.5-3.7 us each, where the gather's rate priced 1.6.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
   (`real.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
@@ -83,17 +71,11 @@ QUICK_ROW_SHAPES = ((4096, 1024), (256, 16384))
 # cache rows of a d_model 1024 fp32 bundle (gate | up | down = 12 KiB, a padded store's stride),
 # 10% of 4096 gathered, the down segment transposed
 TRANSPOSE_SHAPE = (4096, 1024)
-# the tiny llama of the framework overhead: hidden 64, 2 heads of 32 (1 KV head), FFN 128, vocab 256
+# the tiny llama of the host CPU probe's framework compute (real/bench_host_cpu.py): hidden 64, 2 heads
+# of 32 (1 KV head), FFN 128, vocab 256
 FRAMEWORK_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
                   "head_dim": 32, "vocab_size": 256}
-FRAMEWORK_LAYERS = 5
-FRAMEWORK_STEPS = 48          # decode steps per model (the first 8 are warm-up)
 QUICK_COPY_BYTES = 128 << 20
-# the row-move probe's cache (neurons, rows), 1/8 of it deleted, at two row sizes (a d_model 192 and a
-# d_model 1024 fp32 bundle)
-MOVE_SHAPE = (4096, 1024)
-MOVE_FRACTION = 0.125
-MOVE_ROW_BYTES = (3 * 192 * 4, 3 * 1024 * 4)
 
 
 def _times_s(fn: Callable[[], Any], min_time_s: float, min_reps: int = 5,
@@ -192,9 +174,6 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
                  "dense_gemv": dense_gemv_table(torch, dtypes, quick=quick, seed=seed,
                                                 min_time_s=0.01 if quick else 0.04),
                  "dense_gemv_pool_bytes": pool_bytes()}
-        fw_overhead = _framework_overhead(torch, seed)
-        if fw_overhead is not None:
-            extra["framework_overhead"] = fw_overhead
     else:
         threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
         for name, ndt in {"fp32": np.float32, "fp16": np.float16}.items():
@@ -210,7 +189,6 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
         fw = f"numpy {np.__version__}"
         extra = {}
     copy = _copy_bandwidth(QUICK_COPY_BYTES if quick else COPY_BYTES, min_time_s)
-    extra["row_move"] = _row_move_rate(rng, evict, min_time_s)
     return {
         "framework": fw, "threads": threads, "dense_shape": [M, K], "gather_fraction": GATHER_FRACTION,
         "per_dtype": per_dtype, "op_overhead_s": t_op, "memory": copy,
@@ -248,29 +226,6 @@ def tiny_llama(torch: Any, n_layers: int, seed: int) -> tuple[Any, Any, np.ndarr
     return model, _cache_arg(model), np.ones((1, 1), np.int64)
 
 
-def _framework_overhead(torch: Any, seed: int) -> dict[str, Any] | None:
-    """Per-layer and per-step time of transformers' llama decode at negligible width (module
-    docstring); None without transformers."""
-    from real.model_mode import _decode_step
-
-    step_s = {}
-    for n_layers in (1, FRAMEWORK_LAYERS):
-        tiny = tiny_llama(torch, n_layers, seed)
-        if tiny is None:
-            return None
-        model, arg, ids = tiny
-        past, times = None, []
-        with torch.no_grad():
-            for _ in range(FRAMEWORK_STEPS):
-                t = time.perf_counter()
-                _, past = _decode_step(model, ids, past, arg)
-                times.append(time.perf_counter() - t)
-        step_s[n_layers] = float(mean_call_s(times[8:]))
-    layer_s = max(0.0, (step_s[FRAMEWORK_LAYERS] - step_s[1]) / (FRAMEWORK_LAYERS - 1))
-    return {"dims": FRAMEWORK_DIMS, "step_s": {str(k): v for k, v in step_s.items()},
-            "layer_s": layer_s, "token_s": max(0.0, step_s[1] - layer_s)}
-
-
 def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> dict[str, Any]:
     """bytes/s of the down segment's transposed copy after the backend's own gather."""
     n, d = TRANSPOSE_SHAPE
@@ -283,37 +238,6 @@ def _transpose_rate(torch: Any, rng: np.random.Generator, min_time_s: float) -> 
     dst = TransposeScratch(torch)
     t = _call_s(lambda: dst.transposed(gathered[next(turn) % 2], k, d, 4), min_time_s)
     return {"rows": [k, d], "row_bytes": rows.shape[1], "seconds": t, "bytes_per_s": k * d * 4 / t}
-
-
-def _row_move_rate(rng: np.random.Generator, evict: Callable[[], None], min_time_s: float) -> dict[str, Any]:
-    """The real neuron cache's deletion (`LayerCache.delete`: the last rows gathered into a scratch
-    by NumPy fancy indexing and scattered into the holes, with its index work), timed per row moved
-    at two row sizes (MOVE_ROW_BYTES): a cache of MOVE_SHAPE full, MOVE_FRACTION of its rows deleted
-    at random, after an untimed sweep of the caches as for the gather (module docstring). The line
-    through the two gives a fixed time per row moved and 2 x bytes moved per second."""
-    from real.cache import LayerCache
-
-    n_neurons, capacity = MOVE_SHAPE
-    k = int(capacity * MOVE_FRACTION)
-    per_row = []
-    for row_bytes in MOVE_ROW_BYTES:
-        cache = LayerCache(capacity, n_neurons, row_bytes)
-        times: list[float] = []
-        t_all = time.perf_counter()
-        while len(times) < 5 or time.perf_counter() - t_all < min_time_s / len(MOVE_ROW_BYTES):
-            cache.clear()
-            ids = rng.choice(n_neurons, capacity, replace=False)
-            cache.append(ids)
-            victims = rng.choice(ids, k, replace=False)
-            evict()
-            t = time.perf_counter()
-            st = cache.delete(victims)
-            times.append((time.perf_counter() - t) / max(1, st.rows_moved))
-        per_row.append(float(mean_call_s(times)))
-    (b1, b2), (t1, t2) = MOVE_ROW_BYTES, per_row
-    s_per_byte = max((t2 - t1) / (b2 - b1), 1e-15)
-    return {"shape": list(MOVE_SHAPE), "deleted": k, "row_bytes": list(MOVE_ROW_BYTES), "s_per_row_moved": per_row,
-            "row_s": max(0.0, t1 - s_per_byte * b1), "bytes_per_s": 2.0 / s_per_byte}
 
 
 def _entry(M: int, K: int, rows: int, es: int, dense: np.ndarray, gather: np.ndarray,
@@ -385,12 +309,6 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
     }
     if "gemv_rows" in result:
         how.append("gemv_row_s from cold GEMVs {} vs {}".format(*result["gemv_rows"]["shapes"]))
-    if "row_move" in result:
-        mv = result["row_move"]
-        compute["row_move_bytes_per_s"] = sig4(mv["bytes_per_s"])
-        compute["row_move_row_s"] = sig4(mv["row_s"])
-        how.append("the neuron cache's row moves ({} of {} rows deleted, rows of {} and {} B)".format(
-            mv["deleted"], mv["shape"][1], *mv["row_bytes"]))
     if "transpose" in result:
         compute["transpose_bytes_per_s"] = sig4(result["transpose"]["bytes_per_s"])
         how.append("transposed copy of {}x{} gathered fp32 rows".format(*result["transpose"]["rows"]))
@@ -410,10 +328,6 @@ def compute_sections(result: dict[str, Any], date: str, command: str,
             f"{result.get('dense_gemv_pool_bytes', 64 << 20) >> 20} MiB pool) per dtype at in_features "
             f"{first['in_features']} x out_features {first['out_features']} (real/bench_dense_gemv.py)")
         how.append("dense GEMV table per dtype")
-    if "framework_overhead" in result:
-        compute["framework_layer_s"] = sig4(result["framework_overhead"]["layer_s"])
-        compute["framework_token_s"] = sig4(result["framework_overhead"]["token_s"])
-        how.append(f"framework overhead from tiny transformers llama decode steps (1 and {FRAMEWORK_LAYERS} layers)")
     compute["source"] = f"{prefix}: {'; '.join(how)}; `{command}`"
     mem = result["memory"]
     kept = old_memory_source.split("kept from: ", 1)[-1]  # do not nest earlier runs' text

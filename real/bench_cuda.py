@@ -316,9 +316,9 @@ def run_on(device: str, quick: bool = False, framework: str = "auto", seed: int 
         return run_cuda_compute_bench(torch, dev, quick=quick, seed=seed)
 
 
-# the compute section's fields the CUDA bench measures; the others (the neuron cache's row moves,
-# the framework's Python work, the CPU caches' eviction penalties) run on the host CPU on a CUDA host
-# too, and are kept from the CPU bench's section
+# the compute section's fields the CUDA bench measures; any other field of the CPU bench's section
+# prices work that runs on the host CPU on a CUDA host too, and is kept from it (none today: every
+# compute field the simulator has is the GPU's)
 GPU_FIELDS = ("gemv_flops_per_s", "gather_bytes_per_s", "op_overhead_s", "gemv_row_s", "sparse_ffn", "dense_gemv",
               "transpose_bytes_per_s")
 

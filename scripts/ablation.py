@@ -18,8 +18,9 @@ figures are printed beside it.
     python scripts/ablation.py [GRID ...] [--json OUT] [--terms a,b] [--in-sample]
 
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
-wait and after a layer's streaming, the cache index work) are gone from it, and their rows in
-docs/validation.md come from this script at the commit before their removal (71ad0b4).
+wait and after a layer's streaming, the cache index work; then the fitted row moves and the
+framework overhead) are gone from it, and their rows in docs/validation.md come from this script
+at the commit before their removal (71ad0b4, 7c609d4).
 
 Default grids: tests/real/data/grids/{25a,29b,31a} where they exist, else docs/measured/grids/
 (the same three: Intel VM, EPYC VM, EPYC after a new boot). Every ordered pair (fit on A, score on
@@ -73,11 +74,6 @@ def _flat_batch_overhead(p: dict) -> None:
         f["batch_overhead_s"] = [float(np.median(row)) for row in table]
 
 
-def _no_framework(p: dict) -> None:
-    p["compute"]["framework_layer_s"] = 0.0
-    p["compute"]["framework_token_s"] = 0.0
-
-
 # name -> (what it is, profile transform or None, run-config overrides)
 TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "batch_overhead": ("per-batch read overhead (flash.batch_overhead_s / _by_ratio_s)",
@@ -98,10 +94,6 @@ TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "sparse_ffn": ("sparse-FFN kernel tables (compute.sparse_ffn)", _drop("compute", "sparse_ffn"), ()),
     "dense_gemv": ("dense GEMV tables (compute.dense_gemv)", _drop("compute", "dense_gemv"), ()),
     "dma_contention": ("DRAM contention by flash DMA (sim.contention)", None, ("sim.contention=false",)),
-    "framework_overhead": ("framework time per layer / token (compute.framework_layer_s / _token_s)",
-                           _no_framework, ()),
-    "row_move": ("measured cache row moves (compute.row_move_*; else the gather rate)",
-                 _drop("compute", "row_move_bytes_per_s", "row_move_row_s"), ()),
     "transpose": ("transposed down copy (compute.transpose_bytes_per_s)",
                   _drop("compute", "transpose_bytes_per_s"), ()),
     "gemv_row": ("per-output-row GEMV cost (compute.gemv_row_s)", _drop("compute", "gemv_row_s"), ()),

@@ -76,17 +76,16 @@ class ComputeParams:
     """The software that runs the model's layers."""
 
     framework: Literal["hf", "kernels"] = param(
-        "hf", "hf: decoder layers run through Hugging Face transformers' modules, paying the profile's "
-              "compute.framework_layer_s per layer and framework_token_s per step (Python and dispatch "
-              "outside the kernels); kernels: the kernels alone (a fused runtime, or shape mode's stand-in)")
+        "hf", "hf: decoder layers run through Hugging Face transformers' modules (a Python loop makes "
+              "LOOP_ATTENTION_OPS['hf'] torch calls per layer's attention); kernels: the kernels alone (a "
+              "fused runtime, or shape mode's stand-in)")
     decoder: Literal["python", "native"] = param(
         "python", "python: a Python layer loop drives the kernels (the real backend, both modes: policy "
                   "bookkeeping, cache indexing and the FFN's small ops between kernels hold the interpreter "
                   "lock), so on a host whose reads share the CPU its interference constants follow its "
                   "seconds per torch call, phase by phase, between the profile's three probes (flash.*_probe_op_s; without "
                   "them the flash.framework_* constants in every phase) and it loses a prefetch's planning; "
-                  "native: a compiled loop, whose kernel phases use the kernel constants "
-                  "(flash.compute_lost_s_per_read ...) and only the framework share of a phase the framework ones")
+                  "native: a compiled loop, which takes the kernel constants (flash.compute_lost_s_per_read ...)")
 
 
 @dataclass(frozen=True)

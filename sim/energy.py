@@ -64,9 +64,9 @@ def step_traffic(planner: Any, plan: Any) -> StepTraffic:
 
 def _moved_bytes(c: Any, plan: Any) -> np.ndarray:
     """DRAM bytes of the cache's row moves per step: the plan prices m moved rows at
-    m x (move_row_s + 2 x bundle bytes / move rate) seconds; each move reads and writes the bundle."""
+    m x 2 x bundle bytes / gather rate seconds; each move reads and writes the bundle."""
     per_row_bytes = 2.0 * c.spec.ffn_neuron_bytes
-    per_row_s = c.move_row_s + per_row_bytes / c.move_bytes_per_s
+    per_row_s = per_row_bytes / c.gather_bytes_per_s
     if per_row_s <= 0:
         return np.zeros(plan.S)
     return plan.mgmt_mem_s.sum(axis=1) / per_row_s * per_row_bytes

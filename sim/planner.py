@@ -65,10 +65,8 @@ class PlanArrays:
     n_tokens: np.ndarray | None = None
     planned_steps: int = 0
     host_cpu: HostCpu | None = None  # reads' CPU cost on a host that computes on the same cores
-    attn_fw_s: float = 0.0           # framework code inside each layer's attention phase (compute.framework=hf)
     loop_ops: int = 0                # torch calls per layer of a Python decoder loop (host_cpu.at places it)
     loop_attention_ops: int = 0      # ... of them in the attention phase (the rest: the FFN step)
-    head_fw_s: float = 0.0           # ... and inside the step's lm_head phase
 
     def __getattr__(self, name: str) -> np.ndarray:
         d = self.__dict__
@@ -132,9 +130,6 @@ class Planner:
         a.phase, a.n_tokens = self.steps.phase, self.steps.n_tokens
         a.host_cpu = HostCpu.of(profile, compute.python_loop)
         a.loop_ops, a.loop_attention_ops = compute.loop_ops_per_layer, compute.loop_attention_ops
-        # the attention phase is the per-layer mean (over kept mha blocks when pruned): so is its framework part
-        kept_mha = float(np.mean(self.mha_kept)) if self.dropped.any() else 1.0
-        a.attn_fw_s, a.head_fw_s = compute.layer_fw_s * kept_mha, compute.token_fw_s
         self.arr = a
         self._stream_rows(a)
 

@@ -310,10 +310,6 @@ def _compute(args: argparse.Namespace) -> int:
         _print_sparse_ffn(result["sparse_ffn"])
     if "dense_gemv" in result:
         _print_dense_gemv(result["dense_gemv"])
-    fw = result.get("framework_overhead")
-    if fw:
-        print(f"framework (tiny transformers llama): {fw['layer_s'] * 1e6:.0f} us per layer + "
-              f"{fw['token_s'] * 1e6:.0f} us per step")
     if "profile" in result:
         print(f"profile {args.name!r} updated (compute section, memory bandwidth and capacity): {result['profile']['path']}")
     return 0

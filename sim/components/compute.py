@@ -130,8 +130,9 @@ class HostCpu:
 
     Two sets of interference constants: while the compute runs kernels (which release the
     interpreter lock) and while it runs framework code (Python holding it: Hugging Face modules).
-    A phase whose framework share is f (its framework_*_s over its duration) mixes them linearly;
-    the fw_* fields default to the kernel ones."""
+    A Python loop without the profile's probes takes the framework ones; `cost` mixes the two by a
+    framework share f given by the caller (the pipeline gives 0: no phase carries a framework time
+    of its own); the fw_* fields default to the kernel ones."""
 
     cpu_s_per_read: float      # the reads' own CPU work (submission, completion, thread hand-off)
     lost_s_per_read: float     # compute time lost per read running concurrently
@@ -361,15 +362,9 @@ class ComputeModel:
         eff = profile.compute.gemv_efficiency_for(spec.dtype) if profile.bound == "achievable" else 1.0
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s * eff
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s
-        self.move_bytes_per_s = profile.compute.row_move_bytes_per_s or self.gather_bytes_per_s
-        self.move_row_s = profile.compute.row_move_row_s
         self.op_s = profile.compute.op_overhead_s
         self.row_s = profile.compute.gemv_row_s
         self.transpose_bytes_per_s = profile.compute.transpose_bytes_per_s
-        hf = framework == "hf"
-        self.framework_code = hf
-        self.layer_fw_s = profile.compute.framework_layer_s if hf else 0.0
-        self.token_fw_s = profile.compute.framework_token_s if hf else 0.0
         self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
         # a cached neuron's DRAM row (the layout's dram_bytes_per_neuron: padded on a padded store),
         # what the gather and the cache's row moves copy
@@ -401,10 +396,10 @@ class ComputeModel:
         if g is not None:   # the four projections from the table (their dispatch and rows included)
             mem = g.attention_s + (nbytes - g.attention_weight_bytes) / self.dram_bytes_per_s
             return Phase(flops / self.flops_per_s, mem, z,
-                         z + (kernels - ATTENTION_GEMVS) * self.op_s + self.layer_fw_s)
+                         z + (kernels - ATTENTION_GEMVS) * self.op_s)
         rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
-                     z + kernels * self.op_s + rows * self.row_s + self.layer_fw_s)
+                     z + kernels * self.op_s + rows * self.row_s)
 
     def attention_bytes(self, ctx_sum: np.ndarray, kv_tokens: np.ndarray, decode: np.ndarray) -> np.ndarray:
         """Bytes one layer's attention streams for each step: its weights, norms and KV cache."""
@@ -473,15 +468,13 @@ class ComputeModel:
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
-        rows x (`row_move_row_s` + 2 x bundle bytes / `row_move_bytes_per_s`), which bench compute
-        measures on the real cache's own deletion (NumPy fancy indexing pays a per-row cost the
-        streaming gather does not); a profile without them: at gather_bytes_per_s (scattered rows,
-        not a streaming copy, so not the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
+        rows x 2 x bundle bytes / gather_bytes_per_s (scattered rows, not a streaming copy, so not
+        the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
         DRAM row: real.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
         8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)
-        return Phase(z, m * (self.move_row_s + 2.0 * self.spec.ffn_neuron_bytes / self.move_bytes_per_s), z,
+        return Phase(z, m * (2.0 * self.spec.ffn_neuron_bytes / self.gather_bytes_per_s), z,
                      np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
 
     def head(self, n_sequences: int, n_tokens: np.ndarray) -> Phase:
@@ -495,9 +488,9 @@ class ComputeModel:
         g = self.dense_gemv
         if g is not None:   # the lm_head GEMV [vocab, d_model] from the table (tied: the embedding's),
             mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s   # one of the HEAD_KERNELS
-            return Phase(flops / self.flops_per_s, mem, z, z + (HEAD_KERNELS - 1) * self.op_s + self.token_fw_s)
+            return Phase(flops / self.flops_per_s, mem, z, z + (HEAD_KERNELS - 1) * self.op_s)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
-                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s + self.token_fw_s)
+                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s)
 
 
 def stretch(t0_s: float, work_s: float, segments, ) -> float:  # type: ignore[no-untyped-def]

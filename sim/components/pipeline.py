@@ -17,10 +17,8 @@ one to three events. Compute phases on unified-memory devices are stretched by t
 scheduled during them (`sim.components.compute.stretch`). On a host whose CPU both computes and
 submits the reads (`plan.host_cpu`, from the profile's `flash.host_cpu_s_per_read` > 0), every
 compute phase is also stretched by the CPU the reads in flight take (`FlashDevice.cpu_segments_after`),
-and prefetch batches take longer by their own CPU time (added to the step's io_s). Both effects
-use the framework-code constants in proportion to the framework share of the phase (attention and
-lm_head carry compute.framework_*_s under compute.framework=hf; the FFN is kernels); a Python
-decoder loop on a profile with the three host-CPU probes instead takes them at the seconds per
+and prefetch batches take longer by their own CPU time (added to the step's io_s). A compiled
+loop takes the kernel constants; a Python decoder loop on a profile with the three host-CPU probes instead takes them at the seconds per
 torch call of the phase that runs (`HostCpu.at`): the attention's compute without contention over
 the attention's calls, the memory management and FFN's over the FFN step's, and for a batch's own
 delay and the lm_head the whole layer's (a batch spans both phases; the lm_head's calls are not
@@ -77,7 +75,6 @@ class Decoder:
         host = self.host is not None
         csegs = flash.cpu_segments_after
         attn_f, attn_m, attn_o = p.attn.flop_s.tolist(), p.attn.mem_s.tolist(), p.attn.ovh_s.tolist()
-        fw_a, fw_h = p.attn_fw_s, p.head_fw_s     # framework code in the attention and lm_head phases
         loop_ops = p.loop_ops                      # torch calls per layer of a Python loop (0: a compiled one)
         attn_ops = p.loop_attention_ops            # ... of them in the attention phase
         ffn_ops = loop_ops - attn_ops              # ... and in the FFN step
@@ -136,7 +133,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now, min(fw_a / a_tot, 1.0) if a_tot > 0 else 0.0, lop_a))
+                    d_attn = stretch(now, d_attn, csegs(now, 0.0, lop_a))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -162,10 +159,9 @@ class Decoder:
                 # attention): the decoder issues one batch per layer, and the batches in the device's
                 # queue share its compute, so a step's batches together can wait at most for the
                 # step's compute (delta), and a lookahead batch is needed after one layer anyway.
-                f_ov = min(fw_a / ov, 1.0) if host and ov > 0 else 0.0   # framework share of the overlapped compute
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               f_ov, lop, c_next[16], pattern=(a_pat, f_pat, True, lop_a))
+                                               0.0, lop, c_next[16], pattern=(a_pat, f_pat, True, lop_a))
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -203,10 +199,10 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   f_ov, lop, n_pf[16], pattern=(a_pat, f_pat, False, lop_a))
+                                                   0.0, lop, n_pf[16], pattern=(a_pat, f_pat, False, lop_a))
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, f_ov, lop,
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, 0.0, lop,
                                                p.pf_plan_s[s + 1, layer], pattern=(a_pat, f_pat, False, lop_a))
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
@@ -226,7 +222,7 @@ class Decoder:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
             if host and flash.free_at_s > now:
-                d = stretch(now, d, csegs(now, min(fw_h / d, 1.0) if d > 0 else 0.0, lop))
+                d = stretch(now, d, csegs(now, 0.0, lop))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)
