@@ -77,3 +77,15 @@ def test_task_aware_is_deterministic_and_task_specific(tmp_path):
     # the two tasks' hot sets differ in the source by construction; the synthetic keeps which is which
     chk = a.manifest.synthetic["tasks"]["profile_check"]["count"]
     assert chk["overlap"]["base.qa"]["mean"] >= 0.5 and chk["overlap"]["base.code"]["mean"] >= 0.5
+
+
+def test_a_short_synthetic_trace_checks_only_the_tasks_it_holds(tmp_path):
+    """8 tokens of the shipped trace's shape hold the first prompt's task only (the planner
+    synthesizes such traces): the profiler check compares that task and names the others."""
+    src = open_trace(SHIPPED)
+    syn = open_trace(synthesize(tmp_path / "syn", src.spec, 8, seed=0, like=src))
+    tasks = syn.manifest.synthetic["tasks"]
+    held = sorted({p.task for p in syn.manifest.prompts})
+    assert tasks["tasks_without_tokens"] == [t for t in tasks["fitted_tasks"] if t not in held]
+    keys = set(tasks["profile_check"]["count"]["overlap"])
+    assert keys == {"secondary", *(f"base.{t}" for t in held)}
