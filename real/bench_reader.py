@@ -169,10 +169,10 @@ def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: fl
 
 
 def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The first round's result with each float entry (and each entry of a list of floats) the
-    median over `rounds` (results of read_plan_cost timed at different moments:
-    a slow spell of the host that covers one round's fraction of a second then moves that round,
-    not the profile), and the rounds' own float values under "rounds"."""
+    """The first measurement's result with each float entry (and each entry of a list of floats)
+    the median over `rounds` (results of read_plan_cost timed at different moments, so that a slow
+    spell of the host covering one measurement's fraction of a second moves that measurement, not
+    the profile), and each measurement's own float values under "rounds"."""
     out = dict(rounds[0])
     for k, v in rounds[0].items():
         if isinstance(v, float):

@@ -50,3 +50,21 @@ def tiny_llama(n_layers: int, d_ff: int = 64, std: float = 0.2, seed: int = 0): 
             if p.dim() == 2:
                 p.normal_(0.0, std)
     return model
+
+
+TINY_WORDS = [f"w{i}" for i in range(60)]   # the word-level vocabulary of save_tiny_llama_folder
+
+
+def save_tiny_llama_folder(folder: Path, model) -> Path:  # type: ignore[no-untyped-def]
+    """Save `model` (tiny_llama) with a word-level tokenizer over TINY_WORDS as a local Hugging Face
+    folder, as the CLI verbs that take --model FOLDER load it."""
+    import transformers
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = Tokenizer(WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(TINY_WORDS)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from devices.errors import FlashsimError  # noqa: E402
 from real.gsi import dropped_blocks, perplexity  # noqa: E402
 from real.pruning import gsi_prefixes, measure_drop_sets, skipped_blocks  # noqa: E402
-from tests.real.conftest import tiny_llama  # noqa: E402
+from tests.real.conftest import TINY_WORDS, save_tiny_llama_folder, tiny_llama  # noqa: E402
 
 N_LAYERS = 3
 
@@ -136,21 +136,12 @@ def test_gsi_prefixes_follow_gsi_then_one_shot_order():
 
 
 # ---- CLI: flashsim adapt prune-eval ---------------------------------------------------------------------
-WORDS = [f"w{i}" for i in range(60)]
+WORDS = TINY_WORDS
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, model):
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    folder = tmp_path_factory.mktemp("tiny_llama_prune")
-    tok = Tokenizer(WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="<unk>"))
-    tok.pre_tokenizer = Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(folder)
-    model.save_pretrained(folder)
-    return folder
+    return save_tiny_llama_folder(tmp_path_factory.mktemp("tiny_llama_prune"), model)
 
 
 def _main(argv):

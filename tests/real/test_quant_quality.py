@@ -23,7 +23,7 @@ from real.quant_quality import (  # noqa: E402
     quantized_weights,
     weight_matrices,
 )
-from tests.real.conftest import tiny_llama  # noqa: E402
+from tests.real.conftest import TINY_WORDS, save_tiny_llama_folder, tiny_llama  # noqa: E402
 
 
 def _group(values):
@@ -147,21 +147,12 @@ def test_measure_quality_rows(model, ids):
     assert again["ppl"] == by[(4, 0.5)]["ppl"] and again["agreement"] == by[(4, 0.5)]["agreement"]
 
 
-WORDS = [f"w{i}" for i in range(60)]
+WORDS = TINY_WORDS
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, model):
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    folder = tmp_path_factory.mktemp("tiny_llama_quant")
-    tok = Tokenizer(WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="<unk>"))
-    tok.pre_tokenizer = Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(folder)
-    model.save_pretrained(folder)
-    return folder
+    return save_tiny_llama_folder(tmp_path_factory.mktemp("tiny_llama_quant"), model)
 
 
 def _main(argv):
