@@ -33,9 +33,9 @@ from sim.adapt.controllers.learned import (
     apply_safety,
     decide_pass,
     n_params,
-    pass_context,
     single_thread_blas,
 )
+from sim.adapt.controllers.learned_obs import pass_context
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
 from sim.adapt.quality import GsiPerplexity
