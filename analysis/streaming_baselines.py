@@ -27,6 +27,7 @@ from devices.errors import FlashsimError
 METRICS = ("io_ms_per_token", "ms_per_token", "tokens_per_s")
 TRACE_TOKENS = 48          # enough for mmap's page cache to reach its steady state on the rows' models
 TRACE_SEED = 0
+MODEL_BYTES_TOLERANCE = 0.10   # the simulated model must hold the published model's bytes within 10%
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ def streaming_value(row: StreamingRow, trace_dir: Path, bound: str = "achievable
     if spec.total_weight_bytes <= row.dram_budget_bytes:
         raise FlashsimError(f"streaming row {row.device}/{row.model}: the model ({spec.total_weight_bytes} B) "
                             f"fits in the DRAM budget ({row.dram_budget_bytes} B): not a streaming baseline")
+    if abs(spec.total_weight_bytes / row.model_bytes - 1.0) > MODEL_BYTES_TOLERANCE:
+        raise FlashsimError(f"streaming row {row.device}/{row.model}: the spec at {row.dtype} holds "
+                            f"{spec.total_weight_bytes} B, the published model {row.model_bytes} B: not the same "
+                            f"bytes on flash (check the row's dtype)")
     path = trace_dir / f"{row.model}-{TRACE_TOKENS}"
     if not path.exists():
         synthesize(path, load_model(row.model), TRACE_TOKENS, TRACE_SEED, active_fraction=0.05, overlap=0.5,

@@ -66,3 +66,16 @@ def test_streaming_row_that_fits_is_refused(tmp_path):
                        framework="-", conditions="-", source="-")
     with pytest.raises(FlashsimError, match="fits in the DRAM budget"):
         streaming_value(row, tmp_path)
+
+
+def test_streaming_row_with_other_bytes_is_refused(tmp_path):
+    """A row whose spec at its dtype does not hold the published model's bytes (fp16 spec against an
+    int4 file) would score a different amount of reading: refused."""
+    from analysis.streaming_baselines import StreamingRow, streaming_value
+    from devices.errors import FlashsimError
+
+    row = StreamingRow(device="apple-m1-max", model="opt-6.7b", dtype="fp16", dram_budget_bytes=2 << 30,
+                       model_bytes=3_800_000_000, preset="naive", metric="io_ms_per_token", published=1.0,
+                       framework="-", conditions="-", source="-")
+    with pytest.raises(FlashsimError, match="not the same bytes"):
+        streaming_value(row, tmp_path)
