@@ -28,7 +28,9 @@ fields the simulator reads:
 `at_bound(profile, "peak")` drops every achievable number: the datasheet ceiling.
 
 Power modes (`power_modes` in the profile, `name@MODE` on the command line) set absolute values by
-dotted path before the bound is folded; the default is the mode the device ships in.
+dotted path before the bound is folded; the default is the mode the device ships in. A mode that sets
+energy numbers (`energy.compute_busy_w.value`) relabels the energy section with its name; one that
+sets none keeps the numbers of the mode they were published for, and `inputs()` names that mode.
 """
 
 from __future__ import annotations
@@ -53,8 +55,13 @@ def with_power_mode(profile: DeviceProfile, mode: str | None) -> DeviceProfile:
         raise FlashsimError(f"device {profile.name}: unknown power mode {name!r}; choose one of "
                             f"{', '.join(modes.modes)} (default {modes.default})")
     data = profile.model_dump()
-    for path, value in modes.modes[name].set.items():
+    sets = modes.modes[name].set
+    for path, value in sets.items():
         _set_path(data, path, value, profile.name, name)
+    if data.get("energy") is not None and any(p.startswith("energy.") for p in sets):
+        # the mode carries its own energy numbers: they now hold for it. A mode that sets none keeps the
+        # label of the mode they were taken in, which `inputs()` prints beside them.
+        data["energy"]["power_mode"] = name
     out = _validate(data, f"{profile.name}@{name}")
     out._power_mode = name
     return out
@@ -173,6 +180,13 @@ def inputs(profile: DeviceProfile, bound: str = "achievable", dtype: str | None 
     if profile.power_modes is not None and profile.power_mode is not None:
         pm = profile.power_modes.modes[profile.power_mode]
         add("power_mode", profile.power_mode, "datasheet", f"{pm.description} [{pm.source}]")
+        e = profile.energy
+        if e is not None and e.power_mode is not None and e.power_mode.lower() != profile.power_mode.lower():
+            # the energy numbers were taken in another mode (none published for this one): say so
+            add("energy_power_mode", e.power_mode, "estimate",
+                f"the energy numbers hold for power mode {e.power_mode}, not {profile.power_mode}: no "
+                f"published energy figure for {profile.power_mode}; its clocks draw less (lower modes) or "
+                f"more (higher modes) than these")
     return rows
 
 
