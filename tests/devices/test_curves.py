@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devices.curves import ClosedFormReadCurve, TableReadCurve, read_time_s
@@ -50,6 +50,7 @@ def _this_host_flash():
     return load_profile("this-host").flash   # loaded once: a profile load is not what is tested
 
 
+@settings(deadline=None)   # the first example loads the profile
 @given(st.integers(1, 64), st.integers(1, 64))
 def test_this_host_4k_monotone_in_depth_up_to_8(q1: int, q2: int) -> None:
     f = _this_host_flash()
