@@ -1,0 +1,227 @@
+"""Per-layer shares of the neuron cache: how the DRAM left for caches is split between layers.
+
+A windowing cache (LLM in a flash) preallocates one matrix per layer. Layers differ in how many
+neurons a token activates and in how often a neuron comes back, so the same rows save different
+flash bytes in different layers. `window.cache_split` chooses the split:
+
+    equal            floor(free / (layers x neuron_bytes)) rows each (the memory model's own split)
+    by_bytes_needed  rows in proportion to the layer's mean active neurons per step (the flash bytes it
+                     needs per token without a cache: active fraction x row bytes; rows are the same
+                     size in every layer, so the bytes are proportional to the neuron counts)
+    greedy_marginal  rows given in quanta, each round to the layer whose hit curve gains the most hits
+                     per row added (flash bytes saved per byte of cache: a hit saves one row read, a
+                     row of cache costs one row of DRAM)
+
+Model of a layer's hits (greedy_marginal): the cache keeps the most recently used neurons that fit
+(window k: only those used in the last k steps; k = inf is exactly an LRU). A neuron computed at step
+s and last computed at step p is then a hit with c rows when s - p <= k and the neurons computed in
+steps p .. s-1 number d = |C_p | ... | C_{s-1}| <= c (they are all at least as recent, so it is among
+the c most recent: Mattson's stack distance at step granularity; ties inside step p are counted as
+misses, so the curve is a slight under-estimate). The curve hits(c) = #{d <= c} comes from the
+trace's active sets (`TraceView.needed`, what an oracle predictor computes), one pass per layer:
+for each step p a cumulative OR of the following steps' sets, popcounted, cut once it passes the
+largest share any layer can get. Prefetched neurons are not modelled.
+
+Every layer gets at least the largest set it computes in one step (`floor`): a windowed cache must
+hold the step's computed neurons, so a share below that fails the run; no layer gets more than its
+neuron count until every layer has it. Greedy on non-concave curves is not optimal; the modelled
+hits of the greedy split are compared with the equal split's and the better one is kept, so greedy
+never saves fewer bytes than equal on the curves it was computed from (tested).
+
+The split is computed once per run at the smallest cache the run has at its static budget (the
+largest KV cache) and kept as integer weights: step s with T_s free rows gives layer l
+floor(T_s x w_l / sum w), so the shares sum to at most T_s at every step and a budget timeline or
+a growing KV cache scales all layers together. Equal shares are not weights: they stay on the memory
+model's own formula, bit for bit. The simulator's planner and the real backend's per-layer matrices
+(real.backend) read the same `CacheShares` through `MemoryModel.layer_caps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim import bitsets
+
+SPLITS = ("equal", "by_bytes_needed", "greedy_marginal")
+GREEDY_ROUNDS = 1024   # the greedy hands out the rows above the floors in about this many quanta
+STACK_CHUNK_STEPS = 32  # steps OR-ed per block when scanning stack distances (early cut per block)
+
+
+@dataclass(frozen=True)
+class CacheShares:
+    """Integer weights per layer (0: no cache there); `rows_at_ref` is the split of `ref_rows`."""
+
+    mode: str
+    weights: np.ndarray      # int64 [L]
+    ref_rows: int            # the total rows the weights were computed for
+    floors: np.ndarray       # int64 [L]: largest per-step computed set of each layer
+
+    def split(self, total_rows: np.ndarray) -> np.ndarray:
+        """int64 [..., L]: each layer's rows for each total in `total_rows` (sum <= total)."""
+        t = np.maximum(np.asarray(total_rows, np.int64), 0)
+        w = self.weights.astype(np.int64)
+        return (t[..., None] * w) // max(int(w.sum()), 1)
+
+    @property
+    def rows_at_ref(self) -> np.ndarray:
+        return self.split(np.int64(self.ref_rows))
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "reference_rows": int(self.ref_rows),
+                "rows_per_layer": self.rows_at_ref.tolist()}
+
+
+def equal_rows(total_rows: int, kept: np.ndarray) -> np.ndarray:
+    """The equal split of `total_rows` over the kept layers (the memory model's formula)."""
+    kept = np.asarray(kept, bool)
+    return np.where(kept, max(int(total_rows), 0) // max(int(kept.sum()), 1), 0).astype(np.int64)
+
+
+def layer_stats(sets: np.ndarray, n_neurons: int) -> tuple[float, int]:
+    """(mean, max) active neurons per step of one layer's packed sets [S, W]."""
+    n = bitsets.count(sets)
+    return (float(n.mean()) if len(n) else 0.0, int(n.max()) if len(n) else 0)
+
+
+def hit_curve(sets: np.ndarray, n_neurons: int, k: int | None, max_rows: int | None = None) -> np.ndarray:
+    """int64 [N + 1]: modelled hits over the steps of `sets` (packed [S, W]) with c = 0..N cache rows
+    (module docstring). `k`: the window (None: unbounded, an LRU); `max_rows`: distances above it are
+    not resolved (counted as misses at every c <= max_rows; the curve is exact up to it)."""
+    N = n_neurons
+    S = len(sets)
+    cap = N if max_rows is None else min(N, int(max_rows))
+    hist = np.zeros(N + 2, np.int64)           # hist[d]: reuses at stack distance d (N + 1: unresolved)
+    if S < 2 or (k is not None and k < 1):
+        return np.zeros(N + 1, np.int64)
+    Cb = bitsets.unpack(sets, N)
+    nxt = np.full(N, S, np.int64)               # next step each neuron is computed, scanning backwards
+    next_use = np.empty((S, N), np.int64)
+    for s in range(S - 1, -1, -1):
+        next_use[s] = nxt
+        nxt[Cb[s]] = s
+    horizon = S if k is None else int(k)
+    for p in range(S - 1):
+        ids = np.flatnonzero(Cb[p])
+        gap = next_use[p, ids] - p              # >= 1; S - p: never again
+        ok = gap <= min(horizon, S - 1 - p)
+        if not ok.any():
+            continue
+        gap = gap[ok]
+        need = int(gap.max())                   # distances needed: unions of steps p .. p + gap - 1
+        u = np.empty(need, np.int64)
+        acc = np.zeros(sets.shape[1], bitsets.WORD)
+        done = 0
+        while done < need:
+            blk = sets[p + done: p + min(need, done + STACK_CHUNK_STEPS)]
+            run = np.bitwise_or.accumulate(np.vstack([acc[None], blk]), axis=0)[1:]
+            u[done: done + len(blk)] = bitsets.count(run)
+            acc = run[-1]
+            done += len(blk)
+            if u[done - 1] > cap:               # every later distance is larger still
+                u[done:] = N + 1
+                break
+        d = np.minimum(u[gap - 1], N + 1)
+        hist += np.bincount(d, minlength=N + 2)
+    return np.cumsum(hist[: N + 1])
+
+
+def saved(curves: np.ndarray, rows: np.ndarray) -> int:
+    """Modelled hits (row reads saved) of a split: sum over layers of curve_l(rows_l)."""
+    N = curves.shape[1] - 1
+    r = np.clip(np.asarray(rows, np.int64), 0, N)
+    return int(curves[np.arange(len(r)), r].sum())
+
+
+def proportional_rows(weights: np.ndarray, floors: np.ndarray, ceil: int, total_rows: int) -> np.ndarray:
+    """Rows in proportion to `weights`, clipped into [floor, ceil] per layer (clipped layers are fixed
+    and the rest re-split), remainders by largest fraction (ties: lowest layer)."""
+    w = np.asarray(weights, np.float64)
+    lo = np.minimum(np.asarray(floors, np.int64), ceil)
+    L = len(w)
+    fixed = np.zeros(L, bool)
+    val = np.zeros(L)
+    for _ in range(L + 1):
+        free = total_rows - val[fixed].sum()
+        wsum = w[~fixed].sum()
+        val[~fixed] = free * w[~fixed] / wsum if wsum > 0 else free / max(int((~fixed).sum()), 1)
+        low, high = (~fixed) & (val < lo), (~fixed) & (val > ceil)
+        if not (low.any() or high.any()):
+            break
+        val[low], val[high] = lo[low], ceil
+        fixed |= low | high
+    rows = np.floor(val).astype(np.int64)
+    rest = int(total_rows - rows.sum())
+    if rest > 0:
+        frac = np.where(rows < ceil, val - rows, -1.0)
+        order = np.lexsort((np.arange(L), -frac))
+        rows[order[:rest]] += 1
+    return rows
+
+
+def greedy_rows(curves: np.ndarray, floors: np.ndarray, total_rows: int) -> np.ndarray:
+    """Floors first, then rows in quanta: each round gives the layer and the extension (a multiple of
+    the quantum, up to the rows left) with the most hits gained per row added (ties: lowest layer,
+    then shortest extension). Looking past the next quantum lets a step-shaped curve (reuse only
+    once a whole working set fits) compete. Rows no layer gains from are spread over the layers in
+    proportion to their room below the neuron count."""
+    L, N = curves.shape[0], curves.shape[1] - 1
+    rows = np.minimum(np.asarray(floors, np.int64), N)
+    left = int(total_rows - rows.sum())
+    if left <= 0:
+        return rows
+    q = max(1, -(-left // GREEDY_ROUNDS))
+    idx = np.arange(L)
+    while left > 0:
+        ext = np.arange(q, min(left, N) + q, q)                      # extensions tried, rows
+        ext = np.minimum(ext, left)
+        to = np.minimum(rows[:, None] + ext[None, :], N)             # [L, E]
+        added = to - rows[:, None]
+        gain = (curves[idx[:, None], to] - curves[idx, rows][:, None]) / np.maximum(added, 1)
+        gain = np.where(added > 0, gain, 0.0)
+        best = int(np.argmax(gain))                                  # row-major: lowest layer, shortest
+        layer, j = divmod(best, gain.shape[1])
+        if gain[layer, j] <= 0:
+            break
+        rows[layer] += int(added[layer, j])
+        left -= int(added[layer, j])
+    if left > 0:
+        room = N - rows
+        if room.sum() > 0:
+            rows += proportional_rows(room, np.zeros(L, np.int64), N, min(left, int(room.sum())))
+    return rows
+
+
+def compute_shares(mode: str, needed: Callable[[int], np.ndarray], kept: np.ndarray, n_neurons: int,
+                   k: int | None, total_rows: int) -> CacheShares | None:
+    """The split of `total_rows` cache rows for `mode` (None for equal: the memory model's formula).
+
+    needed(layer) -> packed active sets [S, W] of that layer over the run; kept: bool [L] layers that
+    hold a cache (a dropped FFN layer gets 0); k: the window (None: unbounded)."""
+    if mode not in SPLITS:
+        raise ValueError(f"cache_split must be one of {', '.join(SPLITS)}, got {mode!r}")
+    if mode == "equal":
+        return None
+    kept = np.asarray(kept, bool)
+    L, N = len(kept), n_neurons
+    total_rows = max(int(total_rows), 0)
+    mean = np.zeros(L)
+    floors = np.zeros(L, np.int64)
+    for layer in np.flatnonzero(kept):
+        mean[layer], floors[layer] = layer_stats(needed(int(layer)), N)
+    if mode == "by_bytes_needed":
+        rows = proportional_rows(mean, floors, N, total_rows)
+    else:
+        curves = np.zeros((L, N + 1), np.int64)
+        cut = min(N, total_rows)
+        for layer in np.flatnonzero(kept):
+            curves[layer] = hit_curve(needed(int(layer)), N, k, cut)
+        rows = greedy_rows(curves, floors, total_rows)
+        eq = equal_rows(total_rows, kept)
+        feasible = bool(np.all(eq[kept] >= floors[kept]))
+        if feasible and saved(curves, eq) > saved(curves, rows):
+            rows = eq
+    rows = np.where(kept, rows, 0).astype(np.int64)
+    return CacheShares(mode, rows, total_rows if rows.sum() else 0, floors)
