@@ -24,9 +24,12 @@ largest share any layer can get. Prefetched neurons are not modelled.
 
 Every layer gets at least the largest set it computes in one step (`floor`): a windowed cache must
 hold the step's computed neurons, so a share below that fails the run; no layer gets more than its
-neuron count until every layer has it. Greedy on non-concave curves is not optimal; the modelled
-hits of the greedy split are compared with the equal split's and the better one is kept, so greedy
-never saves fewer bytes than equal on the curves it was computed from (tested).
+neuron count until every layer has it. The curves are a model (step granularity, no ties, greedy
+is not optimal on non-concave curves), so the greedy split and the equal split are both run through
+the policy's own cache (`sim.policies.cache.NeuronCache`, window and LRU eviction, constant shares,
+no prefetch) on the same sets and the one with more hits is kept: greedy never reads more than equal
+on the sets it was computed from at the reference size (tested). A run's shares grow a little above
+the reference on steps with a smaller KV cache.
 
 The split is computed once per run at the smallest cache the run has at its static budget (the
 largest KV cache) and kept as integer weights: step s with T_s free rows gives layer l
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim import bitsets
+from sim.policies.base import CapacityError
 
 SPLITS = ("equal", "by_bytes_needed", "greedy_marginal")
 GREEDY_ROUNDS = 1024   # the greedy hands out the rows above the floors in about this many quanta
@@ -126,6 +130,19 @@ def hit_curve(sets: np.ndarray, n_neurons: int, k: int | None, max_rows: int | N
         d = np.minimum(u[gap - 1], N + 1)
         hist += np.bincount(d, minlength=N + 2)
     return np.cumsum(hist[: N + 1])
+
+
+def cache_hits(sets: np.ndarray, n_neurons: int, k: int | None, rows: int) -> int:
+    """Hits of the policy's own cache (`sim.policies.cache.NeuronCache`: window k, LRU eviction under
+    the cap) over `sets` with a constant share of `rows`; -1 when a step's set does not fit."""
+    from sim.policies.cache import NeuronCache
+
+    S = len(sets)
+    try:
+        out = NeuronCache(k, n_neurons).advance(0, 0, sets, None, np.full(S + 1, int(rows), np.int64))
+    except CapacityError:
+        return -1
+    return int(out.hits.sum())
 
 
 def saved(curves: np.ndarray, rows: np.ndarray) -> int:
@@ -220,8 +237,12 @@ def compute_shares(mode: str, needed: Callable[[int], np.ndarray], kept: np.ndar
             curves[layer] = hit_curve(needed(int(layer)), N, k, cut)
         rows = greedy_rows(curves, floors, total_rows)
         eq = equal_rows(total_rows, kept)
-        feasible = bool(np.all(eq[kept] >= floors[kept]))
-        if feasible and saved(curves, eq) > saved(curves, rows):
-            rows = eq
+        if np.all(eq[kept] >= floors[kept]) and not np.array_equal(rows, eq):
+            # the curves are a model: the two splits are run on the policy's own cache and the one
+            # with more hits is kept (equal on a tie)
+            hits = [sum(cache_hits(needed(int(layer)), N, k, int(r[layer])) for layer in np.flatnonzero(kept))
+                    for r in (rows, eq)]
+            if hits[1] >= hits[0]:
+                rows = eq
     rows = np.where(kept, rows, 0).astype(np.int64)
     return CacheShares(mode, rows, total_rows if rows.sum() else 0, floors)
