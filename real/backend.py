@@ -201,7 +201,7 @@ class RealExecutor:
 
         sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
         # each layer's share of the cache, the simulator's own (MemoryModel.layer_caps: equal, or the
-        # run's window.cache_split), at its largest over the run
+        # run's memory.cache_split), at its largest over the run
         self.share_rows = sim.memory.layer_caps(sim.budget_bytes, 0, self.n_steps, L).max(axis=0)
         view = sim.view
         peak = max(int(bitsets.count(view.needed(layer, 0, self.n_steps)).max()) for layer in range(L))

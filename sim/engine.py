@@ -301,7 +301,7 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
                      f"{eff_spec.name} ({eff_spec.n_layers} x {eff_spec.d_ff})")
     memory = _memory_model(stack, eff_spec, view.steps, config, dropped)
     memory.check_fits(budget if config.budget_timeline is None else config.budget_timeline.at(0.0, budget))
-    memory.shares = _cache_shares(stack, view, memory, budget, dropped)
+    memory.shares = _cache_shares(stack, view, memory, budget, dropped, config, notes)
     in_flight = config.flash.in_flight or profile.flash.max_in_flight
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
@@ -316,17 +316,23 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
                       dropped=dropped)
 
 
-def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budget: int,
-                  dropped: np.ndarray) -> CacheShares | None:
-    """The per-layer split of the neuron cache the residency asks for (`cache_split`; None: equal),
+def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budget: int, dropped: np.ndarray,
+                  config: RunConfig, notes: list[str]) -> CacheShares | None:
+    """The per-layer split of the neuron cache (`memory.cache_split`; None: equal),
     computed from the replayed trace's active sets at the run's static budget (sim/policies/cache_shares.py)."""
-    mode = getattr(stack.residency.params, "cache_split", "equal")
-    if mode == "equal" or not stack.residency.manages_cache:
+    mode = config.memory.cache_split
+    if mode == "equal":
+        return None
+    if not stack.residency.manages_cache:
+        notes.append(f"memory.cache_split={mode}: residency {stack.residency.name!r} keeps no per-layer neuron cache "
+                     "across steps, so the split changes nothing")
         return None
     k = stack.residency.window_k()  # type: ignore[attr-defined]
     steps = view.steps.n
+    idx = np.minimum(np.arange(steps + 1), len(memory.kv_bytes) - 1)
+    step_rows = np.maximum(budget - memory.fixed_bytes - memory.kv_bytes[idx], 0) // memory.neuron_bytes
     return compute_shares(mode, lambda layer: view.needed(layer, 0, steps), ~dropped[1::2], view.n_neurons, k,
-                          memory.free_rows(budget))
+                          memory.free_rows(budget), step_rows)
 
 
 def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: RunConfig,

@@ -13,7 +13,7 @@ Accounting at every step (the `dram_bytes` of each record, an upper bound over t
 
 The cache share per layer for step s is floor((budget - fixed - kv_s) / (layers x neuron bytes)):
 equal, preallocated per-layer matrices as in LLM in a flash (`layer_caps`; a `CacheShares` from
-sim/policies/cache_shares.py, set by the engine for `window.cache_split`, splits the same free rows
+sim/policies/cache_shares.py, set by the engine for `memory.cache_split`, splits the same free rows
 unequally). "Neuron bytes" (`neuron_bytes`) is the
 DRAM one cached neuron takes, from the layout (`BundlingLayout.dram_bytes_per_neuron`): the bundle,
 rounded up to `bundling.align_bytes` when set, as the real cache's rows are (static neurons count at

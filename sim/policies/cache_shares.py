@@ -2,7 +2,9 @@
 
 A windowing cache (LLM in a flash) preallocates one matrix per layer. Layers differ in how many
 neurons a token activates and in how often a neuron comes back, so the same rows save different
-flash bytes in different layers. `window.cache_split` chooses the split:
+flash bytes in different layers. `memory.cache_split` (a run's memory setting, since it splits the
+memory budget; it acts on residencies that keep a per-layer cache across steps, i.e. `window`: the
+others stream their dynamic neurons and keep nothing) chooses the split:
 
     equal            floor(free / (layers x neuron_bytes)) rows each (the memory model's own split)
     by_bytes_needed  rows in proportion to the layer's mean active neurons per step (the flash bytes it
@@ -56,18 +58,29 @@ STACK_CHUNK_STEPS = 32  # steps OR-ed per block when scanning stack distances (e
 
 @dataclass(frozen=True)
 class CacheShares:
-    """Integer weights per layer (0: no cache there); `rows_at_ref` is the split of `ref_rows`."""
+    """Per-layer rows `weights` (0: no cache there) for `ref_rows` free rows, and how other totals split."""
 
     mode: str
-    weights: np.ndarray      # int64 [L]
+    weights: np.ndarray      # int64 [L]: each layer's rows when `ref_rows` rows are free
     ref_rows: int            # the total rows the weights were computed for
     floors: np.ndarray       # int64 [L]: largest per-step computed set of each layer
+    n_neurons: int
 
     def split(self, total_rows: np.ndarray) -> np.ndarray:
-        """int64 [..., L]: each layer's rows for each total in `total_rows` (sum <= total)."""
-        t = np.maximum(np.asarray(total_rows, np.int64), 0)
+        """int64 [..., L]: each layer's rows for each total in `total_rows` (sum <= total). Below the
+        reference every layer shrinks in proportion; above it the extra rows go to the layers with room
+        below their neuron count, in proportion to that room (a row past N holds nothing), and only what
+        no layer has room for is spread in proportion to the weights."""
+        t = np.maximum(np.asarray(total_rows, np.int64), 0)[..., None]
         w = self.weights.astype(np.int64)
-        return (t[..., None] * w) // max(int(w.sum()), 1)
+        wsum, ref = max(int(w.sum()), 1), max(self.ref_rows, 1)
+        down = (t * w) // ref
+        room = np.where(w > 0, np.maximum(self.n_neurons - w, 0), 0)
+        rsum = int(room.sum())
+        extra = np.maximum(t - self.ref_rows, 0)
+        fill = np.minimum(extra, rsum)
+        up = w + ((fill * room) // max(rsum, 1)) + ((extra - fill) * w) // wsum
+        return np.where(t < self.ref_rows, down, up)
 
     @property
     def rows_at_ref(self) -> np.ndarray:
@@ -132,14 +145,16 @@ def hit_curve(sets: np.ndarray, n_neurons: int, k: int | None, max_rows: int | N
     return np.cumsum(hist[: N + 1])
 
 
-def cache_hits(sets: np.ndarray, n_neurons: int, k: int | None, rows: int) -> int:
+def cache_hits(sets: np.ndarray, n_neurons: int, k: int | None, rows: int | np.ndarray) -> int:
     """Hits of the policy's own cache (`sim.policies.cache.NeuronCache`: window k, LRU eviction under
-    the cap) over `sets` with a constant share of `rows`; -1 when a step's set does not fit."""
+    the cap) over `sets` with a share of `rows` (one for every step, or int [S + 1] per step); -1 when
+    a step's set does not fit."""
     from sim.policies.cache import NeuronCache
 
     S = len(sets)
+    cap = np.broadcast_to(np.asarray(rows, np.int64), (S + 1,)).copy()
     try:
-        out = NeuronCache(k, n_neurons).advance(0, 0, sets, None, np.full(S + 1, int(rows), np.int64))
+        out = NeuronCache(k, n_neurons).advance(0, 0, sets, None, cap)
     except CapacityError:
         return -1
     return int(out.hits.sum())
@@ -212,11 +227,13 @@ def greedy_rows(curves: np.ndarray, floors: np.ndarray, total_rows: int) -> np.n
 
 
 def compute_shares(mode: str, needed: Callable[[int], np.ndarray], kept: np.ndarray, n_neurons: int,
-                   k: int | None, total_rows: int) -> CacheShares | None:
+                   k: int | None, total_rows: int, step_rows: np.ndarray | None = None) -> CacheShares | None:
     """The split of `total_rows` cache rows for `mode` (None for equal: the memory model's formula).
 
     needed(layer) -> packed active sets [S, W] of that layer over the run; kept: bool [L] layers that
-    hold a cache (a dropped FFN layer gets 0); k: the window (None: unbounded)."""
+    hold a cache (a dropped FFN layer gets 0); k: the window (None: unbounded); step_rows: int [S + 1]
+    free rows at each step (and the next), as the run will have them (default: `total_rows` throughout),
+    on which greedy is checked against equal."""
     if mode not in SPLITS:
         raise ValueError(f"cache_split must be one of {', '.join(SPLITS)}, got {mode!r}")
     if mode == "equal":
@@ -238,11 +255,15 @@ def compute_shares(mode: str, needed: Callable[[int], np.ndarray], kept: np.ndar
         rows = greedy_rows(curves, floors, total_rows)
         eq = equal_rows(total_rows, kept)
         if np.all(eq[kept] >= floors[kept]) and not np.array_equal(rows, eq):
-            # the curves are a model: the two splits are run on the policy's own cache and the one
-            # with more hits is kept (equal on a tie)
-            hits = [sum(cache_hits(needed(int(layer)), N, k, int(r[layer])) for layer in np.flatnonzero(kept))
-                    for r in (rows, eq)]
+            # the curves are a model: the two splits are run on the policy's own cache with the shares
+            # each gives at every step, and the one with more hits is kept (equal on a tie)
+            t = np.full(1, total_rows, np.int64) if step_rows is None else np.asarray(step_rows, np.int64)
+            g = CacheShares(mode, rows, total_rows, floors, N).split(t)           # [S + 1, L]
+            e = np.repeat(t[:, None] // max(int(kept.sum()), 1), L, axis=1)
+            hits = [sum(cache_hits(needed(int(layer)), N, k, c[:, layer] if len(c) > 1 else int(c[0, layer]))
+                        for layer in np.flatnonzero(kept)) for c in (g, e)]
             if hits[1] >= hits[0]:
                 rows = eq
     rows = np.where(kept, rows, 0).astype(np.int64)
-    return CacheShares(mode, rows, total_rows if rows.sum() else 0, floors)
+    # an infeasible budget (floors over the total) keeps the floors as the reference split
+    return CacheShares(mode, rows, max(total_rows, int(rows.sum())) if rows.sum() else 0, floors, N)

@@ -3,7 +3,8 @@ each step reads only the delta (computed now, not resident). k = 'inf' keeps eve
 computed, which under a DRAM cap is exactly an LRU neuron cache of the cap's size.
 
 The cache is one preallocated matrix per layer (shares of the DRAM left after the fixed weights
-and the KV cache: equal, or split by the trace with `cache_split`, see sim/policies/cache_shares.py). Evicting moves the last rows into the holes and new neurons are copied
+and the KV cache: equal, or split by the trace with `memory.cache_split`, see
+sim/policies/cache_shares.py). Evicting moves the last rows into the holes and new neurons are copied
 in after them (LLM in a flash, Sec. 3.3): `memory_mgmt` time = bytes moved / DRAM bandwidth.
 When the cap binds, least-recently-used neurons are dropped first (see `sim.policies.cache`).
 """
@@ -16,7 +17,6 @@ from typing import Literal
 from sim.params import check, param
 from sim.policies.base import Residency
 from sim.policies.cache import CachedResidency
-from sim.policies.cache_shares import SPLITS
 from sim.policies.registry import RESIDENCY
 
 
@@ -32,15 +32,10 @@ class WindowResidency(CachedResidency, Residency):
                                            "steps stay resident (0: none, 'inf': all, an LRU under the cap)")
         insert_copy: bool = param(True, "new neurons are read into a staging buffer and copied into "
                                         "the layer matrix (LLM in a flash); false: read in place")
-        cache_split: Literal["equal", "by_bytes_needed", "greedy_marginal"] = param(
-            "equal", "how the cache DRAM is split between layers: equal; by_bytes_needed (in proportion to each "
-                     "layer's active neurons per step in the trace); greedy_marginal (rows to the layer whose "
-                     "trace-measured hit curve saves the most flash bytes per byte of cache)")
 
         def __post_init__(self) -> None:
             check(self.k == "inf" or (isinstance(self.k, int) and self.k >= 0),
                   f"k must be an integer >= 0 or 'inf', got {self.k!r}")
-            check(self.cache_split in SPLITS, f"cache_split must be one of {', '.join(SPLITS)}, got {self.cache_split!r}")
 
     def window_k(self) -> int | None:
         return None if self.params.k == "inf" else int(self.params.k)

@@ -1,4 +1,4 @@
-"""The real backend's neuron cache takes the simulator's per-layer shares (`window.cache_split`): the same
+"""The real backend's neuron cache takes the simulator's per-layer shares (`memory.cache_split`): the same
 caps per layer, matrices sized from them, and a shape-mode run the simulator replays exactly."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def setup(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 def _cfg(split: str, budget: int | None = None) -> RunConfig:
     sets = ["residency=window", "window.k=inf", "predictor=oracle", "prefetch=none", "workload.prompt_tokens=0",
-            f"window.cache_split={split}"]
+            f"memory.cache_split={split}"]
     if budget is not None:
         sets.append(f"memory.dram_budget_bytes={budget}")
     return RunConfig().with_overrides(sets)

@@ -1,5 +1,5 @@
 """Per-layer cache shares (sim/policies/cache_shares.py): hit curves and splits by hand, invariants by
-hypothesis, and the wiring through the memory model, the planner and `--set window.cache_split`."""
+hypothesis, and the wiring through the memory model, the planner and `--set memory.cache_split`."""
 
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def test_toy_shares_by_hand() -> None:
     assert saved(curves, [4, 8]) == 9 + 8 and saved(curves, [6, 6]) == 9 + 0
     # on the cache itself: LRU with 6 rows keeps 2 of A while B is read, and 2 of B while A is (4 hits)
     assert [cache_hits(TOY[1], 8, None, r) for r in (8, 6, 3)] == [8, 4, -1]
-    # the split scales with the free rows of each step (a larger KV cache leaves fewer)
-    assert g.split(np.array([12, 6])).tolist() == [[4, 8], [2, 4]]
+    # the split follows the free rows of each step: fewer shrink every layer in proportion; more go
+    # to the layers with room below their 8 neurons (layer 0), and past that in proportion
+    assert g.split(np.array([12, 6, 14, 20])).tolist() == [[4, 8], [2, 4], [6, 8], [9, 10]]
     # a dropped FFN layer gets nothing
     one = compute_shares("greedy_marginal", lambda layer: TOY[layer], np.array([False, True]), 8, None, 12)
     assert one.rows_at_ref[0] == 0 and one.rows_at_ref[1] == 12
@@ -135,7 +136,7 @@ def test_equal_split_is_the_memory_models_formula(free, L, nb) -> None:  # type:
 
 # ---- wiring: the engine, the planner and the command line --------------------------------------
 def _cfg(split: str, budget: int | None = None) -> RunConfig:
-    sets = ["residency=window", "window.k=inf", "predictor=oracle", f"window.cache_split={split}",
+    sets = ["residency=window", "window.k=inf", "predictor=oracle", f"memory.cache_split={split}",
             "workload.prompt_tokens=0"]
     if budget is not None:
         sets.append(f"memory.dram_budget_bytes={budget}")
@@ -169,21 +170,27 @@ def test_engine_uses_per_layer_caps(gated_trace, host) -> None:  # type: ignore[
 def test_equal_default_is_unchanged(small_trace, host) -> None:  # type: ignore[no-untyped-def]
     base = RunConfig().with_overrides(["residency=window", "window.k=inf", "predictor=oracle"])
     a = build(small_trace, None, host, base).run(fast=True).records()
-    b = build(small_trace, None, host, base.with_overrides(["window.cache_split=equal"])).run(fast=True).records()
+    b = build(small_trace, None, host, base.with_overrides(["memory.cache_split=equal"])).run(fast=True).records()
     assert a.equals(b)
+
+
+def test_split_without_a_cache_is_noted(small_trace, host) -> None:  # type: ignore[no-untyped-def]
+    cfg = RunConfig().with_overrides(["residency=naive", "memory.cache_split=greedy_marginal"])
+    sim = build(small_trace, None, host, cfg)
+    assert sim.memory.shares is None and any("memory.cache_split" in n for n in sim.notes)
 
 
 def test_bad_split_value_is_one_line(small_trace, host) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(FlashsimError) as e:
-        RunConfig().with_overrides(["residency=window", "window.cache_split=biggest"])
+        RunConfig().with_overrides(["residency=window", "memory.cache_split=biggest"])
     msg = str(e.value)
-    assert "window.cache_split" in msg and "greedy_marginal" in msg and "\n" not in msg
+    assert "memory.cache_split" in msg and "greedy_marginal" in msg and "\n" not in msg
 
 
 def test_cli_replay_bad_split_exit_2(small_trace, capsys) -> None:  # type: ignore[no-untyped-def]
     from sim.cli.main import main
 
     rc = main(["replay", "--trace", str(small_trace.path), "--device", "this-host",
-               "--set", "window.cache_split=bogus"])
+               "--set", "memory.cache_split=bogus"])
     err = capsys.readouterr().err
-    assert rc == 2 and "window.cache_split" in err and "Traceback" not in err
+    assert rc == 2 and "memory.cache_split" in err and "Traceback" not in err
