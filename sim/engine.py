@@ -323,11 +323,12 @@ def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budg
     mode = config.memory.cache_split
     if mode == "equal":
         return None
-    if not stack.residency.manages_cache:
+    window_k = getattr(stack.residency, "window_k", None)
+    k = window_k() if stack.residency.manages_cache and window_k is not None else 0
+    if k == 0:
         notes.append(f"memory.cache_split={mode}: residency {stack.residency.name!r} keeps no per-layer neuron cache "
                      "across steps, so the split changes nothing")
         return None
-    k = stack.residency.window_k()  # type: ignore[attr-defined]
     steps = view.steps.n
     idx = np.minimum(np.arange(steps + 1), len(memory.kv_bytes) - 1)
     step_rows = np.maximum(budget - memory.fixed_bytes - memory.kv_bytes[idx], 0) // memory.neuron_bytes

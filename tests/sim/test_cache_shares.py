@@ -174,8 +174,9 @@ def test_equal_default_is_unchanged(small_trace, host) -> None:  # type: ignore[
     assert a.equals(b)
 
 
-def test_split_without_a_cache_is_noted(small_trace, host) -> None:  # type: ignore[no-untyped-def]
-    cfg = RunConfig().with_overrides(["residency=naive", "memory.cache_split=greedy_marginal"])
+@pytest.mark.parametrize("residency", [["residency=naive"], ["residency=window", "window.k=0"]])
+def test_split_without_a_cache_is_noted(small_trace, host, residency) -> None:  # type: ignore[no-untyped-def]
+    cfg = RunConfig().with_overrides([*residency, "memory.cache_split=greedy_marginal"])
     sim = build(small_trace, None, host, cfg)
     assert sim.memory.shares is None and any("memory.cache_split" in n for n in sim.notes)
 
