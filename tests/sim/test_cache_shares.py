@@ -195,3 +195,12 @@ def test_cli_replay_bad_split_exit_2(small_trace, capsys) -> None:  # type: igno
                "--set", "memory.cache_split=bogus"])
     err = capsys.readouterr().err
     assert rc == 2 and "memory.cache_split" in err and "Traceback" not in err
+
+
+def test_cli_replay_prints_the_split(small_trace, capsys) -> None:  # type: ignore[no-untyped-def]
+    from sim.cli.main import main
+
+    rc = main(["replay", "--trace", str(small_trace.path), "--device", "this-host", "--set", "residency=window",
+               "--set", "window.k=inf", "--set", "memory.cache_split=by_bytes_needed", "--engine", "fast"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "cache split: by_bytes_needed," in out
