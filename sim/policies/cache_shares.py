@@ -28,16 +28,16 @@ Every layer gets at least the largest set it computes in one step (`floor`): a w
 hold the step's computed neurons, so a share below that fails the run; no layer gets more than its
 neuron count until every layer has it. The curves are a model (step granularity, no ties, greedy
 is not optimal on non-concave curves), so the greedy split and the equal split are both run through
-the policy's own cache (`sim.policies.cache.NeuronCache`, window and LRU eviction, constant shares,
-no prefetch) on the same sets and the one with more hits is kept: greedy never reads more than equal
-on the sets it was computed from at the reference size (tested). A run's shares grow a little above
-the reference on steps with a smaller KV cache.
+the policy's own cache (`sim.policies.cache.NeuronCache`, window and LRU eviction, no prefetch) with
+the shares each gives at every step of the run, on the same sets, and the one with more hits is
+kept: greedy never reads more than equal on the sets it was computed from (tested).
 
 The split is computed once per run at the smallest cache the run has at its static budget (the
-largest KV cache) and kept as integer weights: step s with T_s free rows gives layer l
-floor(T_s x w_l / sum w), so the shares sum to at most T_s at every step and a budget timeline or
-a growing KV cache scales all layers together. Equal shares are not weights: they stay on the memory
-model's own formula, bit for bit. The simulator's planner and the real backend's per-layer matrices
+largest KV cache, `ref_rows`) and kept as integer rows w_l. A step with T_s free rows gives layer l
+floor(T_s x w_l / ref) below the reference, and above it w_l plus the extra rows in proportion to
+the layer's room below its neuron count (`CacheShares.split`): the shares sum to at most T_s at every
+step, and a budget timeline or a growing KV cache moves all layers together. Equal shares are not
+weights: they stay on the memory model's own formula, bit for bit. The simulator's planner and the real backend's per-layer matrices
 (real.backend) read the same `CacheShares` through `MemoryModel.layer_caps`.
 """
 
