@@ -186,10 +186,10 @@ class RealExecutor:
         static = [sim.stack.static_mask(layer) for layer in range(L)]
         t0 = time.perf_counter()
         for s in range(S):
-            cap = sim.memory.cap_neurons(sim.budget_bytes, s, s + 1)
+            cap = sim.memory.layer_caps(sim.budget_bytes, s, s + 1, L)   # [2, L]: the simulator's shares
             for layer in range(L):
                 try:
-                    plan = sim.stack.plan(layer, s, s + 1, cap)
+                    plan = sim.stack.plan(layer, s, s + 1, cap[:, layer])
                 except CapacityError as e:
                     raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
                 computed = plan.computed[0]
@@ -204,14 +204,16 @@ class RealExecutor:
         from real.cache import layer_caches
 
         sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
-        cap = sim.memory.cap_neurons(sim.budget_bytes, 0, self.n_steps)
+        # each layer's share of the cache, the simulator's own (MemoryModel.layer_caps: equal, or the
+        # run's memory.cache_split), at its largest over the run
+        self.share_rows = sim.memory.layer_caps(sim.budget_bytes, 0, self.n_steps, L).max(axis=0)
         view = sim.view
         peak = max(int(bitsets.count(view.needed(layer, 0, self.n_steps)).max()) for layer in range(L))
         static = max(int(bitsets.count(self.sim.stack.static_mask(layer))) for layer in range(L))
-        # the policy keeps at most `cap` dynamic neurons across steps and computes at most `peak` more
-        # (a recorded trace's predictor cannot compute more than the union it is given)
-        rows = int(min(N, int(cap.max()) + peak + static))
-        return layer_caches([rows] * L, N, self.store.bundle_bytes, self.reader.dest_row_bytes)
+        # the policy keeps at most its share of dynamic neurons across steps and computes at most `peak`
+        # more (a recorded trace's predictor cannot compute more than the union it is given)
+        rows = [int(min(N, int(c) + peak + static)) for c in self.share_rows]
+        return layer_caches(rows, N, self.store.bundle_bytes, self.reader.dest_row_bytes)
 
     def _preload_static(self) -> None:
         # The static neurons live in the cache rows but the simulator counts them in its fixed term;

@@ -134,6 +134,10 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
           f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, {s.get('bound', 'achievable')} "
           "device numbers")
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
+    if c.get("cache_shares"):   # memory.cache_split other than equal (sim/policies/cache_shares.py)
+        sh = c["cache_shares"]
+        r = sh["rows_per_layer"]
+        print(f"cache split: {sh['mode']}, {min(r)}..{max(r)} neurons per layer ({sh['reference_rows']} in all)")
     pk = s.get("peak_bound")
     beside = (lambda key, fmt: f"; peak-bound {fmt(pk[key])}") if pk else (lambda key, fmt: "")
     rows = [
