@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flashsim.main import main as flashsim  # noqa: E402
 from real.predictor_errors import measure, tokens_from_traces  # noqa: E402
-from sim.cli.main import main as flashsim  # noqa: E402
 from traces.format import open_trace  # noqa: E402
 
 

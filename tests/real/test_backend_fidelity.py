@@ -10,11 +10,11 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
+from flashsim.main import main
 from real.backend import store_alignment_bytes, store_config
 from real.convert import write_shape_store
 from real.records import write_executed_trace
 from real.store import open_store
-from sim.cli.main import main
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
 from traces.format import open_trace

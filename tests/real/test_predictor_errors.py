@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from flashsim.main import main
 from real import predictor_errors as PE
-from sim.cli.main import main
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from devices import load_model
 from devices.errors import FlashsimError
+from flashsim.main import main
 from sim.adapt.controllers.base import AdaptState, Controller
 from sim.adapt.controllers.learned import (
     OBS_DIM,
@@ -31,7 +32,6 @@ from sim.adapt.importance import importance_vector
 from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, init_params, save_policy, train_dqn
 from sim.blocks import BlockMemory
-from sim.cli.main import main
 from tests.sim.adapt.test_env import synthetic_doc
 
 SMOL = BlockMemory.from_spec(load_model("smollm2-135m"))

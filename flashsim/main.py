@@ -12,20 +12,20 @@ from devices.errors import FlashsimError
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
-    "sim.cli.cmd_catalog",   # devices, models
-    "sim.cli.cmd_capture",   # capture
-    "sim.cli.cmd_trace",     # trace stats|synth|profile
-    "sim.cli.cmd_replay",    # replay
-    "sim.cli.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
-    "sim.cli.cmd_realrun",   # real run (via cmd_real), validate
-    "sim.cli.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
-    "sim.cli.cmd_bench",     # bench flash|compute
-    "sim.cli.cmd_demo",      # demo
-    "sim.cli.cmd_plan",      # plan
-    "sim.cli.cmd_sweep",     # sweep
-    "sim.cli.cmd_plot",      # plot
-    "sim.cli.cmd_report",    # report
-    "sim.cli.cmd_adapt",     # adapt gsi
+    "flashsim.cmd_catalog",   # devices, models
+    "flashsim.cmd_capture",   # capture
+    "flashsim.cmd_trace",     # trace stats|synth|profile
+    "flashsim.cmd_replay",    # replay
+    "flashsim.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
+    "flashsim.cmd_realrun",   # real run (via cmd_real), validate
+    "flashsim.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
+    "flashsim.cmd_bench",     # bench flash|compute
+    "flashsim.cmd_demo",      # demo
+    "flashsim.cmd_plan",      # plan
+    "flashsim.cmd_sweep",     # sweep
+    "flashsim.cmd_plot",      # plot
+    "flashsim.cmd_report",    # report
+    "flashsim.cmd_adapt",     # adapt gsi
 )
 
 

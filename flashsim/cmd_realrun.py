@@ -8,7 +8,7 @@
                       [--modes shape,model]
 
 `real run` is registered under `flashsim real` by `register_real(rsub)` (called from
-sim/cli/cmd_real.py); `validate` is a top-level verb registered here.
+flashsim/cmd_real.py); `validate` is a top-level verb registered here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
 KEPT_PROFILE = "kept"

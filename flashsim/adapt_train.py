@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 DEFAULT_STEPS = 150_000      # = sim.adapt.train.DqnConfig().steps
 DEFAULT_EVAL_POINTS = 300

@@ -4,7 +4,7 @@
           [--prompts FILE] [--trace TRACE [--record-out DIR [--overwrite]]] [--threshold P] [--lags 5]
           [--threads 1] [--json]
 
-Registered under `flashsim real` by `register_real(rsub)` (called from sim/cli/cmd_real.py); the
+Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/cmd_real.py); the
 measurement is `real.predictor_errors`.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register_real(rsub: argparse._SubParsersAction) -> None:
