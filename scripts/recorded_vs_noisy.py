@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flashsim.main import main as flashsim  # noqa: E402
-from real.predictor_errors import measure, tokens_from_traces  # noqa: E402
+from real.predictor_error_stats import measure  # noqa: E402
+from real.predictor_errors import tokens_from_traces  # noqa: E402
 from traces.format import open_trace  # noqa: E402
 
 
