@@ -63,7 +63,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from flashsim.cmd_realrun import print_validation, validate_progress
+    from flashsim.validation_output import print_validation, validate_progress
     from real.calibration import calibrate
     from real.profile_writer import default_path
     from real.validate import parse_modes, run_validation

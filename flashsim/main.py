@@ -17,7 +17,7 @@ COMMAND_MODULES = (
     "flashsim.cmd_trace",     # trace stats|synth|profile
     "flashsim.cmd_replay",    # replay
     "flashsim.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
-    "flashsim.cmd_realrun",   # real run (via cmd_real), validate
+    "flashsim.cmd_validate",  # validate
     "flashsim.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
     "flashsim.cmd_bench",     # bench flash|compute
     "flashsim.cmd_demo",      # demo
