@@ -37,9 +37,9 @@ from sim.adapt.controllers.learned import (
     pass_context,
     single_thread_blas,
 )
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
 from sim.blocks import BlockMemory
 

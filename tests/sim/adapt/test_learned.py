@@ -27,9 +27,9 @@ from sim.adapt.controllers.learned import (
     observations,
     pass_context,
 )
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import importance_vector
-from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, init_params, save_policy, train_dqn
 from sim.blocks import BlockMemory
 from tests.sim.adapt.test_env import synthetic_doc
