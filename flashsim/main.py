@@ -12,20 +12,20 @@ from devices.errors import FlashsimError
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
-    "flashsim.cmd_catalog",   # devices, models
-    "flashsim.cmd_capture",   # capture
-    "flashsim.cmd_trace",     # trace stats|synth|profile
-    "flashsim.cmd_replay",    # replay
-    "flashsim.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
-    "flashsim.cmd_validate",  # validate
-    "flashsim.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
-    "flashsim.cmd_bench",     # bench flash|compute
-    "flashsim.cmd_demo",      # demo
-    "flashsim.cmd_plan",      # plan
-    "flashsim.cmd_sweep",     # sweep
-    "flashsim.cmd_plot",      # plot
-    "flashsim.cmd_report",    # report
-    "flashsim.cmd_adapt",     # adapt gsi
+    "flashsim.commands.catalog",   # devices, models
+    "flashsim.commands.capture",   # capture
+    "flashsim.commands.trace",     # trace stats|synth|profile
+    "flashsim.commands.replay",    # replay
+    "flashsim.commands.real",      # real convert|info|verify|read|mmap|train-predictor (+ run, predictor-errors, quant-quality)
+    "flashsim.commands.validate",  # validate
+    "flashsim.commands.calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
+    "flashsim.commands.bench",     # bench flash|compute
+    "flashsim.commands.demo",      # demo
+    "flashsim.commands.plan",      # plan
+    "flashsim.commands.sweep",     # sweep
+    "flashsim.commands.plot",      # plot
+    "flashsim.commands.report",    # report
+    "flashsim.commands.adapt",     # adapt gsi
 )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from devices import load_model
-from flashsim.adapt_train import held_out_states
+from flashsim.commands.adapt_train import held_out_states
 from sim.adapt.controllers.heuristic import Heuristic
 from sim.adapt.controllers.learned import (
     LearnedController,
@@ -139,7 +139,7 @@ def test_bench_training_time_to_beat_the_heuristic(trained) -> None:  # type: ig
 
 def test_bench_episodes_and_decision_cost(trained) -> None:  # type: ignore[no-untyped-def]
     from devices import load_profile
-    from flashsim.adapt_eval import DEFAULT_DEVICE, DEFAULT_TIMELINES
+    from flashsim.commands.adapt_eval import DEFAULT_DEVICE, DEFAULT_TIMELINES
     from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, run_episode
     from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.policies.presets import preset_config

@@ -190,7 +190,7 @@ def test_bench_compute_device_cuda_writes_the_gpu_section(monkeypatch, small, tm
 def test_calibrate_writes_a_cuda_profile_beside_the_cpu_one(monkeypatch, small, tmp_path):
     import argparse
 
-    from flashsim.cmd_calibrate import _cuda_profile
+    from flashsim.commands.calibrate import _cuda_profile
 
     FakeCuda(monkeypatch, integrated=True, major=8)
     dev = choose_device("cuda")

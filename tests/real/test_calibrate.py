@@ -61,7 +61,7 @@ def test_calibrate_bad_input_exits_2(tmp_path, capsys):
 def test_calibrate_is_registered():
     from flashsim.main import COMMAND_MODULES
 
-    assert "flashsim.cmd_calibrate" in COMMAND_MODULES
+    assert "flashsim.commands.calibrate" in COMMAND_MODULES
     assert V.parse_modes("model") == ("model",)
 
 

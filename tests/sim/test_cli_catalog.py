@@ -74,7 +74,7 @@ def test_console_script_usage_error_exit_2() -> None:
 
 def test_demo_first_order_section(capsys) -> None:
     # the foundation's fit table is one section of `flashsim demo` (the whole demo: tests/analysis/test_demo.py)
-    from flashsim.cmd_demo import first_order, first_order_table
+    from flashsim.commands.demo import first_order, first_order_table
 
     estimates = first_order(1024)
     first_order_table(estimates, 1024)

@@ -154,7 +154,7 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     else:
         print(f"smallest DRAM meeting {what}: none ({m.get('reason', 'no budget up to the device DRAM works')})")
     if p.device_inputs:
-        from flashsim.cmd_replay import inputs_line
+        from flashsim.commands.replay import inputs_line
 
         print(inputs_line(p.device_inputs))
     for n in p.notes:

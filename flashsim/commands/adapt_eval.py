@@ -93,7 +93,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    help="fraction of blocks static-ratio drops (default 0.25)")
     p.add_argument("--headroom", type=float, default=None, metavar="H",
                    help="heuristic restore hysteresis: restore only below (1-H) x available (default 0.05)")
-    p.add_argument("--json", action="store_true", help="print JSON (keys: flashsim/adapt_eval.py)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys: flashsim/commands/adapt_eval.py)")
     p.add_argument("--plot", metavar="DIR", help="write DIR/adapt.png, .svg and DIR/adapt_records.csv")
     p.set_defaults(func=run)
 

@@ -4,7 +4,7 @@
           [--prompts FILE] [--trace TRACE [--record-out DIR [--overwrite]]] [--threshold P] [--lags 5]
           [--threads 1] [--json]
 
-Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/cmd_real.py); the
+Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/commands/real.py); the
 measurement is `real.predictor_errors`.
 """
 

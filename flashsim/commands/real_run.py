@@ -5,7 +5,7 @@
           [--predictor oracle|previous|lowrank:FILE ...]   (repeat: one row per predictor)
           [--profile this-host] [--dram-budget 200MiB] [--records R.parquet] [--trace-out DIR] [--json]
 
-Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/cmd_real.py).
+Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/commands/real.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from flashsim.output import output_file, print_json, print_table
 DEFAULT_STEPS = 8
 DEFAULT_MAX_TOKENS = 256
 
-# Further `adapt` sub-commands, one module each under flashsim/ with `register(asub)` (asub: the
+# Further `adapt` sub-commands, one module each under flashsim/commands/ with `register(asub)` (asub: the
 # `adapt` sub-parsers action); each module owns its sub-command's options and handler.
 SUBCOMMAND_MODULES: tuple[str, ...] = ("adapt_real", "adapt_eval", "adapt_train")
 
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--json", action="store_true", help="print a JSON summary")
     g.set_defaults(func=_gsi)
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(f"flashsim.{name}").register(asub)
+        importlib.import_module(f"flashsim.commands.{name}").register(asub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
