@@ -132,7 +132,7 @@ def replay_table(sweep_dir: Path) -> list[dict[str, Any]]:
 def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, workers: int | None = None,
              note: Callable[[str], None] = lambda m: None, progress: bool | None = None) -> dict[str, Any]:
     """Run the whole demo into out_dir; return (and write to out_dir/summary.json) its summary."""
-    from analysis.planner import plan_model
+    from analysis.plan_setup import plan_model
     from analysis.report import build_report
     from analysis.sweep import run_sweep
 

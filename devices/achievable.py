@@ -28,7 +28,9 @@ fields the simulator reads:
 `at_bound(profile, "peak")` drops every achievable number: the datasheet ceiling.
 
 Power modes (`power_modes` in the profile, `name@MODE` on the command line, devices/power_modes.py)
-are applied when the profile is loaded, before the bound is folded.
+are applied when the profile is loaded, before the bound is folded. A mode that sets energy numbers
+(`energy.compute_busy_w.value`) relabels the energy section with its name; one that sets none keeps the
+numbers of the mode they were published for, and `inputs()` names that mode.
 """
 
 from __future__ import annotations
@@ -141,6 +143,13 @@ def inputs(profile: DeviceProfile, bound: str = "achievable", dtype: str | None 
     if profile.power_modes is not None and profile.power_mode is not None:
         pm = profile.power_modes.modes[profile.power_mode]
         add("power_mode", profile.power_mode, "datasheet", f"{pm.description} [{pm.source}]")
+        e = profile.energy
+        if e is not None and e.power_mode is not None and e.power_mode.lower() != profile.power_mode.lower():
+            # the energy numbers were taken in another mode (none published for this one): say so
+            add("energy_power_mode", e.power_mode, "estimate",
+                f"the energy numbers hold for power mode {e.power_mode}, not {profile.power_mode}: no "
+                f"published energy figure for {profile.power_mode}; its clocks draw less (lower modes) or "
+                f"more (higher modes) than these")
     return rows
 
 

@@ -29,8 +29,13 @@ def with_power_mode(profile: P, mode: str | None) -> P:
         raise FlashsimError(f"device {profile.name}: unknown power mode {name!r}; choose one of "
                             f"{', '.join(modes.modes)} (default {modes.default})")
     data = profile.model_dump()
-    for path, value in modes.modes[name].set.items():
+    sets = modes.modes[name].set
+    for path, value in sets.items():
         _set_path(data, path, value, profile.name, name)
+    if data.get("energy") is not None and any(p.startswith("energy.") for p in sets):
+        # the mode carries its own energy numbers: they now hold for it. A mode that sets none keeps the
+        # label of the mode they were taken in, which `inputs()` prints beside them.
+        data["energy"]["power_mode"] = name
     where = f"{profile.name}@{name}"
     try:
         out = type(profile).model_validate(data)

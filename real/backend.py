@@ -152,6 +152,10 @@ class RealExecutor:
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
         self.pending: dict[int, Future] = {}
         self.caches = self._make_caches()
+        from real.device import pin_host_buffer
+
+        # on CUDA the cache rows are page-locked in place, so in-place FFNs copy them asynchronously
+        self._arena_pin = pin_host_buffer(self.caches[0]._buf.array, self.dev) if self.caches else None
         self.seg_bytes = store.segment_bytes
         self.n_seg = len(store.segments)
         self.records: list[TokenRecord] = []
@@ -325,6 +329,10 @@ class RealExecutor:
         self.torch.set_num_threads(self._threads_before)
         self.pf_pool.shutdown(wait=True)
         self._gather.close()
+        from real.device import unpin_host_buffer
+
+        unpin_host_buffer(self._arena_pin)
+        self._arena_pin = None
         self.reader.close()
         self.pf_reader.close()
 
@@ -374,11 +382,15 @@ class RealExecutor:
             rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], scratch, self.tdtype)
         es = rows_t.element_size()
         w = self.seg_bytes // es
-        segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
         xs = x.to(self.tdtype)
         if self.dev.kind != "cpu":
-            segs = [t.to(self.tdev, non_blocking=True) for t in segs]
+            # one host-to-device copy of the whole [k, stride] block, from page-locked memory (the
+            # pinned gather scratch, or the cache arena pinned in __init__), then the segments are
+            # views on the device. A column slice of the host rows is not contiguous: `.to()` of it
+            # first copies it into pageable memory on the CPU, and the transfer is then synchronous.
+            rows_t = rows_t.to(self.tdev, non_blocking=True)
             xs = xs.to(self.tdev)
+        segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
         if self.spec.gated:
             gate, up, down = segs
             h = _act(torch, self.spec.ffn_kind, F.linear(xs, gate)) * F.linear(xs, up)
@@ -394,7 +406,12 @@ class RealExecutor:
             y = h @ down
         else:
             y = F.linear(h, self._down_t.transposed(down, k, w, es))
-        return y.to(x.dtype).to(x.device)
+        y = y.to(x.dtype).to(x.device)
+        if self.dev.kind == "cuda":
+            # the step's compute time includes the GPU's, and the host may rewrite the cache rows
+            # (reads, keep_only's moves) only after their asynchronous copy has finished
+            torch.cuda.current_stream().synchronize()
+        return y
 
 
 class RealCapacityError(CapacityError, FlashsimError):

@@ -45,12 +45,12 @@ from sim.components.pipeline import Decoder
 from sim.config import RunConfig
 from sim.energy import energy_summary, step_traffic
 from sim.fastpath import decline_reason, run_fast
-from sim.planner import Planner
 from sim.policies.base import PolicyContext, Residency
 from sim.policies.stack import PolicyStack
 from sim.records import MemorySample, Recorder
 from sim.results import RunResult
 from sim.rng import RngStreams
+from sim.step_plans import Planner
 from sim.workload import Steps, TraceView, build_steps
 from traces.format import Trace
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.components.pipeline import build_records
-from sim.planner import PlanArrays
 from sim.records import MemorySample, Recorder
+from sim.step_plans import PlanArrays
 
 
 def decline_reason(timing_slots: list[str], policy_names: dict[str, str], has_timeline: bool) -> str | None:

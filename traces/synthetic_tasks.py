@@ -38,7 +38,6 @@ i.i.d. magnitudes, so the magnitude distribution is unchanged).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,14 +46,12 @@ import numpy as np
 
 from traces.format import Trace
 from traces.profiler import profile_traces
+from traces.synthetic_chain import QUAD_Z
 
 MIN_TASK_TOKENS = 16      # fewer measured tokens than this: a task's rates are noise, not fitted
 PRIOR_TOKENS = 32.0       # Beta prior strength (tokens at the model-wide rate) for per-task rates
 TOP_FRACTION = 0.10       # the profiler's top-n sets compared: the hottest 10% of each layer
-# The 16 equiprobable standard-normal nodes of traces/synthetic.py's QUAD_Z (same formula; kept
-# here so that this module does not import synthetic.py, which imports it).
-QUAD_Z = np.array([statistics.NormalDist().inv_cdf((j + 0.5) / 16) for j in range(16)])
-N_Z = len(QUAD_Z)
+N_Z = len(QUAD_Z)        # the 16 equiprobable standard-normal nodes of the chain's prompt rates
 
 
 @dataclass

@@ -29,7 +29,7 @@ HELD_OUT_SEED = 2026_11_29
 
 
 def register(asub: argparse._SubParsersAction) -> None:
-    from sim.adapt.controllers.learned import VISITS
+    from sim.adapt.controllers.learned_obs import VISITS
     from sim.adapt.env import DEFAULT_ALPHA, DEFAULT_BETA
 
     p = asub.add_parser(
@@ -89,9 +89,9 @@ def compare(env: Any, params: dict[str, np.ndarray], states: list[Any]) -> dict[
         CompiledPolicy,
         apply_safety,
         decide_pass,
-        pass_context,
         single_thread_blas,
     )
+    from sim.adapt.controllers.learned_obs import pass_context
 
     out: dict[str, dict[str, float]] = {}
     rows: dict[str, list[dict[str, Any]]] = {"learned": [], "heuristic": [], "heuristic-bytes": []}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from analysis.planner import DEFAULT_PLAN_TOKENS, Plan, plan_model
+from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
+from analysis.planner import Plan
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
 from flashsim.output import print_json, print_table

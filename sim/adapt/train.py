@@ -40,14 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from sim.adapt.controllers.learned import (
-    OBS_DIM,
-    OBS_VERSION,
     PARAM_NAMES,
     WEIGHTS_FORMAT,
     mlp_forward,
     n_params,
     single_thread_blas,
 )
+from sim.adapt.controllers.learned_obs import OBS_DIM, OBS_VERSION
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,8 @@ class TrainResult:
 def validation_score(env, params: dict[str, np.ndarray], states: list) -> float:
     """Mean episode score of the greedy policy over decision points, without the safety rule (so a
     policy that leans on the rule is not selected: its violations cost it beta each)."""
-    from sim.adapt.controllers.learned import CompiledPolicy, decide_pass, pass_context
+    from sim.adapt.controllers.learned import CompiledPolicy, decide_pass
+    from sim.adapt.controllers.learned_obs import pass_context
 
     policy = CompiledPolicy.from_params(params)
     total = 0.0

@@ -41,8 +41,8 @@ import simpy
 
 from sim.components.compute import stretch
 from sim.components.flash import FlashDevice
-from sim.planner import PlanArrays
 from sim.records import MemorySample, Recorder, TokenRecord
+from sim.step_plans import PlanArrays
 
 
 class Decoder:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from analysis.plan_setup import native_grid, planning_trace
 from analysis.planner import (
     FLASH,
     MEM_CAP,
@@ -14,9 +15,7 @@ from analysis.planner import (
     Planner,
     binding_constraint,
     bisect_min_budget,
-    native_grid,
     plan,
-    planning_trace,
     reasons,
 )
 from devices import load_profile

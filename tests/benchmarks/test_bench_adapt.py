@@ -34,9 +34,9 @@ from sim.adapt.controllers.learned import (
     apply_safety,
     decide_pass,
     n_params,
-    pass_context,
     single_thread_blas,
 )
+from sim.adapt.controllers.learned_obs import pass_context
 from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file

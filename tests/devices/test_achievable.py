@@ -79,3 +79,15 @@ def test_inputs_name_kinds():
     assert kinds["flash_read_table"] == "published"
     assert kinds["power_mode"] == "datasheet"
     assert {r["kind"] for r in inputs(load_profile("this-host"), "peak")} <= {"measured"}
+
+
+def test_energy_follows_the_power_mode():
+    """The Orin Nano's energy numbers are the default 25W mode's; MAXN_SUPER sets its own busy power
+    (both published); 15W has none published, keeps 25W's, and the inputs name the mode they hold for."""
+    d, mx, m15 = (load_profile(f"jetson-orin-nano-8gb{m}") for m in ("", "@maxn_super", "@15w"))
+    assert d.energy.power_mode == "25w" and d.energy.compute_busy_w.value == pytest.approx(5.0)
+    assert mx.energy.power_mode == "maxn_super" and mx.energy.compute_busy_w.value == pytest.approx(6.0)
+    assert m15.energy.power_mode == "25w" and m15.energy.compute_busy_w.value == pytest.approx(5.0)
+    names = lambda p: {r["input"]: r["value"] for r in inputs(p)}  # noqa: E731
+    assert "energy_power_mode" not in names(d) and "energy_power_mode" not in names(mx)
+    assert names(m15)["energy_power_mode"] == "25w"

@@ -138,7 +138,7 @@ def test_layer_cache_rejects_memory_of_the_wrong_kind():
 def test_rows_moved_matches_the_real_cache_on_average() -> None:
     """real.cache.LayerCache moves exactly the deleted rows below the new end; with uniformly placed
     deletions their mean count is the simulator's d (n - d) / n."""
-    from sim.planner import rows_moved
+    from sim.step_plans import rows_moved
 
     rng = np.random.default_rng(0)
     n, d, trials = 60, 25, 400

@@ -124,3 +124,33 @@ def test_attention_sets_by_hand():
     # one set larger than the whole allowance: still 2, so no layer reads the set the previous one did
     huge = seven.model_copy(update={"n_layers": 2, "d_model": 65536, "head_dim": 8192})
     assert attention_sets(huge, 4) == 2
+
+
+def test_cuda_code_path_on_a_stand_in_device_matches_the_cpu(shape_setup, monkeypatch):
+    """The backend's CUDA branch (pinned arena and scratch, one block copy per FFN, a stream sync)
+    run on a stand-in device whose tensors live on the CPU: same outputs and bytes as the CPU path,
+    and every page-locked buffer is unlocked at close. The GPU itself: scripts/device_cuda_check.sh."""
+    import torch
+
+    import real.device as D
+    from real.shape_mode import run_shape
+
+    class StandIn(D.ComputeDevice):
+        def torch_device(self):
+            return torch.device("cpu")
+
+    pinned, unpinned = [], []
+    monkeypatch.setattr(D, "choose_device", lambda pref="auto": StandIn("cuda", "stand-in", False))
+    monkeypatch.setattr(D, "pin_host_buffer", lambda a, d: pinned.append(a.ctypes.data) or a.ctypes.data)
+    monkeypatch.setattr(D, "unpin_host_buffer", lambda h: h is not None and unpinned.append(h))
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"synchronize": lambda s: syncs.append(1)})())
+    _, spec, store, trace = shape_setup
+    cfg = _cfg(2, True, "delta")
+    cuda = run_shape(store, trace, load_profile("this-host"), cfg, seed=1, device="cuda")
+    monkeypatch.undo()
+    cpu = run_shape(store, trace, load_profile("this-host"), cfg, seed=1, device="cpu")
+    assert cuda.outputs == pytest.approx(cpu.outputs, rel=1e-6)
+    assert [r.bytes_read for r in cuda.tokens] == [r.bytes_read for r in cpu.tokens]
+    assert len(pinned) >= 2 and sorted(pinned) == sorted(unpinned)   # the arena and the gather scratch
+    assert len(syncs) == trace.n_tokens * spec.n_layers

@@ -193,7 +193,7 @@ def test_closed_form_curve_is_what_the_flash_model_uses() -> None:
 
 
 def test_rows_moved_is_the_expected_holes_below_the_new_end() -> None:
-    from sim.planner import rows_moved
+    from sim.step_plans import rows_moved
 
     # d (n - d) / n: nothing deleted, 4 of 10, all 10, 5 of 20, and an empty cache
     got = rows_moved(np.array([0, 4, 10, 5, 0]), np.array([10, 10, 10, 20, 0]))

@@ -16,17 +16,15 @@ from traces.build import write_dense_trace
 from traces.format import PromptInfo, open_trace
 from traces.stats import tokens_before_in_prompt, trace_stats
 from traces.synthetic import (
-    CLASSES,
     FIT_WINDOWS,
     TOLERANCE,
     LayerPlan,
     assign_classes,
     cdf_distance,
-    class_matrix,
-    count_inflation,
     generate_layer,
     synthesize,
 )
+from traces.synthetic_chain import CLASSES, class_matrix, count_inflation
 
 SHIPPED = Path(__file__).resolve().parents[2] / "traces" / "data" / "smollm2-135m-builtin"
 

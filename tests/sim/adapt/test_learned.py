@@ -16,7 +16,6 @@ from devices.errors import FlashsimError
 from flashsim.main import main
 from sim.adapt.controllers.base import AdaptState, Controller
 from sim.adapt.controllers.learned import (
-    OBS_DIM,
     LearnedController,
     decide_pass,
     decide_sequential,
@@ -24,9 +23,8 @@ from sim.adapt.controllers.learned import (
     load_policy,
     mlp_forward,
     n_params,
-    observations,
-    pass_context,
 )
+from sim.adapt.controllers.learned_obs import OBS_DIM, observations, pass_context
 from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import importance_vector
@@ -259,7 +257,7 @@ def test_cli_gsi_for_another_model_is_rejected(tmp_path, capsys):
 def test_visiting_orders_by_hand():
     """tiny model at 20 KV entries: every block frees 300 B except at 0 entries (mha 100 B, ffn 300 B);
     importance mha:0 .75, ffn:0 .5, mha:1 .25, ffn:1 1.0."""
-    from sim.adapt.controllers.learned import visiting_order
+    from sim.adapt.controllers.learned_obs import visiting_order
     from tests.sim.adapt.conftest import tiny_blocks, tiny_doc
 
     blocks, doc = tiny_blocks(), tiny_doc(steps=4)
@@ -284,7 +282,7 @@ def test_the_controller_uses_the_files_visiting_order(tmp_path):
     per_byte = LearnedController(_write(sub, p, visit="per-byte"))
     assert per_byte.visit == "per-byte"
     got = per_byte.decide(state)
-    from sim.adapt.controllers.learned import visiting_order
+    from sim.adapt.controllers.learned_obs import visiting_order
 
     order = visiting_order(state, "per-byte")
     k = int(got.sum())

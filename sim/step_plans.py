@@ -1,4 +1,5 @@
-"""Planner: from policy decisions (sets) to the numbers timing needs, per step and layer.
+"""Step plans (`Planner`, `PlanArrays`): from policy decisions (sets) to the numbers timing needs,
+per step and layer.
 
 This is the "what the trace decides" half of the simulator. For every (step, layer) it turns the
 `PolicyStack`'s sets into: read batches (chunk-size counts through the layout, then service times

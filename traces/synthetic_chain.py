@@ -1,0 +1,297 @@
+"""The activation chain of synthetic traces: its closed forms and the fit of its parameters.
+
+Owns the per-neuron model of traces/synthetic.py (see its docstring for the generative model and the
+fitting procedure): the two-state Markov chain's transition probabilities and window coverage in
+closed form, the class grid (persistence rho x context variability sigma) and its constrained
+least-squares fit to a source's window coverage, the count-variance inflation used to remove a
+source's sampling noise from its rates, and the rate distributions (shrunk source rates resampled
+to a target neuron count, or a capped power law solved for --hot-skew and --overlap). Pure NumPy on
+rate vectors; nothing here reads or writes a trace.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from traces.stats import hot_fraction
+
+# Persistence: alternating (-0.5) through memoryless (0) to ~100-token holds (0.99) and whole prompts (1).
+RHO_GRID = (-0.5, -0.3, -0.2, -0.1, 0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+# Context variability: sd of log prompt-level rate (0 = the same rate in every prompt).
+SIGMA_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
+CLASSES = tuple((rho, sigma) for sigma in SIGMA_GRID for rho in RHO_GRID)
+# Cost per unit share of a context class in the fit (see `fit_classes`): 0.01 per unit of sigma, so
+# a context class must improve the worst coverage error by about that much to be chosen.
+CONTEXT_PENALTY = np.array([0.01 * sigma for _, sigma in CLASSES])
+QUAD_Z = np.array([statistics.NormalDist().inv_cdf((j + 0.5) / 16) for j in range(16)])
+FIT_RATES = 512               # representative rates for the coverage integrals
+# A rate of 1 would be a dense neuron that never switches off; keep every chain able to switch.
+RATE_CAP = 0.995
+RATE_FLOOR = 1e-7
+BETA_MAX = 8.0                # power-law exponent range of --hot-skew: 8 saturates the hottest at the cap
+
+
+# ---- the chain's closed forms -----------------------------------------------------------------
+def rho_floor(rates: np.ndarray) -> np.ndarray:
+    """The most negative persistence a chain with these rates can have (p11 >= 0 and p01 <= 1)."""
+    pi = np.clip(np.asarray(rates, np.float64), RATE_FLOOR, RATE_CAP)
+    return -np.minimum(pi / (1.0 - pi), (1.0 - pi) / pi)
+
+
+def transition_probs(rates: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(p01, p11) of each neuron's chain: P(on | was off), P(on | was on); rho clipped at its floor."""
+    r = np.maximum(rho, rho_floor(rates))
+    return rates * (1.0 - r), rates + r * (1.0 - rates)
+
+
+def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | float) -> np.ndarray:
+    """Prompt-level rates lambda = min(pi exp(sigma z) / M(sigma), RATE_CAP) for z among the QUAD_Z
+    nodes, M(sigma) = mean over the nodes of exp(sigma z), so E[lambda] = pi before the cap."""
+    sigma = np.asarray(sigma, np.float64)
+    norm = np.exp(sigma[..., None] * QUAD_Z).mean(axis=-1)
+    return np.clip(rates * np.exp(sigma * z) / norm, RATE_FLOOR, RATE_CAP)
+
+
+def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np.ndarray, np.ndarray]:
+    """(values, neuron counts) standing for a rate distribution in the coverage integrals: all
+    rates when there are at most n_reps, else the n_reps/4 hottest one by one (they carry the most
+    events) and equal-count bin means of the rest."""
+    pi = np.sort(np.asarray(rates, np.float64))[::-1]
+    if len(pi) <= n_reps:
+        return pi, np.ones(len(pi))
+    top = n_reps // 4
+    edges = np.linspace(0, len(pi) - top, n_reps - top + 1).astype(np.int64)
+    counts = np.diff(edges).astype(np.float64)
+    means = np.add.reduceat(pi[top:], edges[:-1]) / counts
+    return np.concatenate([pi[:top], means]), np.concatenate([np.ones(top), counts])
+
+
+def class_matrix(rates: np.ndarray, max_k: int,
+                 classes: Sequence[tuple[float, float]] = CLASSES) -> tuple[np.ndarray, np.ndarray]:
+    """Expected coverage [max_k, C] at k = 1..max_k if every neuron were in class c, and the mean
+    rate ratio [C] E[lambda] / E[pi] (below 1 where the cap bites)."""
+    pi, count = representative_rates(rates)
+    cov = np.empty((max_k, len(classes)))
+    ratio = np.empty(len(classes))
+    table = np.asarray(classes, np.float64).reshape(-1, 2)
+    for sigma in np.unique(table[:, 1]):
+        idx = np.flatnonzero(table[:, 1] == sigma)
+        lam = prompt_rates(pi[:, None], sigma, QUAD_Z[None, :]) if sigma else pi[:, None]
+        weight = (count[:, None] * lam).ravel()           # events: neurons x rate
+        lam = lam.ravel()
+        total = weight.sum()
+        r = np.maximum(table[idx, 0][:, None], rho_floor(lam)[None, :])
+        first = (1.0 - r) * (1.0 - lam)                  # P(off at t-1 | on at t)
+        stay_off = 1.0 - lam * (1.0 - r)
+        miss = first * weight
+        for k in range(1, max_k + 1):
+            cov[k - 1, idx] = 1.0 - miss.sum(axis=1) / total
+            miss *= stay_off
+        ratio[idx] = total / len(QUAD_Z if sigma else [0]) / float((count * pi).sum())
+    return cov, ratio
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, bool)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max()))
+    for _ in range(3 * n):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if z[passive].min() > tol:
+                x = z
+                break
+            neg = passive & (z <= tol)
+            step = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + step * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x
+
+
+def fit_classes(cov: np.ndarray, target_cov: Sequence[float | None], minimax_iters: int = 15,
+                context_penalty: np.ndarray | None = None, fallback_index: int = 0) -> np.ndarray:
+    """Class shares [C] whose mixture of coverages best matches `target_cov` (k = 1..; None = skip).
+
+    The agreement that matters is the worst k (the tolerance is absolute per k), so the shares
+    minimise the largest error: Lawson's iteratively reweighted non-negative least squares (each
+    k reweighted by its residual), keeping the best iterate. Shares sum to one (a stiff extra row).
+    `context_penalty` [C] adds a small cost per unit share (a row asking sum(penalty * v) = 0), so
+    that among equally good mixtures the one with the least prompt-level variability wins: context
+    classes inflate count noise and must only be used where coverage needs them. Without any
+    target (no token has a predecessor) all share goes to `fallback_index`.
+    """
+    n_cls = cov.shape[1]
+    k_ok = [i for i, v in enumerate(target_cov) if v is not None]
+    fallback = np.zeros(n_cls)
+    fallback[fallback_index] = 1.0
+    if not k_ok:
+        return fallback
+    a = cov[k_ok]
+    b = np.array([target_cov[i] for i in k_ok], np.float64)
+    big = 100.0
+    pen = np.zeros(n_cls) if context_penalty is None else np.asarray(context_penalty, np.float64)
+    row_w = np.ones(len(b))
+    best_w, best_err = fallback, np.inf
+    for _ in range(max(1, minimax_iters)):
+        w = _nnls(np.vstack([a * row_w[:, None], np.full((1, n_cls), big), pen[None, :]]),
+                  np.concatenate([b * row_w, [big, 0.0]]))
+        if w.sum() <= 0:
+            break
+        w = w / w.sum()
+        resid = np.abs(a @ w - b)
+        if resid.max() < best_err - 1e-9:
+            best_w, best_err = w, float(resid.max())
+        row_w = row_w * np.maximum(resid, 1e-6)
+        row_w *= len(row_w) / row_w.sum()
+    best_w = np.where(best_w > 1e-6, best_w, 0.0)
+    return best_w / best_w.sum()
+
+
+def count_inflation(rates: np.ndarray, classes: Sequence[tuple[float, float]], weights: np.ndarray,
+                    segments: Sequence[int]) -> np.ndarray:
+    """Per neuron, Var(token count) / (T pi (1 - pi)) under the class mixture, for chains restarted
+    at each prompt of the given lengths m: within a prompt an AR(1) sum has
+    g(m, rho) = m (1+rho)/(1-rho) - 2 rho (1 - rho^m)/(1-rho)^2 (m^2 for rho = 1) in place of m,
+    and the prompt-level rate adds m^2 Var(lambda) (lambda over the QUAD_Z nodes, capped)."""
+    pi = np.clip(np.asarray(rates, np.float64), RATE_FLOOR, RATE_CAP)
+    m = np.asarray(segments, np.int64)
+    t = float(m.sum())
+    m2 = float((m.astype(np.float64) ** 2).sum()) / t
+    var_pi = pi * (1.0 - pi)
+    out = np.zeros_like(pi)
+    for (rho, sigma), w in zip(classes, weights):
+        if w <= 0:
+            continue
+        if rho >= 1.0:
+            g = m2
+        else:
+            g = float((m * (1 + rho) / (1 - rho) - 2 * rho * (1 - rho ** m) / (1 - rho) ** 2).sum()) / t
+        lam = prompt_rates(pi[:, None], sigma, QUAD_Z[None, :]) if sigma else pi[:, None]
+        within = g * (lam * (1.0 - lam)).mean(axis=1) / var_pi
+        between = m2 * lam.var(axis=1) / var_pi
+        out += w * (within + between)
+    return out
+
+
+def segment_lengths(prompt_index: np.ndarray, measured: np.ndarray) -> list[int]:
+    """Lengths of the maximal runs of measured tokens inside one contiguous prompt."""
+    pi = np.asarray(prompt_index)
+    cut = np.ones(len(pi), bool)
+    cut[1:] = (pi[1:] != pi[:-1]) | ~measured[:-1]
+    starts = np.flatnonzero(cut & measured)
+    ends = np.concatenate([starts[1:], [len(pi)]])
+    return [int(np.count_nonzero(measured[a:b])) for a, b in zip(starts, ends)]
+
+
+def cycle_segments(lengths: Sequence[int], n_tokens: int) -> list[int]:
+    """Repeat prompt lengths until they cover n_tokens (the last one cut short)."""
+    out: list[int] = []
+    total, i = 0, 0
+    while total < n_tokens:
+        out.append(min(int(lengths[i % len(lengths)]), n_tokens - total))
+        total += out[-1]
+        i += 1
+    return out
+
+
+# ---- rate distributions -----------------------------------------------------------------------
+def normalize_rates(rates: np.ndarray, mean: float) -> np.ndarray:
+    """Scale rates to the given mean, keeping them in [RATE_FLOOR, RATE_CAP]."""
+    r = np.clip(np.asarray(rates, np.float64), RATE_FLOOR, None)
+    n = len(r)
+    target = min(mean, RATE_CAP) * n
+    capped = np.zeros(n, bool)
+    for _ in range(100):
+        free = ~capped
+        room = target - RATE_CAP * capped.sum()
+        r[free] *= room / r[free].sum()
+        new = free & (r > RATE_CAP)
+        r[capped | new] = RATE_CAP
+        if not new.any():
+            break
+        capped |= new
+    return np.clip(r, RATE_FLOOR, RATE_CAP)
+
+
+def shrink_rates(p_hat: np.ndarray, n_tokens: int, infl: float | np.ndarray) -> tuple[np.ndarray, float]:
+    """Remove sampling noise from empirical rates: shrink toward the mean so that
+    var(rates) = var(p_hat) - mean(p_hat (1 - p_hat) infl) / n_tokens. Returns (rates, factor)."""
+    mean = float(p_hat.mean())
+    var = float(p_hat.var())
+    noise = float(np.mean(p_hat * (1.0 - p_hat) * infl)) / n_tokens
+    s = math.sqrt(max(0.0, var - noise) / var) if var > 0 else 0.0
+    return normalize_rates(mean + s * (p_hat - mean), mean), s
+
+
+def resample_quantiles(values: np.ndarray, n: int) -> np.ndarray:
+    """n values with the same distribution (quantile function, piecewise linear), ascending."""
+    v = np.sort(np.asarray(values, np.float64))
+    if len(v) == n:
+        return v
+    return np.interp((np.arange(n) + 0.5) / n, (np.arange(len(v)) + 0.5) / len(v), v)
+
+
+def power_law_rates(n: int, mean: float, beta: float) -> np.ndarray:
+    """Rates proportional to u^-beta over rank fractions u = (rank + 1/2)/n, scaled to the mean
+    and capped at RATE_CAP (the mass above the cap goes to the other neurons)."""
+    u = (np.arange(n) + 0.5) / n
+    return normalize_rates(u ** (-beta), mean)
+
+
+def expected_hot80(rates: np.ndarray, n_tokens: int, infl: float | np.ndarray, z: np.ndarray) -> float:
+    """hot80_fraction that the counts of these chains over n_tokens show (Gaussian sampling noise
+    with the given standard normal draws `z`)."""
+    sd = np.sqrt(rates * (1.0 - rates) * infl / n_tokens)
+    return float(hot_fraction(np.clip(rates + sd * z, 0.0, None)))
+
+
+def fit_hot_skew(n: int, mean: float, hot80: float, n_tokens: int, infl: float, z: np.ndarray) -> float:
+    """beta of `power_law_rates` whose measured hot80_fraction at n_tokens is `hot80`."""
+    lo_b, hi_b = 0.0, BETA_MAX
+    most = expected_hot80(power_law_rates(n, mean, lo_b), n_tokens, infl, z)
+    least = expected_hot80(power_law_rates(n, mean, hi_b), n_tokens, infl, z)
+    if hot80 > most + 0.005:
+        raise FlashsimError(
+            f"--hot-skew {hot80}: with {n_tokens} tokens at active fraction {mean}, sampling noise alone "
+            f"gives a hot80_fraction of {most:.3f}; use --hot-skew <= {most:.3f} or more --tokens")
+    if hot80 < least - 0.005:
+        raise FlashsimError(
+            f"--hot-skew {hot80}: at active fraction {mean} at least {least:.3f} of the neurons give 80% "
+            f"of the activity (a neuron cannot fire more than every token); use --hot-skew >= {least:.3f}")
+    for _ in range(50):
+        mid = 0.5 * (lo_b + hi_b)
+        if expected_hot80(power_law_rates(n, mean, mid), n_tokens, infl, z) > hot80:
+            lo_b = mid
+        else:
+            hi_b = mid
+    return 0.5 * (lo_b + hi_b)
+
+
+def solve_overlap(rates: np.ndarray, overlap: float, f: float, h: float) -> float:
+    """The single persistence rho (sigma = 0) whose expected overlap_prev is `overlap` (bisection;
+    rho is clipped per neuron at its floor, so the overlap is monotone in rho)."""
+    def ov(r: float) -> float:
+        return float(class_matrix(rates, 1, [(r, 0.0)])[0][0, 0])
+
+    lo, hi = -1.0, RHO_GRID[-2]
+    if not ov(lo) - 1e-9 <= overlap <= ov(hi) + 1e-9:
+        raise FlashsimError(
+            f"--overlap {overlap}: at --active-fraction {f} and --hot-skew {h} the neuron chains can give "
+            f"an overlap between {ov(lo):.3f} and {ov(hi):.3f}; choose --overlap in that range")
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if ov(mid) < overlap else (lo, mid)
+    return 0.5 * (lo + hi)

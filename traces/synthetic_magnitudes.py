@@ -1,0 +1,269 @@
+"""Activation magnitudes |a| of synthetic traces: their model, its fit to a source, and the draw.
+
+Model (on by default in `synthesize`): per layer a threshold theta (the synthetic rule is "active
+<=> |a| >= theta"); active neurons draw |a| i.i.d. from the source layer's empirical distribution of active
+magnitudes (inverse CDF at 65 quantiles, piecewise linear, clipped below at theta; reconstructed
+from the stored ranks when the source keeps only the strongest K of larger active sets, see
+`_tail_quantiles`); inactive ones follow a power-function law |a| = theta U^(1/a) whose mean
+nu * theta matches the source's inactive mass (exact |a| sums minus active magnitudes). The top K
+per token are stored (inactive ones as exact order statistics via exponential spacings), and abs_sum
+adds the expected sum of the unstored rest, so the activation-mass proxy (mass kept / abs_sum) is
+meaningful. K = N F_max + 6 sqrt(N F_max
+(1 - F_max)) (F_max = the densest layer's active fraction): a token's active set fits in K except
+with probability below 1e-8. In parameter mode theta = 1 (|a| in units of the threshold) and the
+shape defaults are those measured on a SmolLM2-135M trace (see DEFAULT_ACTIVE_RATIO_QUANTILES).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devices.errors import FlashsimError
+from traces.format import Trace
+
+TOP_K_SIGMAS = 6.0
+MAG_PROBS = np.linspace(0.0, 1.0, 65)
+# Parameter-mode magnitude shape: active |a| / theta at MAG_PROBS (median over the 30 layers) and
+# the inactive mean ratio nu, measured with `fit_magnitudes` on a SmolLM2-135M capture of the builtin
+# prompts (32 new tokens each, 1787 tokens) re-thresholded to threshold:0.1. The long top end is
+# real: SwiGLU FFNs have a few "massive" activations tens of times the threshold.
+DEFAULT_ACTIVE_RATIO_QUANTILES = (
+    1, 1.009, 1.017, 1.026, 1.036, 1.045, 1.055, 1.064, 1.074, 1.085, 1.096, 1.107, 1.118, 1.13,
+    1.142, 1.154, 1.166, 1.179, 1.192, 1.206, 1.219, 1.234, 1.248, 1.262, 1.279, 1.296, 1.314,
+    1.33, 1.35, 1.37, 1.391, 1.412, 1.435, 1.458, 1.484, 1.509, 1.536, 1.566, 1.595, 1.626, 1.66,
+    1.697, 1.734, 1.775, 1.82, 1.866, 1.918, 1.973, 2.031, 2.096, 2.163, 2.242, 2.324, 2.41,
+    2.514, 2.626, 2.757, 2.912, 3.09, 3.307, 3.598, 4.007, 4.626, 5.788, 45.77,
+)
+DEFAULT_INACTIVE_MEAN_RATIO = 0.272
+
+
+@dataclass(frozen=True)
+class MagnitudeModel:
+    """|a| of one layer: active ~ quantiles; inactive = theta * U^(1/a), mean nu * theta.
+
+    shape: "source" when the quantiles are the source's own active magnitudes; "tail" when the
+    source stores only the strongest K of larger active sets (see `_tail_quantiles`); "default"
+    for DEFAULT_ACTIVE_RATIO_QUANTILES scaled by theta (parameter mode)."""
+
+    threshold: float
+    active_quantiles: tuple[float, ...]       # |a| at MAG_PROBS
+    inactive_mean_ratio: float                # nu
+    shape: str = "default"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "inactive_mean_ratio": round(self.inactive_mean_ratio, 6),
+                "shape": self.shape, "active_quantiles": [round(q, 6) for q in self.active_quantiles]}
+
+
+def default_magnitudes(theta: float = 1.0, nu: float = DEFAULT_INACTIVE_MEAN_RATIO) -> MagnitudeModel:
+    return MagnitudeModel(theta, tuple(theta * q for q in DEFAULT_ACTIVE_RATIO_QUANTILES), nu, "default")
+
+
+def fit_magnitudes(trace: Trace, layer: int, measured: np.ndarray, max_rows: int = 512) -> MagnitudeModel | None:
+    """The magnitude model of one source layer, from up to `max_rows` evenly spaced measured tokens
+    (None when the trace stores no magnitudes or the layer never fires).
+
+    If most tokens have more active neurons than the K stored, the stored ones are only the top of
+    the active distribution: `_tail_quantiles` reconstructs the rest. Otherwise nu comes from the
+    exact |a| sums minus the active mass."""
+    if trace.top_k == 0:
+        return None
+    rows = np.flatnonzero(measured)
+    rows = rows[np.linspace(0, len(rows) - 1, min(max_rows, len(rows))).astype(np.int64)]
+    idx = np.asarray(trace.top(layer)[0][rows]).astype(np.int64)
+    mag = np.asarray(trace.top(layer)[1][rows], np.float64)
+    packed = np.asarray(trace.packed_masks(layer)[rows])
+    on = ((np.take_along_axis(packed, idx >> 3, axis=1) >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
+    counts = np.bitwise_count(packed).sum(axis=1, dtype=np.int64)
+    if not on.any():
+        return None
+    rule = trace.manifest.sparsity
+    known = rule.thresholds is not None and len(rule.thresholds) == trace.n_layers
+    mins = np.where(on, mag, np.inf).min(axis=1)
+    total_mass = float(np.asarray(trace.abs_sum(layer)[rows], np.float64).sum())
+    n_inactive = int(len(rows) * trace.n_neurons - counts.sum())
+    if np.mean(on.sum(axis=1) == counts) < 0.5:            # only the top of each active set
+        quant, theta, nu = _tail_quantiles(mag, on, counts, trace.n_neurons, total_mass,
+                                           float(rule.thresholds[layer]) if known else None)
+        return MagnitudeModel(theta, quant, float(np.clip(nu, 0.0, 0.999)), "tail")
+    active = mag[on]                                         # active sets stored: the source's shape
+    theta = float(rule.thresholds[layer]) if known else float(np.median(mins[np.isfinite(mins)]))
+    quant = tuple(float(q) for q in np.quantile(active, MAG_PROBS))
+    nu = (total_mass - float(active.sum())) / n_inactive / theta if n_inactive > 0 and theta > 0 else 0.0
+    return MagnitudeModel(theta, quant, float(np.clip(nu, 0.0, 0.999)), "source")
+
+
+def _tail_quantiles(mag: np.ndarray, on: np.ndarray, counts: np.ndarray, n_neurons: int, total_mass: float,
+                    theta: float | None) -> tuple[tuple[float, ...], float, float]:
+    """(quantiles, theta, nu) of active |a| when each token stores only its K strongest actives.
+
+    The j-th strongest of c actives sits at quantile level 1 - (j + 1/2)/c; above the level the
+    stored values reach (p_known = 1 - K/c, median over tokens) each quantile is the median over
+    tokens of the value at that rank. Below it the excess over theta follows a generalised Pareto
+    quantile, q(p) = theta + (q_low - theta) g(p)/g(p_known), g(p) = (1 - p)^(-1/alpha) - 1
+    (alpha -> infinity: exponential, the Laplace-like shape of FFN intermediate activations, TEAL,
+    Liu et al. 2024; small alpha: heavier tails). The inactive mean ratio nu is that of a Laplace
+    |a| cut at the active fraction F (E[|a| | |a| < theta] / theta with theta = b ln(1/F)), and
+    alpha is solved so that active + inactive |a| add up to the exact sums the trace records (what
+    even the exponential body cannot carry goes to the top quantile: SwiGLU's rare massive
+    activations). theta is the recorded threshold or, without one, extrapolated with the default shape."""
+    ok = counts > 0
+    c = counts[ok].astype(np.float64)
+    vals = np.sort(np.where(on[ok], mag[ok], -1.0), axis=1)[:, ::-1]    # stored actives first
+    stored = (vals > 0).sum(axis=1)
+    p_known = float(np.median(1.0 - np.minimum(stored / c, 1.0)))
+    top = MAG_PROBS >= p_known
+    quant = np.zeros(len(MAG_PROBS))
+    for i in np.flatnonzero(top):
+        j = np.minimum(np.floor((1.0 - MAG_PROBS[i]) * c).astype(np.int64), c.astype(np.int64) - 1)
+        good = j < stored
+        quant[i] = float(np.median(vals[good, j[good]])) if good.any() else 0.0
+    quant[top] = np.maximum.accumulate(quant[top])
+    q_low = float(quant[top][0])
+    if theta is None:
+        theta = q_low / float(np.interp(p_known, MAG_PROBS, DEFAULT_ACTIVE_RATIO_QUANTILES))
+    theta = min(theta, q_low)
+    f = float(np.clip(counts.sum() / (len(counts) * n_neurons), 1e-6, 1 - 1e-6))
+    x = -math.log(f)                                         # theta / b for |a| ~ Exponential(b)
+    nu = (1.0 - math.exp(-x) * (1.0 + x)) / (1.0 - math.exp(-x)) / x
+    want_mean = (total_mass - nu * theta * (len(counts) * n_neurons - counts.sum())) / counts.sum()
+    below = ~top
+
+    def body(alpha: float) -> np.ndarray:
+        g = np.expm1(-np.log1p(-MAG_PROBS[below]) / alpha)
+        return theta + (q_low - theta) * g / math.expm1(-math.log1p(-p_known) / alpha)
+
+    lo, hi = math.log(0.3), math.log(1e4)                   # heavier tail <-> smaller mean
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        quant[below] = body(math.exp(mid))
+        lo, hi = (mid, hi) if np.trapezoid(quant, MAG_PROBS) < want_mean else (lo, mid)
+    quant[below] = body(math.exp(0.5 * (lo + hi)))
+    deficit = want_mean - float(np.trapezoid(quant, MAG_PROBS))
+    if deficit > 0:             # mass no body shape carries: rare massive activations at the top end
+        quant[-1] += 2.0 * deficit / (MAG_PROBS[-1] - MAG_PROBS[-2])
+    return tuple(float(q) for q in quant), float(theta), float(nu)
+
+
+def top_k_for(n_neurons: int, max_fraction: float) -> int:
+    """Stored magnitudes per token: the mean active count of the densest layer plus 6 sigma."""
+    mean = n_neurons * max_fraction
+    return min(n_neurons, math.ceil(mean + TOP_K_SIGMAS * math.sqrt(mean * (1.0 - max_fraction))) + 1)
+
+
+_U_BITS = 39                 # random sort keys: 39 bits of uniform draw above 24 bits of neuron index
+_IDX_BITS = 24               # neuron indices < 2^24 (16.7M neurons per layer)
+
+
+def _lookup(u: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """Inverse CDF on the uniform MAG_PROBS grid, piecewise linear (np.interp, but O(1) per value)."""
+    q = np.asarray(quantiles, np.float64)
+    x = u * (len(q) - 1)
+    i = np.minimum(x.astype(np.int64), len(q) - 2)
+    return q[i] + (x - i) * (q[i + 1] - q[i])
+
+
+def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
+                    log_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-k (indices, |a| float16, descending) and abs_sum (float32) for one block bool [B, N].
+
+    Active |a| are i.i.d. from the model's quantiles, clipped below at the threshold (the synthetic
+    trace's rule is "active <=> |a| >= theta"); each row stores its strongest actives, then the top
+    order statistics of its inactive |a| (all below theta). Rows are ordered with integer sort keys
+    (uniform draw, then neuron index) so the order is exact and platform-independent.
+    With log_weight (float [N], traces/synthetic_tasks.py) a row's magnitudes (the same i.i.d.
+    multiset) go to its active neurons in a Plackett-Luce order with weights exp(log_weight) (sorted
+    by log_weight + Gumbel noise): neurons that carry the source's strongest activations get the
+    largest draws more often, while every token's magnitude distribution is unchanged.
+    """
+    b, n = active.shape
+    if n >= 1 << _IDX_BITS:
+        raise FlashsimError(f"synthetic magnitudes support at most {1 << _IDX_BITS} neurons per layer")
+    counts = active.sum(axis=1)
+    flat = np.flatnonzero(active)
+    rows = flat // n
+    cols = flat - rows * n
+    u_key = rng.integers(0, 1 << _U_BITS, len(flat))
+    quant = np.maximum(np.asarray(model.active_quantiles), model.threshold)
+    c_max = int(counts.max()) if b else 0
+    keys = np.full((b, max(c_max, 1)), -1, np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    keys[rows, np.arange(len(flat)) - starts[rows]] = (u_key << _IDX_BITS) | cols
+    keys = np.sort(keys, axis=1)[:, ::-1][:, :k]                 # strongest first, padding (-1) last
+    n_act = np.minimum(counts, k)
+    act_idx = keys & ((1 << _IDX_BITS) - 1)
+    act_mag = _lookup((keys >> _IDX_BITS) / float(1 << _U_BITS), quant)
+    if log_weight is not None and len(flat):
+        race = log_weight[cols] + rng.gumbel(size=len(flat))        # Plackett-Luce via Gumbel-max
+        r_int = np.clip(np.floor((race + 256.0) * (1 << 30)), 0, (1 << _U_BITS) - 1).astype(np.int64)
+        rkeys = np.full((b, max(c_max, 1)), -1, np.int64)
+        rkeys[rows, np.arange(len(flat)) - starts[rows]] = (r_int << _IDX_BITS) | cols
+        act_idx = np.sort(rkeys, axis=1)[:, ::-1][:, :k] & ((1 << _IDX_BITS) - 1)
+    n_off = n - counts
+    m = np.minimum(k - n_act, n_off)                              # inactive entries stored per row
+    m_max = int(m.max()) if b else 0
+    theta, nu = model.threshold, model.inactive_mean_ratio
+    rest = np.zeros(b)
+    col = np.arange(k)[None, :]
+    is_act = col < n_act[:, None]
+    top_idx = np.zeros((b, k), np.int64)
+    top_mag = np.zeros((b, k))
+    w = act_idx.shape[1]
+    top_idx[:, :w] = np.where(is_act[:, :w], act_idx, 0)
+    top_mag[:, :w] = np.where(is_act[:, :w], act_mag, 0.0)
+    act_sum = top_mag.sum(axis=1)
+    over = np.flatnonzero(counts > k)          # rare: actives beyond the stored K still count in abs_sum
+    if len(over):
+        sel = np.isin(rows, over)
+        act_sum += np.bincount(rows[sel], weights=_lookup(u_key[sel] / float(1 << _U_BITS), quant),
+                               minlength=b) - np.where(counts > k, top_mag.sum(axis=1), 0.0)
+    if m_max > 0:
+        inact_idx = _pick_inactive(active, m, rng)
+        gam = np.cumsum(rng.standard_exponential((b, m_max)), axis=1)
+        last = np.where(m > 0, gam[np.arange(b), np.maximum(m, 1) - 1], 0.0)
+        total = last + rng.gamma(n_off - m + 1.0)
+        u_top = np.clip(1.0 - gam / total[:, None], 0.0, 1.0)     # top order statistics of U(0,1)
+        if nu > 1e-9:
+            a = nu / (1.0 - nu)                                   # power-function law: mean nu
+            v = theta * u_top ** (1.0 / a)
+            v_last = np.where(m > 0, v[np.arange(b), np.maximum(m, 1) - 1], theta)
+            rest = (n_off - m) * v_last * a / (a + 1.0)           # expected sum of the unstored rest
+        else:
+            v = np.zeros_like(u_top)
+        j = np.clip(col - n_act[:, None], 0, m_max - 1)
+        is_in = ~is_act & (col < (n_act + m)[:, None])
+        top_idx = np.where(is_in, np.take_along_axis(inact_idx, j, axis=1), top_idx)
+        top_mag = np.where(is_in, np.take_along_axis(v, j, axis=1), top_mag)
+        rest += np.where(np.arange(m_max)[None, :] < m[:, None], v, 0.0).sum(axis=1)
+    return top_idx, top_mag.astype(np.float16), (act_sum + rest).astype(np.float32)
+
+
+def _pick_inactive(active: np.ndarray, m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """int64 [B, max(m)]: m[r] distinct inactive neurons per row, uniformly at random."""
+    b, n = active.shape
+    m_max = int(m.max())
+    off_share = max(0.02, 1.0 - active.sum(axis=1).max() / n)
+    n_cand = min(8 * n, int(1.5 * (m_max + 16) / off_share) + 16)
+    cand = rng.integers(0, n, (b, n_cand))
+    ok = ~np.take_along_axis(active, cand, axis=1)
+    # duplicates: sort unique keys (value, column); every copy after the first column is dropped
+    keys = np.sort(cand * n_cand + np.arange(n_cand), axis=1)
+    vals, where = np.divmod(keys, n_cand)
+    dup_sorted = np.zeros((b, n_cand), bool)
+    dup_sorted[:, 1:] = vals[:, 1:] == vals[:, :-1]
+    dup = np.zeros_like(dup_sorted)
+    np.put_along_axis(dup, where, dup_sorted, axis=1)
+    ok &= ~dup
+    rank = np.cumsum(ok, axis=1)
+    take = ok & (rank <= m[:, None])
+    out = np.zeros((b, m_max), np.int64)
+    r_i, c_i = np.nonzero(take)
+    out[r_i, rank[r_i, c_i] - 1] = cand[r_i, c_i]
+    for r in np.flatnonzero(rank[:, -1] < m):                     # rare: nearly dense rows
+        out[r, : m[r]] = rng.choice(np.flatnonzero(~active[r]), m[r], replace=False)
+    return out
