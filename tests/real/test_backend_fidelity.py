@@ -150,7 +150,7 @@ def test_every_plan_is_made_before_the_first_token(padded_setup, monkeypatch):
             raise AssertionError("planned inside the timed loop")
 
         monkeypatch.setattr(PolicyStack, "plan", no_plan)
-        monkeypatch.setattr(sys.modules["sim.quality"], "layer_quality", no_plan)
+        monkeypatch.setattr(sys.modules["sim.quality_proxy"], "layer_quality", no_plan)
         x = torch.ones(1, store.spec.d_model)
         for s in range(S):
             ex.begin_step(s)
