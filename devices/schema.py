@@ -32,6 +32,7 @@ from devices.errors import FlashsimError, unknown_name
 from devices.kernel_table import KernelTable
 from devices.limits import check_field
 from devices.loading import validate_file
+from devices.power_modes import with_power_mode
 
 SCHEMA_VERSION = 1
 BUNDLED_DIR = Path(__file__).parent / "profiles"
@@ -721,8 +722,6 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     profile = validate_file(DeviceProfile, path)
     if not by_path:
         check_profile_name(profile, path)
-    from devices.achievable import with_power_mode
-
     return with_power_mode(profile, mode)
 
 

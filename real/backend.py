@@ -352,9 +352,9 @@ class RealExecutor:
         return sum(c.resident_bytes for c in self.caches) - self._static_bytes
 
     def _quality(self, layer: int, step: int, plan: Any) -> np.ndarray:
-        """The simulator's own quality proxy (sim.quality.layer_quality) on a step's sets: [mass kept
+        """The simulator's own quality proxy (sim.quality_proxy.layer_quality) on a step's sets: [mass kept
         num, den, recall num, den]."""
-        from sim.quality import layer_quality
+        from sim.quality_proxy import layer_quality
 
         mn, md, rn, rd = layer_quality(self.sim.view, layer, step, step + 1, plan.computed, plan.needed)
         return np.array([mn.sum(), md.sum(), rn.sum(), rd.sum()], dtype=np.float64)

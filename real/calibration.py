@@ -1,7 +1,7 @@
 """One calibration of this host: `bench flash` then `bench compute` into a profile file, and the
 recalibrations spread over a long validation (`flashsim validate --recalibrate-every S`).
 
-`calibrate` is steps 1-3 of `flashsim calibrate` (sim/cli/cmd_calibrate.py): the direct-I/O read
+`calibrate` is steps 1-3 of `flashsim calibrate` (flashsim/commands/calibrate.py): the direct-I/O read
 grid on a file in a folder of the disk to measure, the compute benches at the runs' thread count,
 both sections written into the profile with their provenance (real.profile_writer). Units:
 bytes, seconds, bytes/s.

@@ -270,8 +270,8 @@ def evaluate(pred: LowRankPredictor, x: np.ndarray, y: np.ndarray) -> dict[str, 
 def heldout_persistence(pred: LowRankPredictor, x: np.ndarray, y: np.ndarray, seq: np.ndarray,
                         lags: int = 5) -> dict[str, Any]:
     """Pooled error persistence on consecutive held-out tokens of the same prompt
-    (`real.predictor_errors`; `flashsim real predictor-errors` gives it per layer and scope)."""
-    from real.predictor_errors import Tokens, measure
+    (`real.predictor_error_stats`; `flashsim real predictor-errors` gives it per layer and scope)."""
+    from real.predictor_error_stats import Tokens, measure
     from real.predictors import lowrank_masks
 
     keep = np.ones(len(seq), bool)

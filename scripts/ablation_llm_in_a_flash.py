@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.cli.main import main as flashsim  # noqa: E402
+from flashsim.main import main as flashsim  # noqa: E402
 
 SYNTH = ["--model", "opt-6.7b", "--tokens", "1000", "--active-fraction", "0.03", "--overlap", "0.7",
          "--hot-skew", "0.25", "--seed", "0"]

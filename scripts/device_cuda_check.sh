@@ -21,7 +21,7 @@ WORK=${WORK:-$(mktemp -d /tmp/flashsim-cuda.XXXXXX)}
 STEP_S=${STEP_S:-150}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-FS=("$PY" -m "${FLASHSIM_MODULE:-sim.cli.main}")
+FS=("$PY" -m "${FLASHSIM_MODULE:-flashsim}")
 
 step() {  # step NAME COMMAND...: stdout to $OUT/NAME.out, stderr to $OUT/NAME.err, timed
     local name=$1; shift

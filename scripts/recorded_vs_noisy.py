@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from real.predictor_errors import measure, tokens_from_traces  # noqa: E402
-from sim.cli.main import main as flashsim  # noqa: E402
+from flashsim.main import main as flashsim  # noqa: E402
+from real.predictor_error_stats import measure  # noqa: E402
+from real.predictor_errors import tokens_from_traces  # noqa: E402
 from traces.format import open_trace  # noqa: E402
 
 

@@ -120,7 +120,7 @@ def slim(keep: Path, check: bool = True) -> Path:
 
 
 def _flashsim(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "sim.cli.main", *args]
+    cmd = [sys.executable, "-m", "flashsim", *args]
     print("+ flashsim " + " ".join(args), file=sys.stderr, flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)

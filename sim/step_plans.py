@@ -36,7 +36,7 @@ from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
 from sim.policies.base import CapacityError
 from sim.policies.stack import LayerPlan, PolicyStack
-from sim.quality import layer_quality
+from sim.quality_proxy import layer_quality
 from sim.workload import TraceView
 
 # Steps planned per call: the policies' carried state makes chunks equivalent to one long range,

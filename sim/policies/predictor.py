@@ -28,7 +28,7 @@ import numpy as np
 from devices.errors import FlashsimError
 from sim import bitsets
 from sim.params import check, param
-from sim.policies.base import Predictor, StepSlice
+from sim.policies.base import Predictor
 from sim.policies.error_memory import (
     ErrorMemory,
     Persistence,
@@ -36,6 +36,7 @@ from sim.policies.error_memory import (
     persistent_noisy_sets,
 )
 from sim.policies.registry import PREDICTORS
+from sim.workload import StepSlice
 
 # `noisy`'s error memory m = (P(error at s+1 | error at s) - rate) / (1 - rate), and its floor at
 # distant steps (`sim.policies.error_memory`), measured with `flashsim real predictor-errors`

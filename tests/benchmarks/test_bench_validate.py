@@ -112,7 +112,7 @@ def test_bench_validate_quick_wall_time(capsys):
     import json
     import time
 
-    from sim.cli.main import main
+    from flashsim.main import main
 
     t0 = time.perf_counter()
     assert main(["validate", "--quick", "--json"]) == 0

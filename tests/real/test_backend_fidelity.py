@@ -10,11 +10,11 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
+from flashsim.main import main
 from real.backend import store_alignment_bytes, store_config
 from real.convert import write_shape_store
 from real.records import write_executed_trace
 from real.store import open_store
-from sim.cli.main import main
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
 from traces.format import open_trace
@@ -150,7 +150,7 @@ def test_every_plan_is_made_before_the_first_token(padded_setup, monkeypatch):
             raise AssertionError("planned inside the timed loop")
 
         monkeypatch.setattr(PolicyStack, "plan", no_plan)
-        monkeypatch.setattr(sys.modules["sim.quality"], "layer_quality", no_plan)
+        monkeypatch.setattr(sys.modules["sim.quality_proxy"], "layer_quality", no_plan)
         x = torch.ones(1, store.spec.d_model)
         for s in range(S):
             ex.begin_step(s)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from devices.schema import load_profile
+from flashsim.main import main
 from real.fio_import import fio_jobfile, import_fio
-from sim.cli.main import main
 
 FIO = Path(__file__).parent / "data" / "fio_psync_2x2.json"
 

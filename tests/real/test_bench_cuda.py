@@ -173,7 +173,7 @@ def test_cuda_bench_runs_the_backends_cuda_path(monkeypatch, small, integrated, 
 
 
 def test_bench_compute_device_cuda_writes_the_gpu_section(monkeypatch, small, tmp_path, capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     FakeCuda(monkeypatch, integrated=True, major=8)
     out = tmp_path / "gpu.yaml"
@@ -190,7 +190,7 @@ def test_bench_compute_device_cuda_writes_the_gpu_section(monkeypatch, small, tm
 def test_calibrate_writes_a_cuda_profile_beside_the_cpu_one(monkeypatch, small, tmp_path):
     import argparse
 
-    from sim.cli.cmd_calibrate import _cuda_profile
+    from flashsim.commands.calibrate import _cuda_profile
 
     FakeCuda(monkeypatch, integrated=True, major=8)
     dev = choose_device("cuda")
@@ -207,7 +207,7 @@ def test_calibrate_writes_a_cuda_profile_beside_the_cpu_one(monkeypatch, small, 
 
 
 def test_device_cuda_without_a_gpu_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "compute", "--device", "cuda", "--quick", "--no-write"]) == 2

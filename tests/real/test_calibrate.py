@@ -8,8 +8,8 @@ import json
 import pytest
 
 from devices.schema import load_profile
+from flashsim.main import main
 from real import validate as V
-from sim.cli.main import main
 
 pytest.importorskip("torch")
 
@@ -59,9 +59,9 @@ def test_calibrate_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_calibrate_is_registered():
-    from sim.cli.main import COMMAND_MODULES
+    from flashsim.main import COMMAND_MODULES
 
-    assert "sim.cli.cmd_calibrate" in COMMAND_MODULES
+    assert "flashsim.commands.calibrate" in COMMAND_MODULES
     assert V.parse_modes("model") == ("model",)
 
 

@@ -9,8 +9,8 @@ from collections import namedtuple
 
 import pytest
 
+from flashsim.main import main
 from real import store_writer
-from sim.cli.main import main
 
 TINY = """name: tiny
 source: test shape

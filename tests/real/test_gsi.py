@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from flashsim.main import main  # noqa: E402
 from real.gsi import (  # noqa: E402
     block_names,
     dropped_blocks,
@@ -21,7 +22,6 @@ from real.gsi import (  # noqa: E402
     run_gsi,
     write_gsi_file,
 )
-from sim.cli.main import main  # noqa: E402
 from tests.real.conftest import tiny_llama  # noqa: E402
 
 N_LAYERS = 3

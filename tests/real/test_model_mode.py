@@ -112,7 +112,7 @@ def test_wrong_model_for_the_store(tiny_llama):
 
 
 def test_cli_model_mode_bad_input_exits_2(tiny_llama, tmp_path, capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     _, _, store, _, _ = tiny_llama
     assert main(["real", "run", "--store", str(tmp_path / "missing"), "--model", "smollm2-135m",
@@ -205,8 +205,8 @@ def test_lowrank_predictor_in_model_mode(tiny_llama, tmp_path):
 def test_cli_compares_predictors(tmp_path, capsys):
     import json
 
+    from flashsim.main import main
     from real.convert import convert_model
-    from sim.cli.main import main
     from tests.real.test_predictor_train import make_tiny_folder
 
     folder = make_tiny_folder(tmp_path / "tiny")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
+from flashsim.main import main
 from real import predictor_train as PT
-from sim.cli.main import main
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

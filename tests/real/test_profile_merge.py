@@ -10,8 +10,8 @@ import yaml
 
 from devices.errors import FlashsimError
 from devices.schema import load_profile
+from flashsim.main import main
 from real.profile_merge import merge_profile_data, merge_profiles
-from sim.cli.main import main
 
 
 def _doc(**changes):

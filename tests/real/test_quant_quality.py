@@ -156,7 +156,7 @@ def model_dir(tmp_path_factory, model):
 
 
 def _main(argv):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     return main(argv)
 

@@ -56,10 +56,10 @@ def test_real_run_reports_energy(tmp_path: Path, capsys) -> None:
     import json
 
     pytest.importorskip("torch")
+    from flashsim.main import main
     from real.convert import write_shape_store
     from real.shape_mode import shape_trace_like
     from real.store import open_store
-    from sim.cli.main import main
     from tests.real.conftest import tiny_spec
     from traces.format import open_trace
 

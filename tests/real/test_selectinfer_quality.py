@@ -201,7 +201,7 @@ def cli_setup(tmp_path_factory, model):
 
 
 def _main(argv):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     return main(argv)
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from devices import load_profile
+from flashsim.main import main
 from real.convert import write_shape_store
 from real.records import write_executed_trace, write_records
 from real.store import open_store
-from sim.cli.main import main
 from sim.config import RunConfig
 from sim.records import TOKEN_COLUMNS, TokenRecord
 from tests.real.conftest import tiny_spec

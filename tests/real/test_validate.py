@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
+from flashsim.main import main
 from real import validate as V
 from real import validate_score as S
-from sim.cli.main import main
 
 pytest.importorskip("torch")
 
@@ -294,7 +294,7 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
 
 
 def test_cli_threads_below_one_is_one_line(capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     assert main(["validate", "--quick", "--threads", "0"]) == 2
     err = capsys.readouterr().err
@@ -318,7 +318,7 @@ def test_drift_warning_by_hand():
 
 def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
     """--workdir that does not exist: exit 2 with one line naming it, before anything is measured."""
-    from sim.cli.main import main
+    from flashsim.main import main
 
     missing = tmp_path / "nope"
     assert main(["validate", "--quick", "--workdir", str(missing)]) == 2

@@ -11,8 +11,8 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
+from flashsim.main import main
 from real import validate_keep as K
-from sim.cli.main import main
 from sim.config import RunConfig
 from sim.engine import simulate
 from tests.real.conftest import tiny_spec

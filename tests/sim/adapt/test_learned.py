@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from devices import load_model
 from devices.errors import FlashsimError
+from flashsim.main import main
 from sim.adapt.controllers.base import AdaptState, Controller
 from sim.adapt.controllers.learned import (
     LearnedController,
@@ -24,12 +25,11 @@ from sim.adapt.controllers.learned import (
     n_params,
 )
 from sim.adapt.controllers.learned_obs import OBS_DIM, observations, pass_context
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import importance_vector
-from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, init_params, save_policy, train_dqn
 from sim.blocks import BlockMemory
-from sim.cli.main import main
 from tests.sim.adapt.test_env import synthetic_doc
 
 SMOL = BlockMemory.from_spec(load_model("smollm2-135m"))

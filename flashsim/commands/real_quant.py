@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table, to_jsonable
+from flashsim.output import output_file, print_json, print_table, to_jsonable
 
 DOC_KIND = "flashsim-quant-quality"
 DOC_VERSION = 1

@@ -9,7 +9,7 @@ import numpy as np
 
 from devices import load_model
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 from traces.format import open_trace
 from traces.profiler import load_neuron_profile, profile_traces, save_profile
 from traces.stats import PHASES, trace_stats

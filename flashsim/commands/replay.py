@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 ENGINES = ("auto", "des", "fast")
 # the figures repeated at the datasheet ceiling (`peak_bound` in --json) beside the expected ones

@@ -8,7 +8,7 @@ from devices import list_models, list_profiles, load_model, load_profile
 from devices.model_spec import DTYPE_BITS
 from devices.schema import DeviceProfile
 from devices.units import format_bytes, format_rate
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

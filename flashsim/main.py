@@ -12,20 +12,20 @@ from devices.errors import FlashsimError
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
-    "sim.cli.cmd_catalog",   # devices, models
-    "sim.cli.cmd_capture",   # capture
-    "sim.cli.cmd_trace",     # trace stats|synth|profile
-    "sim.cli.cmd_replay",    # replay
-    "sim.cli.cmd_real",      # real convert|info|verify|read|mmap|train-predictor (+ run via cmd_realrun)
-    "sim.cli.cmd_realrun",   # real run (via cmd_real), validate
-    "sim.cli.cmd_calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
-    "sim.cli.cmd_bench",     # bench flash|compute
-    "sim.cli.cmd_demo",      # demo
-    "sim.cli.cmd_plan",      # plan
-    "sim.cli.cmd_sweep",     # sweep
-    "sim.cli.cmd_plot",      # plot
-    "sim.cli.cmd_report",    # report
-    "sim.cli.cmd_adapt",     # adapt gsi
+    "flashsim.commands.catalog",   # devices, models
+    "flashsim.commands.capture",   # capture
+    "flashsim.commands.trace",     # trace stats|synth|profile
+    "flashsim.commands.replay",    # replay
+    "flashsim.commands.real",      # real convert|info|verify|read|mmap|train-predictor (+ run, predictor-errors, quant-quality)
+    "flashsim.commands.validate",  # validate
+    "flashsim.commands.calibrate", # calibrate (bench flash -> bench compute -> profile -> validate --quick)
+    "flashsim.commands.bench",     # bench flash|compute
+    "flashsim.commands.demo",      # demo
+    "flashsim.commands.plan",      # plan
+    "flashsim.commands.sweep",     # sweep
+    "flashsim.commands.plot",      # plot
+    "flashsim.commands.report",    # report
+    "flashsim.commands.adapt",     # adapt gsi
 )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import print_json
+from flashsim.output import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,10 +63,10 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    from flashsim.validation_output import print_validation, validate_progress
     from real.calibration import calibrate
     from real.profile_writer import default_path
     from real.validate import parse_modes, run_validation
-    from sim.cli.cmd_realrun import print_validation, validate_progress
 
     if args.threads < 1:
         raise FlashsimError(f"--threads {args.threads}: must be >= 1")

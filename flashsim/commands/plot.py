@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.figures import FIGURES, make_figure
-from sim.cli.output import print_json
+from flashsim.output import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

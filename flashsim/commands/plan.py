@@ -11,7 +11,7 @@ from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
 from analysis.planner import Plan
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -155,7 +155,7 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     else:
         print(f"smallest DRAM meeting {what}: none ({m.get('reason', 'no budget up to the device DRAM works')})")
     if p.device_inputs:
-        from sim.cli.cmd_replay import inputs_line
+        from flashsim.commands.replay import inputs_line
 
         print(inputs_line(p.device_inputs))
     for n in p.notes:

@@ -9,7 +9,7 @@
 Each (controller, budget or timeline) pair is one episode (sim/adapt/episode.py): the decode phase of
 the workload replayed against the memory timeline, the time of every step from the simulator
 (`dense` preset + `prune.blocks`, on --device), the footprint from sim.blocks.BlockMemory, the quality
-from the GSI file's estimate (sim/adapt/quality.py) or, with `--quality real`, measured on the real
+from the GSI file's estimate (sim/adapt/drop_quality.py) or, with `--quality real`, measured on the real
 model with the dropped blocks skipped (real.pruning.skipped_blocks, one pass per distinct set over the
 GSI file's calibration text; needs torch). Budgets and timeline sizes are
 fractions of the full need (all weights + the KV cache at the workload's last step) unless given with
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 DEFAULT_DEVICE = "jetson-orin-nano-8gb"
 DEFAULT_BUDGETS = "0.8,0.6"
@@ -93,7 +93,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    help="fraction of blocks static-ratio drops (default 0.25)")
     p.add_argument("--headroom", type=float, default=None, metavar="H",
                    help="heuristic restore hysteresis: restore only below (1-H) x available (default 0.05)")
-    p.add_argument("--json", action="store_true", help="print JSON (keys: sim/cli/adapt_eval.py)")
+    p.add_argument("--json", action="store_true", help="print JSON (keys: flashsim/commands/adapt_eval.py)")
     p.add_argument("--plot", metavar="DIR", help="write DIR/adapt.png, .svg and DIR/adapt_records.csv")
     p.set_defaults(func=run)
 
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
     from devices import load_model, load_profile
     from sim.adapt.controllers import learned_unavailable, make_controller
+    from sim.adapt.drop_quality import GsiPerplexity
     from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
     from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-    from sim.adapt.quality import GsiPerplexity
     from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.blocks import BlockMemory
     from sim.policies.presets import preset_config
@@ -221,7 +221,7 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
         raise FlashsimError("--quality real needs torch (pip install -e '.[real]'); use --quality estimate") from None
     from real.gsi import BUILTIN_TEXT, perplexity, tokenize_text
     from real.pruning import skipped_blocks
-    from sim.adapt.quality import MeasuredPerplexity
+    from sim.adapt.drop_quality import MeasuredPerplexity
     from traces.capture.models import load_hf_model
 
     src = doc["text"].get("source", "builtin")

@@ -4,7 +4,7 @@
           [--prompts FILE] [--trace TRACE [--record-out DIR [--overwrite]]] [--threshold P] [--lags 5]
           [--threads 1] [--json]
 
-Registered under `flashsim real` by `register_real(rsub)` (called from sim/cli/cmd_real.py); the
+Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/commands/real.py); the
 measurement is `real.predictor_errors`.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register_real(rsub: argparse._SubParsersAction) -> None:
-    from real.predictor_errors import DEFAULT_LAGS
+    from real.predictor_error_stats import DEFAULT_LAGS
 
     e = rsub.add_parser("predictor-errors", help="how a trained low-rank predictor's false positives and misses "
                                                  "persist from token to token (per layer, held-out tokens)")
@@ -43,9 +43,9 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
 
 
 def _predictor_errors(args: argparse.Namespace) -> int:
+    from real.predictor_error_stats import measure
     from real.predictor_errors import (
         heldout_prompts,
-        measure,
         record_trace,
         tokens_from_prompts,
         tokens_from_trace,

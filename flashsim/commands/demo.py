@@ -12,7 +12,7 @@ from analysis.demo import DEMO_DEVICES, DEMO_PLAN, run_demo
 from analysis.first_order import estimate_fit
 from devices import list_models, list_profiles, load_model, load_profile
 from devices.units import format_bytes
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

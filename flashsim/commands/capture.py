@@ -18,7 +18,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

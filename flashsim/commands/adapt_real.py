@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 DEFAULT_GSI_STEPS = (0, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 256   # as `adapt gsi`, so the builtin text scores like the GSI file's perplexities

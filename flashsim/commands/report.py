@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.report import build_report
-from sim.cli.output import print_json
+from flashsim.output import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""The GSI perplexity estimate (sim/adapt/quality.py), hand-computed on the 2-layer document."""
+"""The GSI perplexity estimate (sim/adapt/drop_quality.py), hand-computed on the 2-layer document."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
 from sim.adapt.importance import block_names
-from sim.adapt.quality import GsiPerplexity, MeasuredPerplexity
 from tests.sim.adapt.conftest import tiny_doc
 
 NAMES = block_names(2)  # mha:0 ffn:0 mha:1 ffn:1

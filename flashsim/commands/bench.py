@@ -25,7 +25,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, format_rate, parse_bytes
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 # Passes for S steps: 1 (dense) + 2L (one-shot, also step 1) + sum over k=1..S-1 of (2L - k). SmolLM2-135M
 # (2L = 60) at 256 tokens measured 0.44 s per pass in fp32 on 2 CPU cores, so the default 8 steps
@@ -23,7 +23,7 @@ from sim.cli.output import output_file, print_json, print_table
 DEFAULT_STEPS = 8
 DEFAULT_MAX_TOKENS = 256
 
-# Further `adapt` sub-commands, one module each under sim/cli/ with `register(asub)` (asub: the
+# Further `adapt` sub-commands, one module each under flashsim/commands/ with `register(asub)` (asub: the
 # `adapt` sub-parsers action); each module owns its sub-command's options and handler.
 SUBCOMMAND_MODULES: tuple[str, ...] = ("adapt_real", "adapt_eval", "adapt_train")
 
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--json", action="store_true", help="print a JSON summary")
     g.set_defaults(func=_gsi)
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(f"sim.cli.{name}").register(asub)
+        importlib.import_module(f"flashsim.commands.{name}").register(asub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 

@@ -11,7 +11,7 @@ import argparse
 from analysis.sweep import ENGINES, run_sweep
 from analysis.sweep_spec import load_spec
 from analysis.tables import load_results
-from sim.cli.output import print_json, print_table
+from flashsim.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

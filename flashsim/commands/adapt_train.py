@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
-from sim.cli.output import output_file, print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 
 DEFAULT_STEPS = 150_000      # = sim.adapt.train.DqnConfig().steps
 DEFAULT_EVAL_POINTS = 300
@@ -59,9 +59,9 @@ def build_env(model: str, gsi: str | None, alpha: float, beta: float,
               visit: str = DEFAULT_VISIT) -> tuple[Any, dict[str, Any], str]:
     """(RapEnv, GSI document, sha256 of the GSI file) for a model; FlashsimError on bad input."""
     from devices import load_model
+    from sim.adapt.drop_quality import GsiPerplexity
     from sim.adapt.env import RapEnv
     from sim.adapt.importance import check_names, gsi_path_for, importance_vector, read_gsi_file
-    from sim.adapt.quality import GsiPerplexity
     from sim.blocks import BlockMemory
 
     spec = load_model(model)

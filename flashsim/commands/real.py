@@ -20,13 +20,13 @@ import numpy as np
 from devices.errors import FlashsimError
 from devices.limits import MAX_READ_CALLS, READER_THREADS, check_cli, check_size
 from devices.units import format_bytes, format_rate, parse_bytes
+from flashsim.output import print_json, print_table
 from real.predictor_train import (  # NumPy only
     DEFAULT_EPOCHS,
     DEFAULT_HOLDOUT,
     DEFAULT_LR,
     DEFAULT_RANK,
 )
-from sim.cli.output import print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_mmap)
 
-    from sim.cli import real_quant
+    from flashsim.commands import real_quant
 
     real_quant.register(rsub)
     t = rsub.add_parser("train-predictor", help="train the low-rank activation predictor (LLM in a flash) and report "
@@ -117,8 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, help="predictor file to write (.safetensors)")
     t.add_argument("--json", action="store_true", help="print the metadata (with recall/precision) as JSON")
     t.set_defaults(func=_train_predictor)
-    __import__("sim.cli.cmd_realrun", fromlist=["register_real"]).register_real(rsub)  # `real run` (cmd_realrun.py)
-    __import__("sim.cli.cmd_predictor_errors", fromlist=["register_real"]).register_real(rsub)  # `real predictor-errors`
+    __import__("flashsim.commands.real_run", fromlist=["register_real"]).register_real(rsub)  # `real run` (real_run.py)
+    __import__("flashsim.commands.real_predictor_errors", fromlist=["register_real"]).register_real(rsub)  # `real predictor-errors`
 
 
 # ---- convert, info, verify ---------------------------------------------------------------------------
