@@ -189,7 +189,7 @@ def test_bad_split_value_is_one_line(small_trace, host) -> None:  # type: ignore
 
 
 def test_cli_replay_bad_split_exit_2(small_trace, capsys) -> None:  # type: ignore[no-untyped-def]
-    from sim.cli.main import main
+    from flashsim.main import main
 
     rc = main(["replay", "--trace", str(small_trace.path), "--device", "this-host",
                "--set", "memory.cache_split=bogus"])
@@ -198,7 +198,7 @@ def test_cli_replay_bad_split_exit_2(small_trace, capsys) -> None:  # type: igno
 
 
 def test_cli_replay_prints_the_split(small_trace, capsys) -> None:  # type: ignore[no-untyped-def]
-    from sim.cli.main import main
+    from flashsim.main import main
 
     rc = main(["replay", "--trace", str(small_trace.path), "--device", "this-host", "--set", "residency=window",
                "--set", "window.k=inf", "--set", "memory.cache_split=by_bytes_needed", "--engine", "fast"])
