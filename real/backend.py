@@ -95,7 +95,7 @@ class RealExecutor:
     `end_step`; or `run_shape` (shape mode: random activations) from `real.shape_mode`."""
 
     def __init__(self, store: Any, trace: Trace, profile: DeviceProfile, config: RunConfig,
-                 device: str = "cpu", threads: int | None = None, transfer_reads: bool = True):
+                 device: str = "cpu", threads: int | None = None):
         import torch
 
         from real.device import choose_device
@@ -143,12 +143,8 @@ class RealExecutor:
             threads = profile.compute.threads   # the count the profile's compute rates were measured with
         if threads is not None:
             torch.set_num_threads(threads)
-        # transfer_reads=False: the reads are planned and counted but move no bytes (the FFN step's own
-        # code without its I/O: bench flash's FFN-step probe; a run's outputs are then meaningless)
-        self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk,
-                                   transfer=transfer_reads)
-        self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk,
-                                      transfer=transfer_reads)
+        self.reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
+        self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
         self.pending: dict[int, Future] = {}
         self.caches = self._make_caches()

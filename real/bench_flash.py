@@ -51,7 +51,6 @@ from real.bench_host_cpu import (
     PROBE_LONG_DIM,
     PROBE_SLICE_S,
     PROBE_SLICES,
-    FfnStepProbe,
     probe_samples,
     probe_summary,
 )
@@ -81,9 +80,6 @@ QUICK_IN_FLIGHT = (1, 4)
 STAGED_CHUNK_BYTES = 4096     # staged reads: a padded row of an unaligned unit (SmolLM2 fp32: 2304 B)
 
 
-FULL_POINT_S = 0.5   # a point this long or longer makes a full bench (FlashBenchConfig.full)
-
-
 @dataclass(frozen=True)
 class FlashBenchConfig:
     chunks: tuple[int, ...] = DEFAULT_CHUNKS
@@ -94,12 +90,6 @@ class FlashBenchConfig:
     host_cpu: bool = True          # also measure the reads' host CPU cost (probe_samples)
     compute_threads: int = 1       # threads of the compute probe (the real runs' compute threads)
     passes: int = 5                # sweeps over the grid, each point duration_s / passes per sweep (mean time)
-
-    @property
-    def full(self) -> bool:
-        """A full bench (points of FULL_POINT_S or longer): the FFN-step probe; --quick and short
-        points skip it."""
-        return self.duration_s >= FULL_POINT_S
 
     def __post_init__(self) -> None:
         if self.passes < 1:
@@ -115,12 +105,10 @@ class FlashBenchConfig:
             raise FlashsimError(f"--duration-s must be > 0, got {self.duration_s}")
 
 
-def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list],
-               ffn_probe: FfnStepProbe | None = None) -> None:
+def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list]) -> None:
     """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning
     on `store` (None: a folder without room for it), then the host CPU
-    probe's slices for this round, kernel and framework, long kernels and (`ffn_probe`, when it
-    could be built) a Python loop's FFN step. Each is a fraction of a second of CPU work that moves
+    probe's slices for this round, kernel and framework, and long kernels. Each is a fraction of a second of CPU work that moves
     with the host's state, so the rounds are spread over the whole grid, one after each sweep, and
     the profile keeps the median of each."""
     q = max(cfg.in_flight)
@@ -129,25 +117,11 @@ def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds:
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
-            if kind == "ffn_step" and ffn_probe is None:
-                continue
             raw = probe_samples(bf, chunk, q, slices=max(2, PROBE_SLICES // cfg.passes),
                                 slice_s=min(PROBE_SLICE_S, cfg.duration_s), compute_threads=cfg.compute_threads,
-                                seed=cfg.seed, kind=kind, round_=r, probe=ffn_probe if kind == "ffn_step" else None)
+                                seed=cfg.seed, kind=kind, round_=r)
             if raw is not None:
                 rounds[kind].append(raw)
-
-
-def _ffn_step_probe(folder: Path, cfg: FlashBenchConfig) -> FfnStepProbe | None:
-    """The FFN-step probe on a store written in `folder`; None without torch or room for its store."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    try:
-        return FfnStepProbe(folder, cfg.compute_threads, cfg.seed)
-    except (OSError, FlashsimError):
-        return None
 
 
 def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_file: bool = False,
@@ -174,13 +148,6 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 skipped = (f"batch overhead and reader planning not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
-            # the FFN-step probe writes a 60 MB store and plans a run: a full bench's (a short bench,
-            # --quick or short points, skips it)
-            ffn_probe = None
-            if cfg.host_cpu and store is not None and cfg.full:
-                ffn_probe = _ffn_step_probe(path.resolve().parent, cfg)
-                if ffn_probe is not None:
-                    stack.callback(ffn_probe.close)
             for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
                 for i, j in (points if k % 2 == 0 else points[::-1]):
                     c, q = cfg.chunks[i], cfg.in_flight[j]
@@ -191,7 +158,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                     reads[k, i, j] = st["reads"]
                     if progress:
                         progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-                _cpu_round(bf, store, cfg, k, rounds, ffn_probe)
+                _cpu_round(bf, store, cfg, k, rounds)
                 if progress and cfg.host_cpu:
                     progress(f"host CPU (round {k + 1}/{cfg.passes})")
             # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
@@ -307,18 +274,6 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         keys = ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_batch")
         extra["host_cpu_s_per_read"] = sig4(host["cpu_s_per_read"])
         extra.update({k: sig4(host[k]) for k in keys})
-        probes = {"kernel": host, "framework": host.get("framework"), "long_kernel": host.get("long"),
-                  "ffn_step": host.get("ffn_step")}
-        curves = {name: p["curve"] for name, p in probes.items() if p and p.get("curve")}
-        if curves:
-            extra["host_cpu_batch_reads"] = next(iter(curves.values()))["batch_reads"]
-            extra["host_cpu_curves"] = {name: {"compute_lost_s": [sig4(v) for v in c["compute_lost_s"]],
-                                               "read_delay_s": [sig4(v) for v in c["read_delay_s"]]}
-                                        for name, c in curves.items()
-                                        if c["batch_reads"] == extra["host_cpu_batch_reads"]}
-            source += (f"; host_cpu_curves at batches of {extra['host_cpu_batch_reads']} reads"
-                       + ("; the ffn_step curve with real.backend's FFN step as the compute (its reads not transferred)"
-                          if "ffn_step" in extra["host_cpu_curves"] else ""))
         if host.get("framework"):
             extra.update({f"framework_{k}": sig4(host["framework"][k]) for k in keys})
             source += "; the framework_ terms with a tiny transformers llama as the compute"

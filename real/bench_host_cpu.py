@@ -19,14 +19,12 @@ probe, the probe's time lost per batch and the CPU per read; a straight line thr
 largest batch sizes splits each effect into a per-batch and a per-read part (clipped at 0):
   * cpu_s_per_read: CPU time per read, batches alone;
   * compute_lost_s_per_read / _per_batch: the probe's lost time;
-  * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs;
-  * curve: both effects per batch at every size (the profile's `flash.host_cpu_curves`): a batch
-    of one read per thread or fewer is delayed far less than that line says.
-The probe runs four times: with the GEMV compute (kernels, which release the interpreter lock),
+  * read_delay_s_per_read / _per_batch: how much longer a batch takes while the probe runs
+    (`per_batch_size` keeps both effects at every size, for the report).
+The probe runs three times: with the GEMV compute (kernels, which release the interpreter lock),
 with decode steps of a tiny transformers llama (framework code, which holds it: the profile's
 framework_* terms; it interferes 3-4x more here, compute lost 16-19 vs 5 us per read) and with a
-PROBE_LONG_DIM-wide GEMV (long kernels, about 1 ms per torch call: long_kernel_*) and, in a full
-bench flash, with the real backend's FFN step (`FfnStepProbe`: host_cpu_curves' ffn_step). Each probe's
+PROBE_LONG_DIM-wide GEMV (long kernels, about 1 ms per torch call: long_kernel_*). Each probe's
 torch calls per iteration are counted once (a TorchFunctionMode, untimed), so the profile keeps
 its seconds per call (`*_probe_op_s`): a Python decoder loop re-takes the interpreter lock after
 every call, and the simulator places a loop between the probes by its own seconds per call
@@ -41,7 +39,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,13 +52,8 @@ PROBE_SLICES = 20
 PROBE_SLICE_S = 0.1
 PROBE_DIM = 1024              # the probe GEMV: 4 MiB of fp32 weights, a decode layer's projection
 PROBE_LONG_DIM = 4096         # the long-kernel probe: 64 MiB of fp32 weights, about 1 ms per torch call
-# the kernel probe (profile's plain terms), framework_, long_kernel_, and a Python loop's FFN step
-# (host_cpu_curves' "ffn_step" only: FfnStepProbe, which needs a store, is handed in as `probe`)
-PROBE_KINDS = ("host", "framework", "long", "ffn_step")
-# the FFN-step probe's model: two layers of validate's shape (real/validate.py), bundled and padded
-FFN_PROBE_DIMS = {"n_layers": 2, "d_model": 1024, "d_ff": 2048, "n_heads": 8, "n_kv_heads": 4, "head_dim": 128,
-                  "vocab_size": 256}
-FFN_PROBE_TOKENS = 64
+# the kernel probe (profile's plain terms), framework_ and long_kernel_
+PROBE_KINDS = ("host", "framework", "long")
 
 
 def probe_batch_sizes(in_flight: int) -> tuple[int, ...]:
@@ -161,98 +153,6 @@ def _framework_probe(threads: int, seed: int) -> Callable[[float], int] | None:
     return run
 
 
-class FfnStepProbe:
-    """A Python decoder loop's FFN step as the compute probe: real.backend's `RealExecutor.ffn`, layer
-    after layer, on a store of FFN_PROBE_DIMS written in a temporary folder inside `folder`, under
-    the validation grid's bundled window policy (k=2, a quarter of the FFN, no prefetch; active sets
-    from a synthetic trace), its reads planned but not transferred (`transfer_reads=False`): the
-    cache bookkeeping in NumPy, the row moves, the gather and the sparse kernels, as every step runs
-    them. Called as run(until_perf_counter) -> steps; close() removes the store. The executor only
-    plans with `plan_profile` (a plan depends on the trace, the budget and the policies, never on a
-    timing), so any profile serves: a packaged one, never the file bench flash is writing."""
-
-    def __init__(self, folder: Path, threads: int, seed: int, plan_profile: str = "jetson-orin-nano-8gb"):
-        import tempfile
-
-        import torch
-
-        from devices.model_spec import ModelSpec
-        from devices.schema import load_profile
-        from real.convert import write_shape_store
-        from real.shape_mode import shape_trace_like
-        from real.store import open_store
-        from traces.format import open_trace
-
-        self.torch, self.threads, self.seed = torch, threads, seed
-        self._tmp = tempfile.TemporaryDirectory(prefix="flashsim-ffnprobe-", dir=folder)
-        try:
-            root = Path(self._tmp.name)
-            spec = ModelSpec(name="ffn-step-probe", family="llama", dtype="fp32", ffn_kind="swiglu", **FFN_PROBE_DIMS)
-            self.store = open_store(write_shape_store(spec, root / "store", seed=seed, dtype="fp32", layout="bundled"))
-            self.trace = open_trace(shape_trace_like(spec, root / "trace", FFN_PROBE_TOKENS, seed))
-            self.profile = load_profile(plan_profile)
-            self.spec = spec
-            self.ex: Any = None
-            self.n_step = self.n_layer = 0
-            self.config = self._config()
-            self.x = torch.randn(1, spec.d_model, generator=torch.Generator().manual_seed(seed)) * 0.02
-            self._fresh()
-        except BaseException:
-            self.close()
-            raise
-
-    def _config(self) -> Any:
-        """The validation grid's point (k=2, bundled, no prefetch, a quarter of the FFN) under shape
-        mode's config, with one reader thread (its reads are not transferred)."""
-        from real.shape_mode import shape_config
-        from real.validate import GridPoint
-
-        _, cfg = GridPoint(2, True, "none", 0.25).run_config(self.store, FFN_PROBE_TOKENS, self.seed)
-        return shape_config(cfg).with_overrides(["flash.in_flight=1"])
-
-    def _fresh(self) -> None:
-        from real.backend import RealExecutor
-
-        if self.ex is not None:
-            self.ex.close()
-        self.ex = RealExecutor(self.store, self.trace, self.profile, self.config, threads=self.threads,
-                               transfer_reads=False)
-        self.n_step = self.n_layer = 0
-
-    def step(self) -> None:
-        """One decode step's FFN steps, every layer."""
-        for _ in range(self.spec.n_layers):
-            self.layer()
-
-    def layer(self) -> None:
-        """The next layer's FFN step: a decode step begins at layer 0 and ends after the last (a
-        fresh executor when the trace's steps are done)."""
-        if self.n_layer == 0:
-            if self.n_step >= self.ex.n_steps:
-                self._fresh()
-            self.ex.begin_step(self.n_step)
-        with self.torch.no_grad():
-            self.ex.ffn(self.n_layer, self.x)
-        self.n_layer += 1
-        if self.n_layer == self.spec.n_layers:
-            self.ex.end_step()
-            self.n_layer = 0
-            self.n_step += 1
-
-    def __call__(self, until: float) -> int:
-        n = 0
-        while time.perf_counter() < until:
-            self.step()
-            n += 1
-        return n
-
-    def close(self) -> None:
-        if getattr(self, "ex", None) is not None:
-            self.ex.close()
-            self.ex = None
-        self._tmp.cleanup()
-
-
 def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, slice_s: float = PROBE_SLICE_S,
                   compute_threads: int = 1, seed: int = 0, batch_reads: tuple[int, ...] | None = None,
                   kind: str = "host", round_: int = 0,
@@ -264,8 +164,7 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
     Reads are issued as the real backend issues a prefetch: a background thread hands batches of B
     reads to a persistent pool of `in_flight` threads (the reader's own `_Workers`), one batch after
     another, at each of `batch_reads` (default `probe_batch_sizes`): the two largest separate the
-    per-batch cost (waking and collecting the pool's threads) from the per-read cost, all of them
-    give the curve over the batch's reads (`probe_summary`)."""
+    per-batch cost (waking and collecting the pool's threads) from the per-read cost (`probe_summary`)."""
     from real.reader import _Workers
 
     n_slots = (bf.size_bytes - chunk) // chunk + 1
@@ -275,8 +174,6 @@ def probe_samples(bf: BenchFile, chunk: int, in_flight: int, *, slices: int, sli
     torch_threads = _torch_threads()
     if kind not in PROBE_KINDS:
         raise ValueError(f"probe kind must be one of {PROBE_KINDS}, got {kind!r}")
-    if probe is None and kind == "ffn_step":
-        raise ValueError("the ffn_step probe needs a store: pass probe=FfnStepProbe(...)")
     if probe is None:
         probe = (_framework_probe(compute_threads, seed) if kind == "framework" else
                  _compute_probe(compute_threads, seed, PROBE_LONG_DIM if kind == "long" else PROBE_DIM))
@@ -369,7 +266,7 @@ def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The probe's result from the samples of one or more rounds (`probe_samples`, same chunk,
     depth and batch sizes): per batch size the medians over all slices, then a straight line
     through the two largest batch sizes splits each effect into a per-batch and a per-read part
-    (>= 0), and `curve` keeps each effect at every size (>= 0: devices/schema.py host_cpu_curves)."""
+    (>= 0)."""
     first = rounds[0]
     sizes = first["batch_reads"]
     med = {n: {k: float(np.median(v)) if (v := [x for r in rounds for x in r["per"][n][k]]) else float("nan")
@@ -387,17 +284,12 @@ def probe_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         lost_b, lost_r = line(med[n1]["lost"], med[n2]["lost"])
         delay_b, delay_r = line(delay[n1], delay[n2])
-    finite = all(np.isfinite(med[n]["lost"]) and np.isfinite(delay[n]) for n in sizes)
     return {"chunk_bytes": first["chunk_bytes"], "in_flight": first["in_flight"],
             "compute_threads": first["compute_threads"], "slices": sum(r["slices"] for r in rounds),
             "rounds": len(rounds), "slice_s": first["slice_s"], "batch_reads": list(sizes),
             "cpu_s_per_read": float(np.nanmedian([med[n]["cpu"] for n in {n1, n2}])),
             "compute_lost_s_per_read": lost_r, "compute_lost_s_per_batch": lost_b,
             "read_delay_s_per_read": delay_r, "read_delay_s_per_batch": delay_b,
-            # None when a size had no batch end inside a slice (too few slices for it)
-            "curve": {"batch_reads": [int(n) for n in sizes],
-                      "compute_lost_s": [max(0.0, med[n]["lost"]) for n in sizes],
-                      "read_delay_s": [max(0.0, delay[n]) for n in sizes]} if finite else None,
             "per_batch_size": {str(n): {"batch_s": med[n]["alone"], "batch_with_compute_s": med[n]["both"],
                                         "compute_lost_s": med[n]["lost"], "cpu_s_per_read": med[n]["cpu"],
                                         "delay_s": delay[n]}

@@ -344,9 +344,6 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
     for key in AFTER_IO_TERMS:
         if key in flash:
             flash[key] *= after_io
-    for c in flash.get("host_cpu_curves", {}).values():   # the AFTER_IO_TERMS at each batch size
-        for key in ("compute_lost_s", "read_delay_s"):
-            c[key] = [v * after_io for v in c[key]]
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)

@@ -107,7 +107,7 @@ class BundleReader:
     """
 
     def __init__(self, store: WeightStore, *, layout: str = "bundled", in_flight: int = 8,
-                 max_chunk_bytes: int = 1 << 20, direct: bool | None = None, transfer: bool = True):
+                 max_chunk_bytes: int = 1 << 20, direct: bool | None = None):
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         if max_chunk_bytes < 1:
@@ -115,9 +115,6 @@ class BundleReader:
         self.store, self.layout_name = store, layout
         self.info = store.layout(layout)
         self.in_flight = in_flight
-        # False: plan each call and account its reads but move no bytes (the destination keeps what it
-        # held): bench flash's FFN-step probe runs the backend's own FFN step this way (real/bench_host_cpu.py)
-        self.transfer = transfer
         self.max_units = int(min(MAX_UNITS_PER_CHUNK, max(1, max_chunk_bytes // self.info.stride_bytes)))
         self.max_chunk_bytes = max_chunk_bytes
         self.padded = store.manifest.alignment == "padded"
@@ -198,7 +195,7 @@ class BundleReader:
             zero_copy = self._zero_copy_ok(buf)
             n = len(plan.offsets)
             t1 = time.perf_counter()
-            copied = self._run(fd, path, plan, buf, zero_copy) if n and self.transfer else 0
+            copied = self._run(fd, path, plan, buf, zero_copy) if n else 0
             t2 = time.perf_counter()
             if not self.direct_io:
                 self._evict(fd, layer)

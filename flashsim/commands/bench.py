@@ -207,8 +207,7 @@ def host_cpu_line(host: dict[str, Any] | None) -> str:
                 f"us/read + {h['read_delay_s_per_batch'] * 1e3:.3f} ms/batch{call}")
 
     others = "".join(f"; {name}: {terms(host[kind])}" for kind, name in (("framework", "tiny llama"),
-                                                                          ("long", "long GEMV"),
-                                                                          ("ffn_step", "FFN step")) if host.get(kind))
+                                                                          ("long", "long GEMV")) if host.get(kind))
     return (f"host CPU probe ({format_bytes(host['chunk_bytes'])} x {host['in_flight']} in flight, batches of "
             f"{'/'.join(map(str, host['batch_reads']))} reads, {host['compute_threads']}-thread compute, load "
             f"{host['load_average_1min']:.1f}): CPU {host['cpu_s_per_read'] * us:.1f} us/read; GEMV: {terms(host)}"

@@ -160,8 +160,6 @@ def test_bench_flash_measures_host_cpu_per_read(full_quick_flash):
     assert h["in_flight"] == 4 and h["chunk_bytes"] == 4096 and h["compute_threads"] == 1   # 16 KiB not in the grid
     # a quarter of the reads in flight, one per thread, 2x and 8x (the line goes through the last two)
     assert 0 < h["cpu_s_per_read"] < 0.1 and h["batch_reads"] == [1, 4, 8, 32]
-    assert h["curve"]["batch_reads"] == [1, 4, 8, 32]
-    assert all(v >= 0 for k in ("compute_lost_s", "read_delay_s") for v in h["curve"][k])
     for k in ("compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read", "read_delay_s_per_batch"):
         assert h[k] >= 0
     for d in h["per_batch_size"].values():
@@ -173,11 +171,6 @@ def test_bench_flash_measures_host_cpu_per_read(full_quick_flash):
         assert f.compute_lost_s_per_read == pytest.approx(h["compute_lost_s_per_read"], rel=1e-3, abs=1e-12)
         assert f.read_delay_s_per_batch == pytest.approx(h["read_delay_s_per_batch"], rel=1e-3, abs=1e-12)
         assert "compute probe" in f.source
-        # every probe's curve at the same sizes, the FFN step's among them (torch is installed here)
-        assert f.host_cpu_batch_reads == [1, 4, 8, 32]
-        assert set(f.host_cpu_curves) <= {"kernel", "framework", "long_kernel", "ffn_step"}
-        assert "kernel" in f.host_cpu_curves
-        assert "ffn_step" not in f.host_cpu_curves    # a short bench skips the FFN-step probe
     off = flash_section(res, "measured", shares_cpu=False)
     assert "host_cpu_s_per_read" not in off and "compute_lost_s_per_read" not in off
     # the CPU cost of one read request (real/bench_request_cpu.py) is written on any host
@@ -447,7 +440,7 @@ def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
 
 
 def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
-    """The reader planning, cache index and cold-compute rounds sample the host across the whole
+    """The reader planning and host CPU probe rounds sample the host across the whole
     calibration: one round right after each sweep, then their medians (not all after the grid)."""
     import real.bench_flash as bfm
 
@@ -458,9 +451,9 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
         events.append("read")
         return real_read(*a, **k)
 
-    def round_(bf, store, cfg, r, rounds, ffn_probe=None):
+    def round_(bf, store, cfg, r, rounds):
         events.append(f"round{r}")
-        real_round(bf, store, cfg, r, rounds, ffn_probe)
+        real_round(bf, store, cfg, r, rounds)
 
     monkeypatch.setattr(bfm, "random_read_bytes_per_s", read)
     monkeypatch.setattr(bfm, "_cpu_round", round_)
@@ -545,43 +538,6 @@ def test_the_cpu_check_warms_its_pool_before_timing(monkeypatch):
     monkeypatch.setattr(drift, "_gemv_pool", lambda: Pool(torch, torch.float32, 64 * 64 * 4 * 3))
     ratio = drift.cpu_ratio(load_profile("this-host"), seed=0, repeats=3)
     assert events == ["warm", "next", "next", "next"] and ratio > 0
-
-
-def test_ffn_step_probe_runs_the_backends_ffn_step_without_transfers(tmp_path):
-    """FfnStepProbe: the real backend's FFN step, layer after layer, its reads planned and counted
-    but not transferred; as a compute probe it yields the profile's "ffn_step" curve, and the
-    profile writer puts it beside the others."""
-    pytest.importorskip("torch")
-
-    from real.bench_flash import flash_section
-    from real.bench_host_cpu import FfnStepProbe, probe_samples, probe_summary
-    from real.bench_io import BenchFile
-
-    probe = FfnStepProbe(tmp_path, 1, 0)
-    try:
-        probe.step()
-        probe.step()
-        ex = probe.ex
-        assert len(ex.records) == 2
-        assert not ex.reader.transfer and not ex.pf_reader.transfer
-        assert sum(r.reads_issued for r in ex.records) > 0          # it planned reads, as a run would
-        bf = BenchFile(tmp_path / "b.dat", 8 << 20, 0, None, False)
-        try:
-            raw = probe_samples(bf, 4096, 4, slices=2, slice_s=0.05, probe=probe, kind="ffn_step")
-        finally:
-            bf.close()
-    finally:
-        probe.close()
-    assert not any(tmp_path.glob("flashsim-ffnprobe-*"))           # its store is removed
-    s = probe_summary([raw])
-    assert s["batch_reads"] == [1, 4, 8, 32] and s["op_s"] > 0
-    res = {"grid": {"chunk_bytes": [4096], "in_flight": [4], "bytes_per_s": [[1e8]]},
-           "sequential": {"bytes_per_s": 1e9}, "latency_4k_qd1": {"mean_s": 1e-4},
-           "host_cpu": {**s, "ffn_step": s}}
-    section = flash_section(res, "measured", shares_cpu=True)
-    assert section["host_cpu_batch_reads"] == [1, 4, 8, 32]
-    assert set(section["host_cpu_curves"]) == {"kernel", "ffn_step"}
-    assert "FFN step" in section["source"]
 
 
 def test_the_width_checks_time_table_cells_and_skip_a_profile_without_them(monkeypatch):
