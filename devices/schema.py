@@ -123,7 +123,7 @@ SPARSE_FFN_KERNELS = ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s")
 
 class SparseFfnTable(_Strict):
     """One dtype's sparse-FFN kernels on gathered cache rows: seconds per call [i][j] at d_model[i]
-    and neurons[j] computed (devices/kernel_table.py interpolates; real/bench_sparse_ffn.py measures).
+    and neurons[j] computed (devices/kernel_table.py interpolates; real/bench/bench_sparse_ffn.py measures).
     gather_s: k cache rows (gate | up | down, 4 KiB-aligned) into the scratch; input_gemv_s: ONE
     GEMV (gate or up) on a strided view of the gathered rows; transpose_s: the down segment's
     transposed copy [k, d] -> [d, k]; down_gemv_s: the down GEMV on that copy."""
@@ -161,7 +161,7 @@ class SparseFfnSpec(_Strict):
 class DenseGemvTable(_Strict):
     """One dtype's dense GEMV y = W x (one token, W [out_features, in_features] streamed from DRAM):
     seconds per call [i][j] at in_features[i] and out_features[j] (devices/kernel_table.py
-    interpolates; real/bench_dense_gemv.py measures)."""
+    interpolates; real/bench/bench_dense_gemv.py measures)."""
 
     in_features: list[int]
     out_features: list[int]
@@ -355,7 +355,7 @@ class FlashSpec(_Strict):
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
-    # A read whose destination is n discontiguous buffers (real.reader's in-place reads of a run of
+    # A read whose destination is n discontiguous buffers (real.io.reader's in-place reads of a run of
     # unbundled rows: one iovec per cache row) costs the device more than one contiguous buffer:
     # on a virtio disk each descriptor is served on its own (bench flash: 64 KiB into 16 x 4 KiB).
     segment_s: float = Field(default=0.0, ge=0, description="device time each extra destination segment "
@@ -363,7 +363,7 @@ class FlashSpec(_Strict):
     # A read batch is issued to a pool of reader threads and done when its last read completes: on top
     # of its reads at the table's steady throughput it costs starting the threads that take part,
     # collecting them, and the wait for the slowest read (the depth drains at the end). bench flash
-    # measures it at each depth as real.reader's batch time less the table's time for the same reads.
+    # measures it at each depth as real.io.reader's batch time less the table's time for the same reads.
     batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
                                                  "the time one read batch at that depth (min(reads, in flight)) "
                                                  "takes beyond its reads at the table's throughput; None = 0")
@@ -383,7 +383,7 @@ class FlashSpec(_Strict):
         "batch_overhead_s")
     # The reader's own CPU work for a batch before its reads start: which neurons are missing, their
     # cache rows, the coalesced read plan (vectorised NumPy). A demand batch waits for it; a prefetch
-    # batch completes that much later. bench flash times real.reader's code for two batch sizes.
+    # batch completes that much later. bench flash times real.io.reader's code for two batch sizes.
     plan_s_per_batch: float = Field(default=0.0, ge=0, description="reader's planning time per read batch "
                                     "(fixed part); 0 = not modelled")
     plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "

@@ -16,14 +16,14 @@ def _pct(x: float | None, sign: str = "") -> str:
 
 
 def _alone(rep: dict) -> str:
-    """One metric's real.validate_score.repeatability entry in words."""
+    """One metric's real.validation.validate_score.repeatability entry in words."""
     sim, rest = rep["simulator"], rep["other_passes"]
     return (f"the simulator's latency error median {_pct(sim['median'])}, p90 {_pct(sim['p90'])}; the other passes' "
             f"mean's median {_pct(rest['median'])}, p90 {_pct(rest['p90'])} (the host's repeatability)")
 
 
 def print_convergence(conv: dict | None) -> None:
-    """real.validate_score.convergence of the latency, as a table: the simulator against the mean of
+    """real.validation.validate_score.convergence of the latency, as a table: the simulator against the mean of
     n passes, then the estimate for unlimited passes."""
     if not conv:
         return
@@ -38,7 +38,7 @@ def print_convergence(conv: dict | None) -> None:
 
 
 def print_level_removed(level: dict | None) -> None:
-    """real.validate_score.level_removed in words (a diagnostic, not the score)."""
+    """real.validation.validate_score.level_removed in words (a diagnostic, not the score)."""
     if not level:
         return
     print(f"with its level taken out (simulated / real per mode: "
@@ -48,7 +48,7 @@ def print_level_removed(level: dict | None) -> None:
 
 
 def print_between_grids(between: dict | None) -> None:
-    """real.validate_score.between_grids: the real runs of one grid against another's, per pair."""
+    """real.validation.validate_score.between_grids: the real runs of one grid against another's, per pair."""
     if not between:
         return
     print("the host against itself: each pair of grids' real latency means on the configurations they share "
@@ -69,7 +69,7 @@ def print_between_grids(between: dict | None) -> None:
 
 
 def print_rescore_many(many: dict) -> None:
-    """One profile on several kept grids (real.validate_keep.rescore_many): a row per grid, the
+    """One profile on several kept grids (real.validation.validate_keep.rescore_many): a row per grid, the
     spread over the grids, the groups pooled."""
     print(f"profile {many['profile']} on {many['n_grids']} kept grids ({many['n_configs']} configurations), "
           f"{many['wall_s']:.0f} s")
@@ -105,7 +105,7 @@ def print_rescore_many(many: dict) -> None:
 
 
 def _phase_columns(groups: list[dict]) -> tuple[list[str], Any]:
-    """The group tables' columns for the compute's two phases (real.validate_score.per_group), only
+    """The group tables' columns for the compute's two phases (real.validation.validate_score.per_group), only
     when some group has them (grids kept before the records carried them have none)."""
     keys = ("ffn_compute_signed_median", "other_compute_signed_median")
     if not any(g.get(k) is not None for g in groups for k in keys):
@@ -122,7 +122,7 @@ def validate_progress(quiet: bool) -> Any:
 
 
 def print_floor(floor: dict | None) -> None:
-    """real.validate_score.floor as a table: the simulator's error beside the host's repeat spread
+    """real.validation.validate_score.floor as a table: the simulator's error beside the host's repeat spread
     per metric, and the pass line."""
     if not floor or not floor.get("metrics"):
         return
@@ -142,7 +142,7 @@ def print_floor(floor: dict | None) -> None:
 
 def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
     """The validate report: JSON, or one error table over all configurations and one per mode."""
-    from real.validate import scatter_plot
+    from real.validation.validate import scatter_plot
 
     if plot:
         report["plots"] = [str(p) for p in scatter_plot(report, plot)]
@@ -197,7 +197,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
         def ratio(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.2f}x"
 
-        from real.drift import READ_KEYS, WIDTH_KEYS
+        from real.validation.drift import READ_KEYS, WIDTH_KEYS
 
         def reads(c: dict) -> str:    # the read-size checks, when measured
             r = [f"{key[5:]} {ratio(c[key])}" for key in READ_KEYS.values() if key in c]

@@ -8,7 +8,7 @@ A term earns its place when removing it makes the held-out latency error worse b
 point (median or p90).
 
 Two figures per direction: the raw error (|sim - real| / real, the mean over the grid's passes)
-and `level_removed` (real.validate_score.level_removed: one factor per mode taken out). Between
+and `level_removed` (real.validation.validate_score.level_removed: one factor per mode taken out). Between
 boots the host's speed moves (the same disk read 0.40-0.64x as fast on one boot as on another), so
 the raw held-out error is mostly that level difference, which a term can offset by chance (any
 term that adds time "helps" on a slower boot). The decision therefore uses `level_removed`: the
@@ -127,7 +127,7 @@ class Grid:
         import yaml
 
         from devices.model_spec import ModelSpec
-        from real.validate_keep import ROW_KEYS, kept_runs, load_kept_grid
+        from real.validation.validate_keep import ROW_KEYS, kept_runs, load_kept_grid
         from sim.config import RunConfig
 
         self.path, self.name = path, path.name
@@ -150,7 +150,7 @@ def profile_for(doc: dict, term: str | None) -> Any:
 def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, float]:
     """The grid's real runs against the simulator on `profile`: latency error median / p90, raw and
     with one factor per mode out."""
-    from real.validate_score import compare, summarize
+    from real.validation.validate_score import compare, summarize
     from sim.engine import simulate
     from traces.format import open_trace
 

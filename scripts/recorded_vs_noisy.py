@@ -7,7 +7,7 @@ errors with memory").
 
 TRACE is a captured trace (`flashsim capture --sparsity RULE`), REC the predicted sets of its tokens
 (`flashsim real predictor-errors --trace TRACE --record-out REC`). Recall, precision and the memories
-are measured from the two traces on the generated tokens (`real.predictor_errors`); every row is
+are measured from the two traces on the generated tokens (`real.studies.predictor_errors`); every row is
 `flashsim replay --trace TRACE --preset llm-in-a-flash --set window.k=K --json` plus the row's flags.
 """
 
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flashsim.main import main as flashsim  # noqa: E402
-from real.predictor_error_stats import measure  # noqa: E402
-from real.predictor_errors import tokens_from_traces  # noqa: E402
+from real.studies.predictor_error_stats import measure  # noqa: E402
+from real.studies.predictor_errors import tokens_from_traces  # noqa: E402
 from traces.format import open_trace  # noqa: E402
 
 

@@ -20,25 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("devices", "traces", "sim", "real", "analysis", "flashsim")   # bottom to top
 RANK = {pkg: i for i, pkg in enumerate(LAYERS)}
 
-# TEMPORARY, to be removed by the real/ reorganisation (issue 45 item 3): import cycles inside real/
-# that stay for now because their modules are being edited elsewhere. Each entry is an upper bound:
-# a strongly connected component passes only if all its modules lie inside one entry, so a cycle that
-# grows, or a new one, fails. An entry that no longer matches anything may simply be deleted (the
-# test does not insist, so branches that cut these cycles merge in any order).
-KNOWN_REAL_CYCLES: tuple[frozenset[str], ...] = (
-    # real/bench_flash.py:48 imports real.bench_host_cpu (module level); real/bench_host_cpu.py:208
-    # imports real.validate (GridPoint, in BenchHostCpu._config); real/validate.py:198 and :249 and
-    # real/validate_keep.py:254 import real.calibration (Recalibrator, calibration_points);
-    # real/calibration.py:52 imports real.bench_flash (the calibrate pipeline runs bench flash).
-    # Cut: the host-CPU probe should not borrow the validation grid's point class (take the
-    # RunConfig from the caller, or move GridPoint to a small real/grid_point.py below validate);
-    # and `calibration_points` (pure fitting, no benchmarks) belongs apart from the calibrate
-    # pipeline (`calibrate()` / `Recalibrator`), so validate and validate_keep need not reach it.
-    frozenset({"real.bench_flash", "real.bench_host_cpu", "real.calibration", "real.validate",
-               "real.validate_keep"}),
-)
-
-
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -211,22 +192,12 @@ def _describe(component: list[str]) -> str:
     return "cycle among " + ", ".join(component) + ":\n" + "\n".join(lines)
 
 
-def _allowed(component: list[str]) -> bool:
-    return any(set(component) <= known for known in KNOWN_REAL_CYCLES)
-
-
 def test_no_import_cycles():
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for a, _, b in EDGES:
         graph[a].add(b)
-    unexpected = [c for c in _strongly_connected(graph) if not _allowed(c)]
-    assert not unexpected, "\n".join(_describe(c) for c in unexpected)
-
-
-def test_known_cycles_stay_inside_real():
-    """The temporary allowlist covers real/ only: sim, devices, traces, analysis and flashsim have
-    no cycle at all."""
-    assert all(m.startswith("real.") for known in KNOWN_REAL_CYCLES for m in known)
+    cycles = _strongly_connected(graph)
+    assert not cycles, "\n".join(_describe(c) for c in cycles)
 
 
 @pytest.mark.parametrize("graph, expected", [

@@ -2,7 +2,7 @@
 
 `adapt gsi` loads a real model, measures the perplexity of a calibration text, and writes the Greedy
 Sequential Importance ordering of its MHA/FFN blocks plus the one-shot ordering (file format: the
-docstring of real/gsi.py). Bad input (unknown model, --steps < 1, a missing text file, an existing
+docstring of real/studies/gsi.py). Bad input (unknown model, --steps < 1, a missing text file, an existing
 directory as --out) fails before the model is loaded, with exit code 2.
 """
 
@@ -68,7 +68,7 @@ def _parse_steps(text: str) -> int | None:
 
 
 def _gsi(args: argparse.Namespace) -> int:
-    from real.gsi import BUILTIN_TEXT, gsi_document, run_gsi, tokenize_text, write_gsi_file
+    from real.studies.gsi import BUILTIN_TEXT, gsi_document, run_gsi, tokenize_text, write_gsi_file
     from traces.capture.models import load_hf_model, resolve_model_source
 
     steps = _parse_steps(args.steps)

@@ -10,7 +10,7 @@ Each (controller, budget or timeline) pair is one episode (sim/adapt/episode.py)
 the workload replayed against the memory timeline, the time of every step from the simulator
 (`dense` preset + `prune.blocks`, on --device), the footprint from sim.blocks.BlockMemory, the quality
 from the GSI file's estimate (sim/adapt/drop_quality.py) or, with `--quality real`, measured on the real
-model with the dropped blocks skipped (real.pruning.skipped_blocks, one pass per distinct set over the
+model with the dropped blocks skipped (real.studies.pruning.skipped_blocks, one pass per distinct set over the
 GSI file's calibration text; needs torch). Budgets and timeline sizes are
 fractions of the full need (all weights + the KV cache at the workload's last step) unless given with
 a unit; timeline syntax: sim/adapt/timelines.py.
@@ -219,8 +219,8 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
         import torch  # noqa: F401
     except ImportError:
         raise FlashsimError("--quality real needs torch (pip install -e '.[real]'); use --quality estimate") from None
-    from real.gsi import BUILTIN_TEXT, perplexity, tokenize_text
-    from real.pruning import skipped_blocks
+    from real.studies.gsi import BUILTIN_TEXT, perplexity, tokenize_text
+    from real.studies.pruning import skipped_blocks
     from sim.adapt.drop_quality import MeasuredPerplexity
     from traces.capture.models import load_hf_model
 
@@ -240,7 +240,7 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
 
     def measure(sets: list[list[str]]) -> list[float]:
         # one teacher-forced pass per set, blocks skipped (not zeroed): the GSI file's perplexity
-        # definition (real.gsi.perplexity) on its own text, so a GSI prefix reproduces its ppl_after
+        # definition (real.studies.gsi.perplexity) on its own text, so a GSI prefix reproduces its ppl_after
         print(f"measuring the perplexity of {len(sets)} dropped sets on the real model", file=sys.stderr)
         out = []
         for s in sets:

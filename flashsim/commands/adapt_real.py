@@ -1,10 +1,10 @@
 """`flashsim adapt prune-eval` and `flashsim adapt selectinfer`: adaptation measured on the real model.
 
-* `prune-eval`: skip dropped MHA/FFN blocks of a llama-family model (real/pruning.py) and measure the
+* `prune-eval`: skip dropped MHA/FFN blocks of a llama-family model (real/studies/pruning.py) and measure the
   perplexity of a text, the greedy-token agreement with the dense model and the wall time per
   forward pass, for one `--drop` set or for the first k blocks of a GSI file's order (`--gsi-steps`).
 * `selectinfer`: SelectInfer's neuron selection (selective loading gamma, compute ratio) on the real
-  model vs a random selection of the same size (real/selectinfer_quality.py), on held-out prompts.
+  model vs a random selection of the same size (real/studies/selectinfer_quality.py), on held-out prompts.
 
 Both check every argument (model name, lists, files) before the model loads; bad input is one
 FlashsimError line and exit code 2. Details and measured numbers: docs/adaptation-real.md.
@@ -142,7 +142,7 @@ def _fmt(x: float, digits: int = 3) -> str:
 # ---- prune-eval ------------------------------------------------------------------------------------------
 def _eval_text(arg: str) -> tuple[str, str]:
     """(text, source) for --text."""
-    from real.gsi import BUILTIN_TEXT
+    from real.studies.gsi import BUILTIN_TEXT
 
     if arg == "builtin":
         return BUILTIN_TEXT, "builtin"
@@ -187,7 +187,7 @@ def _prune_eval(args: argparse.Namespace) -> int:
             raise FlashsimError(f"--gsi {args.gsi}: computed for {doc['model'].get('name')!r} with {file_layers} "
                                 f"layers, but --model {args.model} has {n_layers}")
         n_layers = file_layers
-        from real.pruning import gsi_prefixes
+        from real.studies.pruning import gsi_prefixes
 
         if args.gsi_steps is None:
             steps = [k for k in DEFAULT_GSI_STEPS if k <= 2 * file_layers]
@@ -216,8 +216,8 @@ def _prune_eval(args: argparse.Namespace) -> int:
         raise FlashsimError(f"--gsi {args.gsi}: computed for {doc['model']['n_layers']} layers, the model has "
                             f"{spec.n_layers}")
 
-    from real.gsi import tokenize_text
-    from real.pruning import measure_drop_sets
+    from real.studies.gsi import tokenize_text
+    from real.studies.pruning import measure_drop_sets
 
     input_ids = tokenize_text(tokenizer, text, args.max_tokens)
     t0 = time.perf_counter()
@@ -292,7 +292,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _selectinfer(args: argparse.Namespace) -> int:
-    from real import selectinfer_quality as sq
+    from real.studies import selectinfer_quality as sq
     from traces.capture.prompts import load_prompts
     from traces.data import shipped_trace_path
     from traces.format import open_trace

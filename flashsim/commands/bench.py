@@ -7,7 +7,7 @@
     bench compute   dense and gathered GEMV per dtype, DRAM bandwidth, per-op overhead, at
                     `--threads` compute threads -> the profile's `compute` section (with
                     `threads`) and memory bandwidth/capacity
-    bench merge     several such profiles of one host -> their mean (real/profile_merge.py), for
+    bench merge     several such profiles of one host -> their mean (real/validation/profile_merge.py), for
                     calibrations spread over the hours a validation or a deployment runs in
 
 By default the profile `this-host` in devices/profiles/ is updated (other sections kept);
@@ -63,13 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--threads", type=int, help="compute threads (torch) to measure with, recorded as the "
                    "profile's compute.threads; use the count the real runs will use (default: PyTorch's own)")
     c.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="where the kernels run: cpu "
-                   "(default), cuda (the GPU, through the real backend's CUDA path: real/bench_cuda.py), auto "
+                   "(default), cuda (the GPU, through the real backend's CUDA path: real/bench/bench_cuda.py), auto "
                    "(cuda when torch sees a GPU)")
     _profile_args(c)
     c.set_defaults(func=_compute)
 
     m = bsub.add_parser("merge", help="one profile from several calibrations of this host: rates as harmonic means, "
-                                      "times as arithmetic means (real/profile_merge.py)")
+                                      "times as arithmetic means (real/validation/profile_merge.py)")
     m.add_argument("profiles", nargs="+", metavar="PROFILE", help="two or more profiles (YAML files or names) written "
                                                                   "by bench flash + bench compute with the same settings")
     m.add_argument("--name", default="this-host", help="name of the merged profile (default this-host)")
@@ -86,14 +86,14 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 
 
 def _target(args: argparse.Namespace) -> Path:
-    from real.profile_writer import default_path
+    from real.validation.profile_writer import default_path
 
     return Path(args.out) if args.out else default_path(args.name)
 
 
 # ---- flash ---------------------------------------------------------------------------------------------
 def _flash(args: argparse.Namespace) -> int:
-    from real.bench_flash import (
+    from real.bench.bench_flash import (
         DEFAULT_CHUNKS,
         DEFAULT_IN_FLIGHT,
         QUICK_CHUNKS,
@@ -106,7 +106,7 @@ def _flash(args: argparse.Namespace) -> int:
 
     today = dt.date.today().isoformat()
     if args.import_fio:
-        from real.fio_import import import_fio
+        from real.bench.fio_import import import_fio
 
         measuring = [f"--{k.replace('_', '-')}" for k in ("path", "size", "chunks", "in_flight", "duration_s", "passes")
                      if getattr(args, k) is not None] + [f"--{k.replace('_', '-')}" for k in
@@ -146,7 +146,7 @@ def _flash(args: argparse.Namespace) -> int:
                f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
     result["command"] = command
     if not args.no_write:
-        from real.profile_writer import MEASURED_PREFIX, write_profile
+        from real.validation.profile_writer import MEASURED_PREFIX, write_profile
 
         target = _target(args)
         section = flash_section(result, f"{MEASURED_PREFIX} flash ({today}): {how}; `{command}`")
@@ -158,7 +158,7 @@ def _flash(args: argparse.Namespace) -> int:
     g = result["grid"]
     print(f"flash read throughput, MiB/s ({result.get('method', '')}; "
           f"{'direct I/O' if result['direct_io'] else 'buffered'}){'; ' + result['note'] if result.get('note') else ''}")
-    from real.bench_flash import table_rows
+    from real.bench.bench_flash import table_rows
 
     print_table(["chunk"] + [f"q={q}" for q in g["in_flight"]], table_rows(g), align="r" * (len(g["in_flight"]) + 1))
     print(f"sequential: {format_rate(result['sequential']['bytes_per_s'])}; 4 KiB latency at q=1: "
@@ -170,7 +170,7 @@ def _flash(args: argparse.Namespace) -> int:
               f"{sg['one_s_per_read'] * 1e6:.1f} into one: {sg['segment_s'] * 1e6:.2f} us per extra segment")
     b = result.get("batches")
     if b:
-        print(f"batch overhead (real.reader, {format_bytes(b['bundle_bytes'])} bundles, us at "
+        print(f"batch overhead (real.io.reader, {format_bytes(b['bundle_bytes'])} bundles, us at "
               + "/".join(f"{r:g}" for r in b["reads_per_thread"]) + " reads per thread): "
               + ", ".join(f"q={q} " + "/".join(f"{x * 1e6:.0f}" for x in row)
                           for q, row in zip(b["in_flight"], b["overhead_s"], strict=True))
@@ -188,7 +188,7 @@ def _flash(args: argparse.Namespace) -> int:
 
 
 def request_cpu_line(req: dict[str, Any]) -> str:
-    """One line with the CPU cost of a read request (real/bench_request_cpu.py)."""
+    """One line with the CPU cost of a read request (real/bench/bench_request_cpu.py)."""
     per = ", ".join(f"q={p['in_flight']} {p['request_cpu_s'] * 1e6:.1f}" for p in req["per_in_flight"])
     return (f"CPU per read request: {req['request_cpu_s'] * 1e6:.1f} us + {req['cpu_s_per_byte'] * 1e9 * 1024:.3g} ns "
             f"per KiB (fit over {req['reads']:.0f} reads; per reads in flight, us: {per})")
@@ -263,12 +263,12 @@ def _print_dense_gemv(tables: dict) -> None:  # type: ignore[type-arg]
 
 def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
-    from real.bench_compute import compute_sections, run_compute_bench
+    from real.bench.bench_compute import compute_sections, run_compute_bench
 
     if args.device == "cpu":
         result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
     else:
-        from real.bench_cuda import run_on
+        from real.bench.bench_cuda import run_on
 
         result = run_on(args.device, quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
     command = (f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
@@ -276,12 +276,12 @@ def _compute(args: argparse.Namespace) -> int:
                + (f" --device {args.device}" if args.device != "cpu" else ""))
     result["command"] = command
     if not args.no_write:
-        from real.profile_writer import write_profile
+        from real.validation.profile_writer import write_profile
 
         target = _target(args)
         base = load_profile(target) if target.is_file() else load_profile("this-host")
         if result.get("device", {}).get("kind") == "cuda":
-            from real.bench_cuda import cuda_compute_sections, measured_cpu_compute
+            from real.bench.bench_cuda import cuda_compute_sections, measured_cpu_compute
 
             compute, memory = cuda_compute_sections(result, measured_cpu_compute(base), dt.date.today().isoformat(),
                                                     command, base.memory.source)
@@ -316,8 +316,8 @@ def _compute(args: argparse.Namespace) -> int:
 
 # ---- merge ---------------------------------------------------------------------------------------------
 def _merge(args: argparse.Namespace) -> int:
-    from real.profile_merge import merge_profiles
-    from real.profile_writer import profile_yaml, write_profile_text
+    from real.validation.profile_merge import merge_profiles
+    from real.validation.profile_writer import profile_yaml, write_profile_text
 
     profile = merge_profiles(args.profiles, args.name)
     target = _target(args)

@@ -5,15 +5,15 @@
     1. bench flash    direct-I/O random-read grid on a file created in --path (removed afterwards),
                       with the CPU cost of one read request (flash.request_cpu_s)
     2. bench compute  GEMV per dtype, gather, DRAM bandwidth, per-op overhead (at --threads), on
-                      the CPU; on a CUDA host also on the GPU (real/bench_cuda.py)
-    3. the profile    both sections merged into PROFILE.yaml with provenance (real.profile_writer);
+                      the CPU; on a CUDA host also on the GPU (real/bench/bench_cuda.py)
+    3. the profile    both sections merged into PROFILE.yaml with provenance (real.validation.profile_writer);
                       on a CUDA host also PROFILE-cuda.yaml: the same flash, the GPU's compute
     4. validate       `flashsim validate --quick` with the CPU profile (validate's real runs
                       compute on the CPU): the simulator's error per metric
 
-It only orchestrates: steps 1-3 are real.calibration.calibrate (the functions behind `flashsim
-bench flash|compute` and real/profile_writer.py) and real.bench_cuda, step 4
-real.validate.run_validation. Units: bytes, seconds, bytes/s.
+It only orchestrates: steps 1-3 are real.validation.calibration.calibrate (the functions behind `flashsim
+bench flash|compute` and real/validation/profile_writer.py) and real.bench.bench_cuda, step 4
+real.validation.validate.run_validation. Units: bytes, seconds, bytes/s.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from flashsim.validation_output import print_validation, validate_progress
-    from real.calibration import calibrate
-    from real.profile_writer import default_path
-    from real.validate import parse_modes, run_validation
+    from real.validation.calibration import calibrate
+    from real.validation.profile_writer import default_path
+    from real.validation.validate import parse_modes, run_validation
 
     if args.threads < 1:
         raise FlashsimError(f"--threads {args.threads}: must be >= 1")
@@ -77,16 +77,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     check_bench_folder(folder, size + (VALIDATE_BYTES if args.workdir is None else 0), args.path)
     check_writable(target.parent, f"--out {target}")
     if args.keep is not None:
-        from real.validate_keep import check_keep_target
+        from real.validation.validate_keep import check_keep_target
 
         check_keep_target(args.keep)
         check_writable(Path(args.keep).parent, f"--keep {args.keep}")
-    from real.device import choose_device
+    from real.runtime.device import choose_device
 
     dev = choose_device(args.device) if args.device != "cpu" else None
     t0 = time.perf_counter()
 
-    # 1-3. bench flash, bench compute, the profile (real.calibration; written atomically, read back)
+    # 1-3. bench flash, bench compute, the profile (real.validation.calibration; written atomically, read back)
     _say(args, f"[1/4] bench flash, [2/4] bench compute ({args.threads} thread(s)) on "
                f"{format_bytes(size)} in {folder}")
     cal = calibrate(folder, target, args.name, threads=args.threads, seed=args.seed, quick=args.quick,
@@ -118,7 +118,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                        "transpose_bytes_per_s": profile.compute.transpose_bytes_per_s,
                        "dram_bytes_per_s": comp["memory"]["stream_copy_bytes_per_s"],
                        "op_overhead_s": comp["op_overhead_s"], "command": comp_cmd}
-    from real.profile_writer import measured_fields
+    from real.validation.profile_writer import measured_fields
 
     measured, carried = measured_fields(profile.model_dump(mode="json", exclude_none=True))
     if args.json:
@@ -145,7 +145,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-# the bench's own stores beside its file: real.bench_reader's one-layer store (16 MiB) and the
+# the bench's own stores beside its file: real.bench.bench_reader's one-layer store (16 MiB) and the
 # FFN-step probe's (about 60 MB), with room to spare
 STORES_BYTES = 128 << 20
 # validate --quick's shape-mode store (4 layers of d_model 1024 x d_ff 2048 fp32 in both layouts,
@@ -156,8 +156,8 @@ VALIDATE_BYTES = 512 << 20
 def check_bench_folder(folder: Path, size_bytes: int, given: str) -> None:
     """FlashsimError (one line) unless `folder` is an existing, writable directory with room for
     size_bytes (the bench file, and validation's store when it goes there), the bench's stores and
-    real.store_writer's headroom."""
-    from real.store_writer import HEADROOM_BYTES
+    real.weights.store_writer's headroom."""
+    from real.weights.store_writer import HEADROOM_BYTES
 
     if not folder.exists():
         raise FlashsimError(f"--path {given}: does not exist; give a folder on the disk that will hold the weights "
@@ -189,20 +189,24 @@ def check_writable(folder: Path, what: str) -> None:
 
 def _cuda_profile(args: argparse.Namespace, profile: Any, target: Path, dev: Any) -> dict[str, Any]:
     """PROFILE-cuda.yaml: the CPU profile just written (its flash, its host-side compute terms) with
-    the GPU's compute and memory bandwidth (real/bench_cuda.py); returns what the summary prints."""
+    the GPU's compute and memory bandwidth (real/bench/bench_cuda.py); returns what the summary prints."""
     import datetime as dt
 
     import torch
 
     from devices.schema import DeviceProfile
-    from real.bench_cuda import cuda_compute_sections, measured_cpu_compute, run_cuda_compute_bench
-    from real.profile_writer import (
+    from real.bench.bench_cuda import (
+        cuda_compute_sections,
+        measured_cpu_compute,
+        run_cuda_compute_bench,
+    )
+    from real.runtime.torch_threads import torch_threads
+    from real.validation.profile_writer import (
         host_description,
         profile_yaml,
         write_profile,
         write_profile_text,
     )
-    from real.torch_threads import torch_threads
 
     name = f"{args.name}-cuda"
     path = target.with_name(f"{target.stem}-cuda{target.suffix}")

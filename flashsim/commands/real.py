@@ -21,7 +21,7 @@ from devices.errors import FlashsimError
 from devices.limits import MAX_READ_CALLS, READER_THREADS, check_cli, check_size
 from devices.units import format_bytes, format_rate, parse_bytes
 from flashsim.output import print_json, print_table
-from real.predictor_train import (  # NumPy only
+from real.studies.predictor_train import (  # NumPy only
     DEFAULT_EPOCHS,
     DEFAULT_HOLDOUT,
     DEFAULT_LR,
@@ -123,8 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # ---- convert, info, verify ---------------------------------------------------------------------------
 def _convert(args: argparse.Namespace) -> int:
-    from real.convert import convert_model, write_shape_store
-    from real.store import open_store
+    from real.weights.convert import convert_model, write_shape_store
+    from real.weights.store import open_store
 
     common: dict[str, Any] = dict(layout=args.layout, alignment=args.alignment, file_mode=args.files,
                                   order=args.order, profile=args.profile, task=args.profile_task,
@@ -158,13 +158,13 @@ def _print_store(store: Any, as_json: bool, verb: str) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from real.store import open_store
+    from real.weights.store import open_store
 
     return _print_store(open_store(args.store, verify="sizes"), args.json, "store")
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from real.store import open_store
+    from real.weights.store import open_store
 
     store = open_store(args.store, verify="full")
     n, total = len(store.manifest.files), sum(f.bytes for f in store.manifest.files.values())
@@ -191,9 +191,9 @@ def neuron_sets(store: Any, layer: int, fraction: float, run: int, rng: np.rando
 
 
 def _read(args: argparse.Namespace) -> int:
-    from real.cache import LayerCache
-    from real.reader import BundleReader
-    from real.store import open_store
+    from real.io.reader import BundleReader
+    from real.runtime.cache import LayerCache
+    from real.weights.store import open_store
 
     if not 0 < args.fraction <= 1:
         raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
@@ -242,8 +242,8 @@ def _read(args: argparse.Namespace) -> int:
 
 # ---- mmap ------------------------------------------------------------------------------------------------
 def _mmap(args: argparse.Namespace) -> int:
-    from real.mmap_baseline import MmapFfnBaseline
-    from real.store import open_store
+    from real.runtime.mmap_baseline import MmapFfnBaseline
+    from real.weights.store import open_store
 
     store = open_store(args.store, verify="record")
     layout = args.layout or ("unbundled" if "unbundled" in store.layouts else "bundled")
@@ -285,7 +285,7 @@ def _train_predictor(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from real.predictor_train import check_settings, save_predictor, train_on_prompts
+    from real.studies.predictor_train import check_settings, save_predictor, train_on_prompts
     from traces.capture.models import load_hf_model
     from traces.capture.prompts import load_prompts
     from traces.sparsity import parse_rule

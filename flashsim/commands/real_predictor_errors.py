@@ -5,7 +5,7 @@
           [--threads 1] [--json]
 
 Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/commands/real.py); the
-measurement is `real.predictor_errors`.
+measurement is `real.studies.predictor_errors`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flashsim.output import print_json, print_table
 
 
 def register_real(rsub: argparse._SubParsersAction) -> None:
-    from real.predictor_error_stats import DEFAULT_LAGS
+    from real.studies.predictor_error_stats import DEFAULT_LAGS
 
     e = rsub.add_parser("predictor-errors", help="how a trained low-rank predictor's false positives and misses "
                                                  "persist from token to token (per layer, held-out tokens)")
@@ -43,15 +43,15 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
 
 
 def _predictor_errors(args: argparse.Namespace) -> int:
-    from real.predictor_error_stats import measure
-    from real.predictor_errors import (
+    from real.studies.predictor_error_stats import measure
+    from real.studies.predictor_errors import (
         heldout_prompts,
         record_trace,
         tokens_from_prompts,
         tokens_from_trace,
         training_texts,
     )
-    from real.predictor_train import check_matches, load_predictor
+    from real.studies.predictor_train import check_matches, load_predictor
     from traces.capture.models import load_hf_model
 
     if args.lags < 1:

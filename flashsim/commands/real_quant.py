@@ -1,5 +1,5 @@
 """`flashsim real quant-quality`: int8 / int4 (Q8_0 / Q4_0-like) quantize-dequantize of a real model's
-weights, alone and with oracle top-k FFN sparsity, measured against the native model (real/quant_quality.py):
+weights, alone and with oracle top-k FFN sparsity, measured against the native model (real/studies/quant_quality.py):
 perplexity, next-token agreement and activation mass kept on the builtin prompts (or a text file).
 
 `--out FILE.json` writes the quality table with its provenance (model and its native weight formats,
@@ -69,7 +69,7 @@ def _text(arg: str) -> tuple[str, str]:
 
         return "\n\n".join(p.text for p in load_prompts("builtin")), "prompts"
     if arg == "builtin":
-        from real.gsi import BUILTIN_TEXT
+        from real.studies.gsi import BUILTIN_TEXT
 
         return BUILTIN_TEXT, "builtin"
     try:
@@ -100,7 +100,7 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 
 def _quant_quality(args: argparse.Namespace) -> int:
-    from real.quant_quality import check_settings, default_configs, measure_quality
+    from real.studies.quant_quality import check_settings, default_configs, measure_quality
     from traces.capture.models import load_hf_model, resolve_model_source
 
     bits = _numbers(args.bits, "--bits", int)
@@ -120,7 +120,7 @@ def _quant_quality(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tokenizer, spec = load_hf_model(args.model, notify=lambda m: print(m, file=sys.stderr))
     load_s = time.perf_counter() - t0
-    from real.gsi import tokenize_text
+    from real.studies.gsi import tokenize_text
 
     ids = tokenize_text(tokenizer, text, args.max_tokens)
     configs = default_configs(bits, keeps)

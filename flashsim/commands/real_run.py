@@ -62,8 +62,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.records import write_executed_trace, write_records
-    from real.store import open_store
+    from real.runtime.records import write_executed_trace, write_records
+    from real.weights.store import open_store
 
     profile = load_profile(args.profile)
     if args.records:
@@ -73,13 +73,13 @@ def _run(args: argparse.Namespace) -> int:
     store = open_store(args.store, verify="record")   # a changed byte since the last check: refused
     cfg = _config(args)
     quality = None
-    from real.rapl import RaplMeter
+    from real.bench.rapl import RaplMeter
 
     meter = RaplMeter()
     if meter.unavailable() is None:
         meter.start()
     if args.trace:
-        from real.shape_mode import run_shape
+        from real.runtime.shape_mode import run_shape
         from traces.format import open_trace
 
         if args.predictor:
@@ -120,7 +120,7 @@ def _energy_comparison(args: argparse.Namespace, meter: Any, joules: dict | None
     configuration (shape mode; model mode: replay the executed trace, --trace-out, to get it)."""
     import numpy as np
 
-    from real.rapl import measured_energy
+    from real.bench.rapl import measured_energy
 
     token_s = float(np.mean([r.latency_s for r in run.tokens])) if run.tokens else 0.0
     out: dict[str, Any] = {"measured": measured_energy(meter, joules, token_s, len(run.tokens)), "simulated": None}
@@ -158,8 +158,8 @@ def _model_runs(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) ->
     """One dense pass, then one real run per --predictor (or one with the config's predictor)."""
     import numpy as np
 
-    from real.model_mode import check_store_matches, prepare, run_prepared
-    from real.predictors import parse_predictor
+    from real.runtime.model_mode import check_store_matches, prepare, run_prepared
+    from real.runtime.predictors import parse_predictor
     from traces.capture.models import load_hf_model
 
     if not args.text:

@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---- validate -------------------------------------------------------------------------------------
 def _validate(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.validate import parse_modes, run_validation
+    from real.validation.validate import parse_modes, run_validation
 
     if args.tokens is not None and args.tokens < 4:
         raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")
@@ -87,7 +87,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _rescore(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.validate_keep import rescore
+    from real.validation.validate_keep import rescore
 
     given = [name for name, default in args.run_option_defaults.items() if getattr(args, name) != default]
     if given:
@@ -102,7 +102,7 @@ def _rescore(args: argparse.Namespace) -> int:
     if args.plot:
         raise FlashsimError("--plot with several --rescore folders: plot one kept grid at a time "
                             "(flashsim validate --rescore DIR --plot OUT)")
-    from real.validate_keep import rescore_many
+    from real.validation.validate_keep import rescore_many
 
     many = rescore_many(args.rescore, profile, progress=validate_progress(args.json))
     if args.json:

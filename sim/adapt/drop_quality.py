@@ -1,7 +1,7 @@
 """Quality of a dropped set: perplexity estimated from a GSI file, or measured on the real model.
 
 Owns: `GsiPerplexity` (the estimate) and `MeasuredPerplexity` (wraps a callable that measures the
-perplexity of dropped sets, e.g. real/pruning.measure_drop_sets wired by the CLI), both with
+perplexity of dropped sets, e.g. real/studies/pruning.measure_drop_sets wired by the CLI), both with
 `ppl(dropped) -> float` and `log_ppl(dropped) -> float` (natural log; dropped: bool [2L]). Both
 memoise per dropped set.
 

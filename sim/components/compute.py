@@ -87,7 +87,7 @@ from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
 # Torch calls per layer of the real backend's Python decoder loop (compute.decoder=python), counted
 # with a TorchFunctionMode (tests/real/test_loop_ops.py counts them again): the FFN step
-# (real/backend.py `RealExecutor.ffn`) 22; the attention, norms and residuals around it 22 in shape
+# (real/runtime/backend.py `RealExecutor.ffn`) 22; the attention, norms and residuals around it 22 in shape
 # mode's stand-in (compute.framework=kernels) and 69 in a transformers llama layer with model mode's
 # FFN module (hf: 68.6 on average, counted with transformers 5.24; a few calls run on some steps only).
 # `HostCpu.at` places the loop by its seconds per call.
@@ -295,7 +295,7 @@ class ComputeModel:
     def _sparse(self, c: np.ndarray, gathers: bool | np.ndarray) -> np.ndarray:
         """Where an FFN of c computed neurons gathers them out of the cache matrix (the caller's
         `gathers`, Residency.gathers_at: every neuron computed included where the cache's rows sit
-        in arrival order, as real.backend gathers whatever the step computes)."""
+        in arrival order, as real.runtime.backend gathers whatever the step computes)."""
         return (c > 0) & gathers
 
     def ffn_bytes(self, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> np.ndarray:
@@ -355,7 +355,7 @@ class ComputeModel:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
         rows x 2 x bundle bytes / gather_bytes_per_s (scattered rows, not a streaming copy, so not
         the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
-        DRAM row: real.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
+        DRAM row: real.runtime.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
         8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)

@@ -248,7 +248,7 @@ class Residency(Policy):
     page_granular: ClassVar[bool] = False
     #: True when the FFN gathers its computed rows out of the cache matrix every step (the set
     #: changes per token and the rows sit in arrival order), every neuron computed included: a
-    #: window run that keeps every neuron gathers all of them, as real.backend does. False when
+    #: window run that keeps every neuron gathers all of them, as real.runtime.backend does. False when
     #: computed rows are already contiguous: streamed into a fresh buffer (naive), or a set fixed
     #: for the whole decode that is compacted once (SelectInfer's static + dynamic neurons).
     gathers: ClassVar[bool] = True

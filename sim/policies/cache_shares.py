@@ -38,7 +38,7 @@ floor(T_s x w_l / ref) below the reference, and above it w_l plus the extra rows
 the layer's room below its neuron count (`CacheShares.split`): the shares sum to at most T_s at every
 step, and a budget timeline or a growing KV cache moves all layers together. Equal shares are not
 weights: they stay on the memory model's own formula, bit for bit. The simulator's planner and the real backend's per-layer matrices
-(real.backend) read the same `CacheShares` through `MemoryModel.layer_caps`.
+(real.runtime.backend) read the same `CacheShares` through `MemoryModel.layer_caps`.
 """
 
 from __future__ import annotations

@@ -203,10 +203,10 @@ def test_bench_real_perplexity_of_the_plans(trained) -> None:  # type: ignore[no
     """The estimate is exact only on GSI prefixes; a controller that departs from the GSI order (the
     learned one, the per-byte heuristic) is scored partly by one-shot increments, which ignore how
     removals interact. So measure: the real SmolLM2's perplexity on the GSI file's calibration text
-    with each controller's dropped set skipped (real/pruning.py), on 30 held-out decision points."""
+    with each controller's dropped set skipped (real/studies/pruning.py), on 30 held-out decision points."""
     pytest.importorskip("torch")
-    from real.gsi import BUILTIN_TEXT, perplexity, tokenize_text
-    from real.pruning import skipped_blocks
+    from real.studies.gsi import BUILTIN_TEXT, perplexity, tokenize_text
+    from real.studies.pruning import skipped_blocks
     from sim.blocks import format_blocks
     from traces.capture.models import load_hf_model
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from real.cache import NeuronCache
-from real.reader import BundleReader
+from real.io.reader import BundleReader
+from real.runtime.cache import NeuronCache
 
 
 @pytest.mark.parametrize("layout", ["bundled", "unbundled"])

@@ -12,7 +12,7 @@ import yaml
 
 from devices.schema import load_profile
 from flashsim.main import main
-from real.fio_import import fio_jobfile, import_fio
+from real.bench.fio_import import fio_jobfile, import_fio
 
 FIO = Path(__file__).parent / "data" / "fio_psync_2x2.json"
 
@@ -139,7 +139,7 @@ def test_fio_jobfile_has_the_grid():
 
 
 def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
-    import real.bench_io as bio
+    import real.bench.bench_io as bio
 
     monkeypatch.setattr(bio, "filesystem_type", lambda p: "tmpfs")
     assert main(_quick_flash(tmp_path, "--no-write")) == 2
@@ -149,7 +149,7 @@ def test_bench_flash_refuses_ram_filesystems(tmp_path, capsys, monkeypatch):
 
 def test_bench_flash_measures_host_cpu_per_read(full_quick_flash):
     """Every grid point records CPU time per read; the probe writes the host CPU fields on a CPU-only host."""
-    from real.bench_flash import compute_runs_on_cpu, flash_section
+    from real.bench.bench_flash import compute_runs_on_cpu, flash_section
 
     text, folder = full_quick_flash
     out = folder / "prof.yaml"
@@ -173,7 +173,7 @@ def test_bench_flash_measures_host_cpu_per_read(full_quick_flash):
         assert "compute probe" in f.source
     off = flash_section(res, "measured", shares_cpu=False)
     assert "host_cpu_s_per_read" not in off and "compute_lost_s_per_read" not in off
-    # the CPU cost of one read request (real/bench_request_cpu.py) is written on any host
+    # the CPU cost of one read request (real/bench/bench_request_cpu.py) is written on any host
     req = res["request_cpu"]
     assert res["grid"]["reads"] and all(v > 0 for row in res["grid"]["reads"] for v in row)
     assert 0 < req["request_cpu_s"] < 0.01 and off["request_cpu_s"] == pytest.approx(req["request_cpu_s"], rel=1e-3)
@@ -186,7 +186,7 @@ def test_bench_compute_records_threads(tmp_path, capsys):
     import torch
 
     from devices.errors import FlashsimError
-    from real.bench_compute import compute_sections, run_compute_bench
+    from real.bench.bench_compute import compute_sections, run_compute_bench
 
     before = torch.get_num_threads()
     res = run_compute_bench(quick=True, threads=1)
@@ -196,7 +196,7 @@ def test_bench_compute_records_threads(tmp_path, capsys):
     # the sparse FFN's kernel table, per dtype, on the quick grid; every time measured (> 0)
     tables = compute["sparse_ffn"]["tables"]
     assert set(tables) == {"fp32", "fp16", "bf16"} and "bench_sparse_ffn" in compute["sparse_ffn"]["source"]
-    from real.bench_sparse_ffn import KERNELS, QUICK_D_MODEL, QUICK_NEURONS
+    from real.bench.bench_sparse_ffn import KERNELS, QUICK_D_MODEL, QUICK_NEURONS
 
     for t in tables.values():
         assert t["d_model"] == list(QUICK_D_MODEL) and t["neurons"] == list(QUICK_NEURONS)
@@ -205,7 +205,7 @@ def test_bench_compute_records_threads(tmp_path, capsys):
 
     assert ComputeSpec.model_validate(compute).sparse_ffn is not None
     # the dense GEMV table likewise
-    from real.bench_dense_gemv import QUICK_IN_FEATURES, QUICK_OUT_FEATURES
+    from real.bench.bench_dense_gemv import QUICK_IN_FEATURES, QUICK_OUT_FEATURES
 
     dense = compute["dense_gemv"]
     assert set(dense["tables"]) == {"fp32", "fp16", "bf16"} and "bench_dense_gemv" in dense["source"]
@@ -262,7 +262,7 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys):
 
 
 def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
-    """real.reader's batches of 1, 2, 4 and 8 reads per thread at each depth q of the grid, less the
+    """real.io.reader's batches of 1, 2, 4 and 8 reads per thread at each depth q of the grid, less the
     table's time: one row per depth, one value per reads per thread."""
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
@@ -306,7 +306,7 @@ def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
 def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys, monkeypatch):
     """A folder the reader's store cannot be written to: the grid is measured, the batch terms are
     not, and the results say why."""
-    import real.bench_flash as bench
+    import real.bench.bench_flash as bench
 
     def refuse(folder, seed):
         raise PermissionError(13, "Permission denied")
@@ -341,7 +341,7 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
     either state; unscaled it would be the state's difference from the table."""
     from types import SimpleNamespace
 
-    import real.bench_reader as BR
+    import real.bench.bench_reader as BR
     from devices.curves import TableReadCurve
 
     curve = TableReadCurve((4096, 65536), (1, 4), ((4.0e7, 8.0e7), (2.0e8, 4.0e8)))
@@ -375,7 +375,7 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
 
 
 def test_median_of_rounds_by_hand():
-    from real.bench_reader import median_of_rounds
+    from real.bench.bench_reader import median_of_rounds
 
     rounds = [{"per_batch_s": 3.0, "n": 16, "batch_s": [1.0, 9.0], "ids": [1]},
               {"per_batch_s": 1.0, "n": 16, "batch_s": [2.0, 7.0], "ids": [2]},
@@ -405,7 +405,7 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
     """Each thread takes its own next slot of one huge-page region (as reads land in cache rows),
     not one reused buffer: after a short point, slot k of thread k and later slots hold file bytes."""
 
-    from real.bench_io import DEST_BYTES, BenchFile, random_read_bytes_per_s
+    from real.bench.bench_io import DEST_BYTES, BenchFile, random_read_bytes_per_s
 
     bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
     try:
@@ -425,8 +425,8 @@ def test_random_reads_land_across_the_destination_region(tmp_path):
 def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
     """The host CPU probe's batches land where the grid's reads land (each thread's next slot of the
     region), not in one reused buffer per thread: its terms are then measured on the same transfers."""
-    from real.bench_host_cpu import probe_samples
-    from real.bench_io import BenchFile
+    from real.bench.bench_host_cpu import probe_samples
+    from real.bench.bench_io import BenchFile
 
     bf = BenchFile(tmp_path / "b.dat", 1 << 20, seed=0, direct=None, keep=False)
     try:
@@ -442,7 +442,7 @@ def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
 def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
     """The reader planning and host CPU probe rounds sample the host across the whole
     calibration: one round right after each sweep, then their medians (not all after the grid)."""
-    import real.bench_flash as bfm
+    import real.bench.bench_flash as bfm
 
     events: list[str] = []
     real_read, real_round = bfm.random_read_bytes_per_s, bfm._cpu_round
@@ -467,7 +467,7 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
 def test_probe_summary_pools_the_rounds_slices_by_hand():
     """The host CPU probe's rounds (one after each sweep) are pooled slice by slice: medians over
     all slices of all rounds, then the line through the two batch sizes (64 and 256 reads)."""
-    from real.bench_host_cpu import probe_summary
+    from real.bench.bench_host_cpu import probe_summary
 
     def rnd(alone, both, lost, cpu, it):
         return {"chunk_bytes": 16384, "in_flight": 32, "compute_threads": 1, "slices": 2, "slice_s": 0.1,
@@ -493,7 +493,7 @@ def test_the_dense_gemv_pool_is_four_times_the_last_level_cache(tmp_path, monkey
     """sysfs's highest cache level sets the pool (4x it, at least 256 MiB; 32 MiB assumed where
     sysfs says nothing), and the pool hands out consecutive, line-aligned slices, wrapping at its end."""
     torch = pytest.importorskip("torch")
-    import real.bench_dense_gemv as bdg
+    import real.bench.bench_dense_gemv as bdg
 
     for i, (level, size) in enumerate(((1, "48K"), (2, "2048K"), (3, "491520K"), (1, "32K"))):
         d = tmp_path / f"index{i}"
@@ -517,11 +517,11 @@ def test_the_dense_gemv_pool_is_four_times_the_last_level_cache(tmp_path, monkey
 def test_the_cpu_check_warms_its_pool_before_timing(monkeypatch):
     """The drift check reads its whole pool, untimed, before its timed GEMVs: a table cell cycles
     through the pool every few tens of milliseconds, and a pool last touched seconds ago made the
-    first GEMVs 1.2-1.5x slower (real/drift.py), which the checks then reported as host drift."""
+    first GEMVs 1.2-1.5x slower (real/validation/drift.py), which the checks then reported as host drift."""
     torch = pytest.importorskip("torch")
     from devices import load_profile
-    from real import drift
-    from real.bench_dense_gemv import WeightPool
+    from real.bench.bench_dense_gemv import WeightPool
+    from real.validation import drift
 
     events: list[str] = []
 
@@ -545,8 +545,8 @@ def test_the_width_checks_time_table_cells_and_skip_a_profile_without_them(monke
     cells there (measured points, no interpolation); {} for a profile without a dense table."""
     torch = pytest.importorskip("torch")
     from devices import load_profile
-    from real import drift
-    from real.bench_dense_gemv import WeightPool
+    from real.bench.bench_dense_gemv import WeightPool
+    from real.validation import drift
 
     shapes: list[tuple[int, int]] = []
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from devices import load_profile
-from real.convert import write_shape_store
-from real.records import write_executed_trace
-from real.store import open_store
+from real.runtime.records import write_executed_trace
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
 from sim import bitsets
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
@@ -23,7 +23,7 @@ SHAPE = dict(d_model=1024, d_ff=256, n_layers=3)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):  # type: ignore[no-untyped-def]
-    from real.shape_mode import shape_trace_like
+    from real.runtime.shape_mode import shape_trace_like
 
     root = tmp_path_factory.mktemp("shares")
     store = open_store(write_shape_store(tiny_spec(**SHAPE), root / "store", seed=3, dtype="fp32", layout="bundled"))
@@ -41,7 +41,7 @@ def _cfg(split: str, budget: int | None = None) -> RunConfig:
 
 def _budget(store, trace, profile) -> int:  # type: ignore[no-untyped-def]
     """The budget whose caches hold every layer's largest step plus 30 rows over all layers."""
-    from real.shape_mode import shape_config
+    from real.runtime.shape_mode import shape_config
     from sim.engine import build
 
     sim = build(trace, store.spec, profile, shape_config(_cfg("equal")))
@@ -52,8 +52,8 @@ def _budget(store, trace, profile) -> int:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("split", ["equal", "by_bytes_needed", "greedy_marginal"])
 def test_real_cache_uses_the_simulators_shares(setup, split) -> None:  # type: ignore[no-untyped-def]
-    from real.backend import RealExecutor
-    from real.shape_mode import run_shape, shape_config
+    from real.runtime.backend import RealExecutor
+    from real.runtime.shape_mode import run_shape, shape_config
     from sim.engine import build, simulate
 
     root, store, trace = setup

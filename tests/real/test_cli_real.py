@@ -10,7 +10,7 @@ from collections import namedtuple
 import pytest
 
 from flashsim.main import main
-from real import store_writer
+from real.weights import store_writer
 
 TINY = """name: tiny
 source: test shape

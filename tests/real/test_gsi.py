@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from flashsim.main import main  # noqa: E402
-from real.gsi import (  # noqa: E402
+from real.studies.gsi import (  # noqa: E402
     block_names,
     dropped_blocks,
     gsi_document,

@@ -1,4 +1,4 @@
-"""Predictor error persistence (real.predictor_errors): the transition counts by hand, scopes, the
+"""Predictor error persistence (real.studies.predictor_errors): the transition counts by hand, scopes, the
 `noisy` model's curve, and the CLI on a tiny llama folder: held-out prompts, a captured trace, the
 recorded trace replayed by the simulator with the recall measured here, bad input."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from flashsim.main import main
-from real import predictor_error_stats as PS
-from real import predictor_errors as PE
+from real.studies import predictor_error_stats as PS
+from real.studies import predictor_errors as PE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -84,7 +84,7 @@ def tiny_setup(tmp_path_factory):
 
 
 def test_cli_heldout_prompts_and_recorded_replay(tiny_setup, capsys) -> None:
-    from real.predictor_train import load_predictor
+    from real.studies.predictor_train import load_predictor
     from traces.format import open_trace
 
     folder, root = tiny_setup

@@ -12,7 +12,7 @@ import pytest
 
 from devices.errors import FlashsimError
 from flashsim.main import main
-from real import predictor_train as PT
+from real.studies import predictor_train as PT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

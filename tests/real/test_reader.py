@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
-from real.buffers import AlignedBuffer
-from real.reader import BundleReader
+from real.io.buffers import AlignedBuffer
+from real.io.reader import BundleReader
 from tests.real.conftest import tiny_spec
 
 
