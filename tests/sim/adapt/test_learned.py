@@ -152,15 +152,15 @@ def test_controller_protocol_and_safety_rule(tmp_path):
 
 
 def test_training_is_deterministic_and_writes_identical_files(tmp_path):
-    cfg = DqnConfig(steps=700, seed=3, learning_starts=200, buffer_size=1000)
+    cfg = DqnConfig(steps=400, seed=3, learning_starts=200, buffer_size=1000)
     a, b = train_dqn(_env(), cfg), train_dqn(_env(), cfg)
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
-    assert a.updates == b.updates > 0 and a.episodes == b.episodes > 700 // 60   # episodes end on a fit
+    assert a.updates == b.updates > 0 and a.episodes == b.episodes > 400 // 60   # episodes end on a fit
     save_policy(tmp_path / "a.safetensors", a.params, {"format": "x"})
     save_policy(tmp_path / "b.safetensors", b.params, {"format": "x"})
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
-    c = train_dqn(_env(), DqnConfig(steps=700, seed=4, learning_starts=200, buffer_size=1000))
+    c = train_dqn(_env(), DqnConfig(steps=400, seed=4, learning_starts=200, buffer_size=1000))
     assert not np.array_equal(a.params["w0"], c.params["w0"])
 
 
