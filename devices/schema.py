@@ -40,7 +40,7 @@ DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
 
 # Keys of terms the simulator no longer has: the compute penalty after a demand read's wait and the
 # cache index work (flash), the penalty after a layer's streaming (compute). None lowered the error
-# on a grid of another boot (docs/validation.md, "The machine model's terms"). Older profiles and
+# on a grid of another boot (docs/calibrate-and-validate.md, "The machine model's terms"). Older profiles and
 # kept grids carry them; loading drops them.
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted")

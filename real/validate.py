@@ -65,7 +65,7 @@ MODES = ("shape", "model")
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
-# neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
+# neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/calibrate-and-validate.md)
 MODEL_KEEP = 0.25
 # real passes over the grid by default: each pass is then scored against the mean of the other two,
 # the host's repeat spread that the simulator's error is read against (real.validate_score.floor)

@@ -1,4 +1,4 @@
-"""The flow docs/real.md shows for the next helpers: a sliding window of active sets read through
+"""The flow docs/run-real.md shows for the next helpers: a sliding window of active sets read through
 the reader into the neuron cache, and a sparse FFN over the cached rows equal to the dense FFN
 restricted to the same neurons."""
 

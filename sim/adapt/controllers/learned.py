@@ -42,7 +42,7 @@ every entry lies in [-OBS_BOUND, OBS_BOUND] = [-6, 6] (the gymnasium Box bounds)
 the rest: the entries that depend on earlier choices (4, 5, 10, 11, 12, 14) are then affine in
 (plan, dropped count, importance lost), which `decide_pass` uses to score positions cheaply.
 
-Safety rule (documented in docs/adaptation-learned.md): if the plan still exceeds `available_bytes`
+Safety rule (documented in docs/adapt.md): if the plan still exceeds `available_bytes`
 after the pass, the controller drops the kept blocks in ascending importance until it fits (or
 nothing is left to drop). `LearnedController.safety_fired` counts the decisions where it acted.
 
