@@ -1,5 +1,5 @@
 """LLM in a flash's ablation (Table 2: naive, hybrid, +predictor, +windowing, +bundling) on a
-synthetic OPT-6.7B-shape trace, printed as the markdown tables of docs/simulator.md ("Does it land
+synthetic OPT-6.7B-shape trace, printed as the markdown tables of docs/replay.md ("Does it land
 where the papers do?"). Run after a change to the simulator or the device profiles:
 
     .venv/bin/python scripts/ablation_llm_in_a_flash.py [--trace /tmp/fsd/opt-6.7b-syn] [--only oracle|noisy]

@@ -1,5 +1,5 @@
 """A real predictor replayed (`predictor=recorded`) beside the `noisy` predictor with the same
-recall, precision and error memory, and memoryless: the table in docs/simulator.md ("Predictor
+recall, precision and error memory, and memoryless: the table in docs/replay.md ("Predictor
 errors with memory").
 
     .venv/bin/python scripts/recorded_vs_noisy.py --trace TRACE --recorded REC [--device apple-m1-max]

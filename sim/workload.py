@@ -170,7 +170,7 @@ class TraceView:
             raise FlashsimError(
                 f"trace {trace.path} has {trace.n_layers} layers x {trace.n_neurons} FFN neurons but the model has "
                 f"{n_layers} x {n_neurons}; replay it with the trace's own model (omit --model), or pass "
-                "--rescale to tile the trace onto the model (see docs/simulator.md)")
+                "--rescale to tile the trace onto the model (see docs/replay.md)")
         self.trace, self.steps = trace, steps
         self.n_layers, self.n_neurons = n_layers, n_neurons
         self.rescaled = (n_layers, n_neurons) != (trace.n_layers, trace.n_neurons)

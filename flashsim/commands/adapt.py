@@ -19,7 +19,7 @@ from flashsim.output import output_file, print_json, print_table
 
 # Passes for S steps: 1 (dense) + 2L (one-shot, also step 1) + sum over k=1..S-1 of (2L - k). SmolLM2-135M
 # (2L = 60) at 256 tokens measured 0.44 s per pass in fp32 on 2 CPU cores, so the default 8 steps
-# (453 passes) take ~3.3 min; `--steps all` (1831 passes) ~13.5 min (docs/adaptation.md).
+# (453 passes) take ~3.3 min; `--steps all` (1831 passes) ~13.5 min (docs/adapt.md).
 DEFAULT_STEPS = 8
 DEFAULT_MAX_TOKENS = 256
 
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gsi", help="Greedy Sequential Importance of MHA/FFN blocks on a real model",
         description="Repeatedly drop the MHA or FFN block whose removal raises the calibration "
         "perplexity least, re-scoring the rest after each drop; also the one-shot ordering. "
-        "Cost: about 2L passes per step (see docs/adaptation.md).",
+        "Cost: about 2L passes per step (see docs/adapt.md).",
     )
     g.add_argument("--model", default="smollm2-135m",
                    help="smollm2-135m (embedded), a Hugging Face model folder, or a FILE.gguf")

@@ -63,7 +63,7 @@ def register(asub: argparse._SubParsersAction) -> None:
     p = asub.add_parser(
         "eval", help="compare adaptation controllers under memory budgets and timelines",
         description="Replay memory budgets and timelines with each controller: violations, perplexity, "
-        "tok/s (docs/adaptation.md).")
+        "tok/s (docs/adapt.md).")
     p.add_argument("--model", help="model whose blocks are pruned (default: the trace's model)")
     p.add_argument("--trace", help="trace directory for the simulator's timing (default: the shipped "
                    "smollm2-135m trace)")
@@ -75,7 +75,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    "'' for none)")
     p.add_argument("--timelines", action="append", metavar="SPEC[;SPEC]",
                    help="memory timelines, ';'-separated or repeated (default: step, sawtooth, bursts; "
-                   "'' for none); syntax in docs/adaptation.md")
+                   "'' for none); syntax in docs/adapt.md")
     p.add_argument("--controllers", default=",".join(DEFAULT_CONTROLLERS), metavar="A,B",
                    help=f"of {', '.join(CONTROLLER_NAMES)} (default {','.join(DEFAULT_CONTROLLERS)})")
     p.add_argument("--weights", metavar="FILE.safetensors", help="learned controller weights "

@@ -7,7 +7,7 @@
   model vs a random selection of the same size (real/studies/selectinfer_quality.py), on held-out prompts.
 
 Both check every argument (model name, lists, files) before the model loads; bad input is one
-FlashsimError line and exit code 2. Details and measured numbers: docs/adaptation-real.md.
+FlashsimError line and exit code 2. Details and measured numbers: docs/adapt.md.
 """
 
 from __future__ import annotations

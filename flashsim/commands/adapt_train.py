@@ -22,7 +22,7 @@ from flashsim.output import output_file, print_json, print_table
 
 DEFAULT_STEPS = 150_000      # = sim.adapt.train.DqnConfig().steps
 DEFAULT_EVAL_POINTS = 300
-DEFAULT_VISIT = "importance"   # with the full GSI file: held-out 0.7414 vs 0.7345 per byte (docs/adaptation-learned.md)
+DEFAULT_VISIT = "importance"   # with the full GSI file: held-out 0.7414 vs 0.7345 per byte (docs/adapt.md)
 # Held-out decision points come from this seed's stream, never from a training seed's stream
 # (training seeds spawn from SeedSequence(seed); this one is a different root entropy).
 HELD_OUT_SEED = 2026_11_29
@@ -36,7 +36,7 @@ def register(asub: argparse._SubParsersAction) -> None:
         "train", help="train the learned controller (DQN, NumPy) in the Gymnasium environment",
         description="Train the learned RAP controller: a DQN with a 15-128-128-2 MLP (18,818 "
         "parameters) over sequential keep/drop decisions, reward alpha*quality_kept - "
-        "beta*memory_penalty (docs/adaptation-learned.md). Writes safetensors weights.")
+        "beta*memory_penalty (docs/adapt.md). Writes safetensors weights.")
     p.add_argument("--model", default="smollm2-135m", help="model name or config (default smollm2-135m)")
     p.add_argument("--gsi", metavar="FILE", help="GSI file (`flashsim adapt gsi`); default: the shipped "
                    "sim/adapt/data/<model>.gsi.json")

@@ -1,4 +1,4 @@
-"""`flashsim calibrate`: the calibration loop in one verb (docs/calibrate.md):
+"""`flashsim calibrate`: the calibration loop in one verb (docs/calibrate-and-validate.md):
 
     0. checks         --path exists, is a writable folder with room for the bench file and its
                       stores; --out can be written; --device cuda has a GPU: before any work

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capture", help="capture FFN activations of a real model into a trace",
         description="Run prompts through a real model (prefill + greedy or sampled decode) with hooks on "
-        "every FFN and write a trace directory (format v1, see docs/capture.md).",
+        "every FFN and write a trace directory (format v1, see docs/capture-and-traces.md).",
     )
     p.add_argument("--model", default="smollm2-135m",
                    help="smollm2-135m (embedded), a Hugging Face model folder, or a FILE.gguf (default smollm2-135m)")

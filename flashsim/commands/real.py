@@ -192,7 +192,7 @@ def neuron_sets(store: Any, layer: int, fraction: float, run: int, rng: np.rando
 
 def _read(args: argparse.Namespace) -> int:
     from real.io.reader import BundleReader
-    from real.runtime.cache import LayerCache
+    from real.runtime.cache_matrices import LayerCache
     from real.weights.store import open_store
 
     if not 0 < args.fraction <= 1:

@@ -62,7 +62,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.runtime.records import write_executed_trace, write_records
+    from real.runtime.run_outputs import write_executed_trace, write_records
     from real.weights.store import open_store
 
     profile = load_profile(args.profile)

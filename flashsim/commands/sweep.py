@@ -17,7 +17,7 @@ from flashsim.output import print_json, print_table
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", help="run a grid of simulations from a sweep file (resumable)",
-        description="Run every point of a sweep file (YAML or TOML; see docs/analysis.md) and append "
+        description="Run every point of a sweep file (YAML or TOML; see docs/sweep-plot-report.md) and append "
         "each finished point to a Parquet dataset in DIR/results with DIR/manifest.json. Killed at any "
         "moment, the same command resumes: finished points are skipped, none is written twice.")
     p.add_argument("spec", metavar="SPEC", help="sweep file (.yaml, .yml or .toml)")

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "synth", help="write a synthetic trace fitted to a trace or to parameters",
         description="Per-neuron on/off Markov chains with heterogeneous rates (hot-neuron skew), a "
         "mixture of persistence and prompt-level context classes fitted to window coverage k = 1..8, "
-        "and optional |a| magnitudes; see docs/trace-analysis.md and traces/synthetic.py.")
+        "and optional |a| magnitudes; see docs/capture-and-traces.md and traces/synthetic.py.")
     y.add_argument("--model", help="model spec (bundled name, HF folder or spec YAML); default with --like: "
                    "the source trace's model")
     y.add_argument("--tokens", type=int, help="tokens to generate (default with --like: the source's count)")

@@ -7,7 +7,7 @@
   host whose cores are shared, 1 and 2 threads differ by far more than 2x (per-op barriers wait for
   descheduled workers), so real runs use the profile's count and warn when they run another.
 * Gathered GEMV: copy a seeded random 10% of W's rows into a preallocated buffer (torch: the real
-  backend's own `real.runtime.cache.gather_rows` from rows held in an AlignedBuffer, its neuron cache's
+  backend's own `real.runtime.cache_matrices.gather_rows` from rows held in an AlignedBuffer, its neuron cache's
   memory; NumPy: `np.take(..., out=)`), then multiply: the sparse-FFN pattern. The
   gather's bytes/s is what the profile's `gather_bytes_per_s` models. Successive repetitions
   rotate through GATHER_SETS different index sets, as successive tokens do, and each runs after an
@@ -28,7 +28,7 @@
   against 25 GB/s for 4096-wide rows. The GEMV rates written to the profile are the dense GEMV's
   with its rows' share removed, so rate + row cost reproduce the dense measurement.
 * Transposed copy (torch): the real backend's sparse FFN gathers cache rows
-  (`real.runtime.cache.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
+  (`real.runtime.cache_matrices.gather_rows`) and copies the down segment transposed ([k, d] -> [d, k], the layout
   the dense kernel reads); measured on TRANSPOSE_SHAPE's padded rows with the backend's own gather.
 * Sparse-FFN kernel table (torch): the real backend's gather, gate/up GEMV on the gathered rows,
   transposed down copy and down GEMV, per dtype over a grid of widths and computed neurons
@@ -55,7 +55,7 @@ from real.bench.bench_dense_gemv import dense_gemv_table, pool_bytes
 from real.bench.bench_sparse_ffn import sparse_ffn_table
 from real.bench.call_time import mean_call_s
 from real.io.buffers import AlignedBuffer
-from real.runtime.cache import TransposeScratch, gather_rows, gather_scratch
+from real.runtime.cache_matrices import TransposeScratch, gather_rows, gather_scratch
 from real.runtime.torch_threads import torch_threads
 from real.validation.profile_writer import sig4
 
@@ -159,7 +159,7 @@ def _run(quick: bool, use_torch: bool, seed: int) -> dict[str, Any]:
             scratch = gather_scratch(len(idx), K * es)
             with torch.no_grad():
                 t_dense = _times_s(lambda w=w, x=x, out=out: torch.mv(w, x, out=out), min_time_s)
-                # the real backend's gather (real.runtime.cache.gather_rows) from the cache's kind of memory
+                # the real backend's gather (real.runtime.cache_matrices.gather_rows) from the cache's kind of memory
                 t_gather = _times_s(lambda rows=rows, scratch=scratch, tdt=tdt:
                                     gather_rows(rows, sets[next(turn)], scratch, tdt), min_time_s, before=evict)
                 t_mv = _times_s(lambda buf=buf, x=x, out_g=out_g: torch.mv(buf, x, out=out_g), min_time_s)

@@ -13,9 +13,9 @@ Jetson), through the same path the real backend's CUDA branch takes (real/runtim
   a pool on the GPU the same way.
 * Sparse FFN table per dtype (real/bench/bench_sparse_ffn.py's grid and kernels) on the backend's CUDA
   path: the cache rows in host memory (AlignedBuffer, the neuron cache's kind), the gather on the CPU
-  (real.runtime.cache.gather_rows) into a page-locked scratch (real.runtime.device.HostScratch, cudaHostRegister),
+  (real.runtime.cache_matrices.gather_rows) into a page-locked scratch (real.runtime.device.HostScratch, cudaHostRegister),
   the segments copied to the GPU with non_blocking=True, the two input GEMVs, the transposed down
-  copy (real.runtime.cache.TransposeScratch on the GPU) and the down GEMV on the GPU. Each phase is timed
+  copy (real.runtime.cache_matrices.TransposeScratch on the GPU) and the down GEMV on the GPU. Each phase is timed
   to a synchronize, so gather_s holds the host gather and the transfer; each phase also holds one
   synchronize's latency (a few microseconds) that the backend pays once per layer.
 * GPU memory bandwidth: STREAM-style copy (2 x bytes / time) and triad a = b + s c (3 x bytes /
@@ -156,7 +156,7 @@ def _sparse_table(torch: Any, device: ComputeDevice, dtypes: dict[str, Any], qui
         QUICK_NEURONS,
     )
     from real.io.buffers import AlignedBuffer
-    from real.runtime.cache import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
+    from real.runtime.cache_matrices import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
 
     F = torch.nn.functional
     dev = device.torch_device()

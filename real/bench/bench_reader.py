@@ -34,7 +34,7 @@ from devices.model_spec import ModelSpec
 from real.bench.call_time import mean_call_s
 from real.io.buffers import round_up
 from real.io.reader import BundleReader, ReadStats
-from real.runtime.cache import LayerCache
+from real.runtime.cache_matrices import LayerCache
 from real.weights.convert import write_shape_store
 from real.weights.store import WeightStore, open_store
 

@@ -10,7 +10,7 @@ more than one measured point says (an Intel Xeon VM, one thread):
   * the transposed copy ran at 4.5 GB/s at 409 x 1024 fp32 (where the profile's single
     `transpose_bytes_per_s` was measured), 2.9 GB/s at 1100 x 4096 fp32 and 1.9-2.5 GB/s in fp16
     at every size (and, while each copy was a fresh allocation, 0.6 GB/s past 32 MiB: see
-    real.runtime.cache.TransposeScratch);
+    real.runtime.cache_matrices.TransposeScratch);
   * the input-side GEMVs over the strided fp16 rows streamed at 3-7 GB/s against 13-17 GB/s in
     fp32 (this CPU has no fp16 arithmetic: torch converts), where the dense fp16 GEMV the profile's
     `gemv_flops_per_s` comes from runs at 22 GB/s.
@@ -20,9 +20,9 @@ with single rates.
 
 Each point runs the backend's own sequence on its own kind of memory: the rows sit in an
 AlignedBuffer (the neuron cache's memory) of CACHE_SLACK x k rows, a seeded random k of them are
-gathered with `real.runtime.cache.gather_rows` into a `gather_scratch`, after an untimed sweep that evicts
+gathered with `real.runtime.cache_matrices.gather_rows` into a `gather_scratch`, after an untimed sweep that evicts
 the CPU caches (as a layer's other work does between two of its FFNs); then the two input GEMVs
-(`F.linear` on the strided views), the transposed copy (real.runtime.cache.TransposeScratch, as the backend)
+(`F.linear` on the strided views), the transposed copy (real.runtime.cache_matrices.TransposeScratch, as the backend)
 and the down GEMV, each timed on its own. The means (real/bench/call_time.py) of at least MIN_REPS
 repetitions (after one warm-up) are kept.
 """
@@ -37,7 +37,7 @@ import numpy as np
 from devices.kernel_table import table_row_bytes
 from real.bench.call_time import mean_call_s
 from real.io.buffers import AlignedBuffer
-from real.runtime.cache import TransposeScratch, gather_rows, gather_scratch
+from real.runtime.cache_matrices import TransposeScratch, gather_rows, gather_scratch
 
 # the grid: model widths x computed neurons per layer (SmolLM2 576 .. a 70B's 8192; a layer's
 # tens to thousands of computed neurons). --quick: the corners of a smaller square.

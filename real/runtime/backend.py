@@ -6,7 +6,7 @@ and real sparse compute carry it out (sizes in bytes, times in seconds, wall clo
 and layer l, the plan `stack.plan(l, s, s + 1, cap)` (ranges of length 1, policy state carried):
 
 1. wait for the prefetch of (s, l) issued one step earlier (background thread; waiting = stall);
-2. delete from the layer's `real.runtime.cache.LayerCache` what the policy keeps neither for the next step
+2. delete from the layer's `real.runtime.cache_matrices.LayerCache` what the policy keeps neither for the next step
    nor computes now, and what the plan evicted to make room although it prefetches it back (rows
    moved: memory management);
 3. read the demand set (`BundleReader`, direct I/O, coalesced) into rows appended to the cache;
@@ -35,7 +35,7 @@ records (measured: a shape-mode delta run planned 4.5 ms per token inline agains
 prefetch, the difference being the prefetch thread's work).
 Every step yields one
 `sim.records.TokenRecord` in the simulator's schema; `executed` keeps the computed set of every
-step and layer so the run can be written as a trace (`real.runtime.records`) and replayed exactly.
+step and layer so the run can be written as a trace (`real.runtime.run_outputs`) and replayed exactly.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
-from real.runtime.cache import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
+from real.runtime.cache_matrices import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
 from sim import bitsets
 from sim.config import RunConfig
 from sim.policies.base import CapacityError
@@ -197,7 +197,7 @@ class RealExecutor:
         self.plan_total_s = time.perf_counter() - t0
 
     def _make_caches(self) -> list[Any]:
-        from real.runtime.cache import layer_caches
+        from real.runtime.cache_matrices import layer_caches
 
         sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
         # each layer's share of the cache, the simulator's own (MemoryModel.layer_caps: equal, or the
@@ -373,9 +373,9 @@ class RealExecutor:
         if in_place:    # the cache's own rows [0, k): no gather, and the down GEMV on the row layout
             rows_t = torch.from_numpy(cache.rows[:k]).view(self.tdtype)
         else:
-            # gather: whole cache rows into the preallocated scratch (real.runtime.cache.gather_rows), then
+            # gather: whole cache rows into the preallocated scratch (real.runtime.cache_matrices.gather_rows), then
             # the segments are views of it. The scratch's rows are GATHER_ROW_PAD_BYTES wider than
-            # the cache's: see real.runtime.cache.GATHER_ROW_PAD_BYTES
+            # the cache's: see real.runtime.cache_matrices.GATHER_ROW_PAD_BYTES
             scratch = self._gather.get(max(k, cache.capacity), cache.row_stride_bytes + GATHER_ROW_PAD_BYTES)
             rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], scratch, self.tdtype)
         es = rows_t.element_size()
@@ -395,7 +395,7 @@ class RealExecutor:
         else:
             up, down = segs
             h = _act(torch, self.spec.ffn_kind, F.linear(xs, up))
-        # down: one contiguous [d, k] copy (from 8 MiB on a preallocated one: real.runtime.cache.TransposeScratch),
+        # down: one contiguous [d, k] copy (from 8 MiB on a preallocated one: real.runtime.cache_matrices.TransposeScratch),
         # then the same GEMV kernel (F.linear) HF's dense down_proj uses; `h @ down` on the row
         # layout accumulates in another order (SmolLM2 logits then differ from HF by ~1.4e-4
         # instead of <= 1e-4). The copy is k*d elements. In place, the copy would read the cache's

@@ -9,7 +9,7 @@ Labels: a neuron is active when |act(gate x) * (up x)| passes the sparsity rule 
 tokens / topk:F per token; default `traces.capture.assemble.default_rule`, threshold:0.5 for SwiGLU).
 
 Data: every prompt (chat template as in capture, unless `chat_template=False`: the predictor learns
-the distribution it sees, see docs/real.md) is run through the model once, prefill plus
+the distribution it sees, see docs/run-real.md) is run through the model once, prefill plus
 `max_new_tokens` greedy tokens, then the whole sequence is fed once more with hooks on each layer's
 `mlp` (its input x) and `mlp.down_proj` (its input a). Prompts are split, seeded, into a training
 and a held-out set (whole prompts, so no held-out token was seen in training); thresholds and the

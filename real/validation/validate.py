@@ -7,7 +7,7 @@ For each configuration (window k x bundling x prefetch x budget) and mode:
    SmolLM2-135M token by token on a fixed text, its real FFN weights streamed from a store converted
    from the embedded model, active sets the oracle top-`MODEL_KEEP` of the dense activations); real
    direct-I/O reads, real sparse compute in both;
-2. the computed sets it executed are written as a trace (`real.runtime.records.write_executed_trace`);
+2. the computed sets it executed are written as a trace (`real.runtime.run_outputs.write_executed_trace`);
 3. the simulator replays that trace with the same policies (predictor = oracle on the executed sets,
    so both see exactly the same neurons), the same budget and the device profile (`this-host` or
    --profile);
@@ -65,7 +65,7 @@ MODES = ("shape", "model")
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
-# neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/validation.md)
+# neurons (top |a| per token) gives caches and prefetch something to do (quality: docs/calibrate-and-validate.md)
 MODEL_KEEP = 0.25
 # real passes over the grid by default: each pass is then scored against the mean of the other two,
 # the host's repeat spread that the simulator's error is read against (real.validation.validate_score.floor)
@@ -333,7 +333,7 @@ def _row(mode: str, gp: GridPoint, budget: int, metrics: dict, run: Any) -> dict
 def _shape_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path, threads: int | None,
                 rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
                 drift: Any = None) -> dict[str, Any]:
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
     from real.weights.convert import write_shape_store
     from real.weights.store import open_store
@@ -426,7 +426,7 @@ def _model_rows(profile: Any, quick: bool, n_tokens: int, seed: int, root: Path,
                 rows: list, progress: Any, n_total: int, repeats: int = 1, replays: list | None = None,
                 drift: Any = None) -> dict[str, Any]:
     from real.runtime.model_mode import prepare, run_prepared
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from sim.engine import simulate
     from traces.format import open_trace
 

@@ -16,7 +16,7 @@ three passes: about 2 MB), so reference grids travel with the repository:
                            spec, direct I/O, its executed trace, its number of passes and each real
                            run's midpoint (seconds into the validation)
     traces/HASH/           each distinct executed trace once (trace format v1;
-                           real.runtime.records.write_executed_trace), named by a digest of its files: with
+                           real.runtime.run_outputs.write_executed_trace), named by a digest of its files: with
                            the oracle every configuration of a mode executes the same sets
     runs.parquet           every real run's per-token records (sim.records.TOKEN_COLUMNS), keyed by
                            the columns `config` (its index in grid.json) and `pass`

@@ -17,7 +17,7 @@ plus the one-shot increment of every other dropped block (measured alone, agains
 * Exact (the measured number, up to float rounding) for every GSI prefix, including D = {} (dense)
   and D = every block in a `--steps all` file, and for every single block (one-shot).
 * Otherwise an approximation: the blocks outside the prefix are assumed to add their one-shot
-  damage independently of each other and of the prefix. Removals interact (docs/adaptation.md: the
+  damage independently of each other and of the prefix. Removals interact (docs/adapt.md: the
   second GSI step already departs from the one-shot order), so sets far from a GSI prefix are the
   least reliable; the controllers here drop mostly in GSI order, which keeps them near prefixes.
 * A block whose perplexity is null in the file (the model diverged) makes the estimate infinite.

@@ -355,7 +355,7 @@ class ComputeModel:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
         rows x 2 x bundle bytes / gather_bytes_per_s (scattered rows, not a streaming copy, so not
         the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
-        DRAM row: real.runtime.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
+        DRAM row: real.runtime.cache_matrices's deletion copies each row's data part (`LayerCache._data`), 6912 of
         8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)

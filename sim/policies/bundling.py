@@ -24,7 +24,7 @@
   DRAM too: `dram_bytes_per_neuron(spec)` is what one cached neuron takes in the memory model
   (sim/engine.py `_memory_model`, the planner's dram_bytes, the cache policy's `dynamic_bytes`):
   `round_up(ffn_neuron_bytes, align_bytes)` in BOTH layouts, because the real cache
-  (real/runtime/cache.py `LayerCache`, rows of `BundleReader.dest_row_bytes`) holds every neuron as one
+  (real/runtime/cache_matrices.py `LayerCache`, rows of `BundleReader.dest_row_bytes`) holds every neuron as one
   bundle row padded to 4 KiB whether flash holds it as one bundle or as per-matrix rows (SmolLM2
   fp32: 8192 B, not 3 x 4096). align_bytes = 0: `ffn_neuron_bytes`, unchanged.
 

@@ -29,7 +29,7 @@ def _phases(tokens: list) -> np.ndarray:
 
 
 def _report(label: str, runs: list, spec, cfg, tmp_path) -> np.ndarray:  # type: ignore[no-untyped-def]
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from sim.engine import simulate
     from traces.format import open_trace
 

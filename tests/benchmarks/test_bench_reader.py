@@ -19,7 +19,7 @@ import pytest
 from devices.model_spec import ModelSpec
 from real.bench.bench_io import BenchFile, random_read_bytes_per_s
 from real.io.reader import BundleReader
-from real.runtime.cache import LayerCache
+from real.runtime.cache_matrices import LayerCache
 from real.weights.convert import write_shape_store
 from real.weights.store import open_store
 

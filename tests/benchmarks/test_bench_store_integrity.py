@@ -24,7 +24,7 @@ import numpy as np
 
 from devices.model_spec import ModelSpec
 from real.io.reader import BundleReader
-from real.runtime.cache import LayerCache
+from real.runtime.cache_matrices import LayerCache
 from real.weights.convert import write_shape_store
 from real.weights.store import open_store
 from real.weights.store_integrity import record_matches

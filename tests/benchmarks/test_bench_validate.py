@@ -149,7 +149,7 @@ def test_bench_host_cpu_terms(tmp_path):
     full model without compute after a read wait, or without the cache index work), so real-run
     noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
     from devices.schema import DeviceProfile
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
     from real.validation.validate import grid, validation_spec
     from real.validation.validate_score import compare, summarize

@@ -31,7 +31,7 @@ def full_quick_flash(tmp_path_factory) -> tuple[str, Path]:
     import contextlib
     import io
 
-    import real.bench_flash as bfm
+    import real.bench.bench_flash as bfm
 
     folder = tmp_path_factory.mktemp("bench")
     buf = io.StringIO()
@@ -247,7 +247,7 @@ def test_cli_bench_flash_compute_threads_and_no_host_cpu(tmp_path, capsys, monke
     """--compute-threads reaches the probe and the profile's command; --no-host-cpu skips the probe.
     Only the kernel probe runs, at 4 slices per batch size: every probe kind and the profile's
     terms are checked on full_quick_flash's run."""
-    import real.bench_flash as bfm
+    import real.bench.bench_flash as bfm
 
     pytest.importorskip("torch")
     monkeypatch.setattr(bfm, "PROBE_KINDS", ("host",))

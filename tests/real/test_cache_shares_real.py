@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from devices import load_profile
-from real.runtime.records import write_executed_trace
+from real.runtime.run_outputs import write_executed_trace
 from real.weights.convert import write_shape_store
 from real.weights.store import open_store
 from sim import bitsets

@@ -84,7 +84,7 @@ def test_contiguous_rows_are_computed_in_place(tiny_llama, tmp_path, monkeypatch
 
 def test_sparse_run_quality_and_records(tiny_llama, tmp_path):
     from real.runtime.model_mode import run_model
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -170,7 +170,7 @@ def test_previous_predictor_computes_the_previous_tokens_set(tiny_llama, tmp_pat
 
 def test_lowrank_predictor_in_model_mode(tiny_llama, tmp_path):
     from real.runtime.model_mode import prepare, run_prepared
-    from real.runtime.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from real.studies import predictor_train as PT
     from sim import bitsets
     from sim.engine import simulate

@@ -11,7 +11,7 @@ import pytest
 
 from devices import load_profile
 from flashsim.main import main
-from real.runtime.records import write_executed_trace, write_records
+from real.runtime.run_outputs import write_executed_trace, write_records
 from real.weights.convert import write_shape_store
 from real.weights.store import open_store
 from sim.config import RunConfig

@@ -235,14 +235,14 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
 
 def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_path):
     """SmolLM2's FFN rows (d_model 576 fp32): a bundle is 3 x 2304 = 6912 B, held by the real cache
-    (real/runtime/cache.py, rows of BundleReader.dest_row_bytes) in 8192 B rows in BOTH layouts. The replay's memory
+    (real/runtime/cache_matrices.py, rows of BundleReader.dest_row_bytes) in 8192 B rows in BOTH layouts. The replay's memory
     model (bundling.align_bytes from the manifest) charges the same 8192 B per cached neuron, so its cache
     share is exactly what the real per-layer matrices take, and a real run's cache bytes are the simulated
     ones (before: 6912 B per neuron, the real cache held 1.19x the simulated bytes)."""
     from devices import load_profile
     from real.runtime.backend import RealExecutor, store_config
-    from real.runtime.cache import LayerCache
-    from real.runtime.records import write_executed_trace
+    from real.runtime.cache_matrices import LayerCache
+    from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_trace_like
     from real.weights.convert import write_shape_store
     from real.weights.store import open_store

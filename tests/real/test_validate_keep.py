@@ -196,7 +196,7 @@ def test_a_version_1_grid_is_still_read(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from real.runtime.records import write_records
+    from real.runtime.run_outputs import write_records
 
     replays, sim_tokens = _sim_grid(tmp_path, (1.2, 1.3))
     (row, trace, spec, cfg, runs, _), = replays

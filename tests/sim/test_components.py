@@ -145,7 +145,7 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     att1 = b.attention(n, np.array([10]), np.array([10]), np.array([True]))
     assert att1.ovh_s[0] - att0.ovh_s[0] == pytest.approx((576 + 2 * 192 + 576) * 4e-8)
     assert b.head(1, n).ovh_s[0] - a.head(1, n).ovh_s[0] == pytest.approx(49152 * 4e-8)
-    # a row move copies the bundle (6912 B), not the padded row: real.runtime.cache's deletion copies each
+    # a row move copies the bundle (6912 B), not the padded row: real.runtime.cache_matrices's deletion copies each
     # row's data part, where the gather copies whole padded rows; each move reads and writes it at the
     # gather's rate (scattered rows)
     assert spec.ffn_neuron_bytes == 3 * 576 * 4
