@@ -15,7 +15,10 @@ term that adds time "helps" on a slower boot). The decision therefore uses `leve
 model's error from configuration to configuration, the part a machine-model term is for. The raw
 figures are printed beside it.
 
-    python scripts/ablation.py [GRID ...] [--json OUT] [--terms a,b] [--in-sample]
+    python scripts/ablation.py [GRID ...] [--json OUT] [--terms a,b,a+b] [--in-sample]
+
+A term joined with `+` (`--terms reader_planning+batch_overhead`) switches those terms off together,
+for a joint check: removing one term changes what the others carry.
 
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
 wait and after a layer's streaming, the cache index work; then the fitted row moves and the
@@ -138,13 +141,32 @@ class Grid:
         self.profile_doc = yaml.safe_load((path / "profile.yaml").read_text())
 
 
+def parts(term: str) -> list[str]:
+    """The terms a (possibly joint, `a+b`) switch turns off."""
+    return term.split("+")
+
+
+def switch_off(doc: dict, term: str) -> dict:
+    """A copy of the calibration `doc` with every part of `term` switched off, in the order given."""
+    d = copy.deepcopy(doc)
+    for t in parts(term):
+        if TERMS[t][1] is not None:
+            TERMS[t][1](d)
+    return d
+
+
+def overrides_of(term: str) -> tuple[str, ...]:
+    return tuple(o for t in parts(term) for o in TERMS[t][2])
+
+
+def describe(term: str) -> str:
+    return " + ".join(TERMS[t][0] for t in parts(term))
+
+
 def profile_for(doc: dict, term: str | None) -> Any:
     from devices.schema import DeviceProfile
 
-    d = copy.deepcopy(doc)
-    if term is not None and TERMS[term][1] is not None:
-        TERMS[term][1](d)
-    return DeviceProfile.model_validate(d)
+    return DeviceProfile.model_validate(switch_off(doc, term) if term is not None else copy.deepcopy(doc))
 
 
 def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, float]:
@@ -168,12 +190,9 @@ def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, flo
 
 def applies(doc: dict, term: str) -> bool:
     """Whether switching `term` off changes anything in this calibration."""
-    _, fn, overrides = TERMS[term]
-    if overrides:
+    if overrides_of(term):
         return True
-    d = copy.deepcopy(doc)
-    fn(d)
-    return d != doc
+    return switch_off(doc, term) != doc
 
 
 def run(grids: list[Grid], terms: list[str], in_sample: bool, say: Any) -> dict[str, Any]:
@@ -189,12 +208,12 @@ def run(grids: list[Grid], terms: list[str], in_sample: bool, say: Any) -> dict[
                 res.append({"fit": fit.name, "test": test.name, "applies": False})
                 continue
             t = time.perf_counter()
-            overrides = TERMS[term][2] if term else ()
+            overrides = overrides_of(term) if term else ()
             sc = score(test, profile_for(fit.profile_doc, term), overrides)
             res.append({"fit": fit.name, "test": test.name, "applies": True, **sc})
             say(f"{name:24s} fit {fit.name} -> {test.name}: {sc['median']:.2%} / {sc['p90']:.2%}, level removed "
                 f"{sc['level_median']:.2%} / {sc['level_p90']:.2%} ({time.perf_counter() - t:.0f} s)")
-        out["terms"][name] = {"description": TERMS[term][0] if term else "every term on", "directions": res}
+        out["terms"][name] = {"description": describe(term) if term else "every term on", "directions": res}
     decide(out)
     return out
 
@@ -246,17 +265,18 @@ def markdown(out: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grids", nargs="*", help="kept grid folders (default: 25a, 29b, 31a)")
-    ap.add_argument("--terms", help="comma-separated subset of: " + ", ".join(TERMS))
+    ap.add_argument("--terms", help="comma-separated subset of: " + ", ".join(TERMS) +
+                    "; join terms with + to switch them off together")
     ap.add_argument("--in-sample", action="store_true", help="also score each grid on its own calibration")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     terms = list(TERMS) if not a.terms else [t.strip() for t in a.terms.split(",") if t.strip()]
-    gone = [t for t in terms if t in REMOVED]
+    gone = [p for t in terms for p in parts(t) if p in REMOVED]
     if gone:
         print(f"error: --terms: {', '.join(gone)} already removed from the model ({REMOVED[gone[0]]}); use some "
               f"of {', '.join(TERMS)}", file=sys.stderr)
         return 2
-    bad = [t for t in terms if t not in TERMS]
+    bad = [p for t in terms for p in parts(t) if p not in TERMS]
     if bad:
         print(f"error: --terms: unknown {', '.join(bad)}; use some of {', '.join(TERMS)}", file=sys.stderr)
         return 2

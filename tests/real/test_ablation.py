@@ -69,3 +69,12 @@ def test_removed_terms_are_listed_not_ablatable(A, capsys):
     assert A.main(["--terms", "host_cpu_curves"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already removed" in err and "host_cpu_curves" in err
+
+
+def test_a_joint_switch_turns_every_part_off(A):
+    """`a+b` switches both terms off together (for a joint check); an unknown part is refused."""
+    doc = yaml.safe_load((ROOT / "devices" / "profiles" / "this-host.yaml").read_text())
+    both = A.switch_off(doc, "batch_overhead+staged_segments")
+    assert both == A.switch_off(A.switch_off(doc, "batch_overhead"), "staged_segments") != doc
+    assert A.overrides_of("dma_contention+transpose") == ("sim.contention=false",)
+    assert A.main(["--terms", "batch_overhead+nope"]) == 2
