@@ -84,7 +84,6 @@ FIELD_LIMITS: list[tuple[str, Limit]] = [
     ("ReadTable.chunk_bytes", SIZE),
     ("FlashSpec.host_cpu_batch_reads", BATCH_READS),
     ("FlashSpec.cold_batch_reads", BATCH_READS),
-    ("FlashSpec.batch_overhead_reads_per_thread", BATCH_READS),
     ("ComputeSpec.threads", THREADS),
     ("ComputeSpec.cpu_cores", THREADS),
     ("FlashSpec.io_cores", THREADS),

@@ -45,7 +45,7 @@ DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
 # loading drops them (with whatever they nest).
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted", "host_cpu_batch_reads",
-                      "host_cpu_curves")
+                      "host_cpu_curves", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s")
 RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s", "row_move_bytes_per_s",
                         "row_move_row_s", "framework_layer_s", "framework_token_s")
 
@@ -367,20 +367,6 @@ class FlashSpec(_Strict):
     batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
                                                  "the time one read batch at that depth (min(reads, in flight)) "
                                                  "takes beyond its reads at the table's throughput; None = 0")
-    # How much of that start-up and drain a batch hides depends on how many reads each thread takes:
-    # a batch of about one read per thread pays every thread's wake-up and collection on its own,
-    # while with several reads per thread the later threads wake while the earlier ones read (on the
-    # 2-vCPU EPYC host at 64 in flight: 0.34 ms at one read per thread, 0.30 at two, none at four).
-    # bench flash then measures each depth at
-    # several reads per thread, and a batch of n reads at depth q = min(n, in flight) takes the value
-    # at n / q (log2-interpolated between the ratios, the end values beyond them).
-    batch_overhead_reads_per_thread: list[float] | None = Field(
-        default=None, description="the reads per thread (reads / depth, >= 1, increasing) of "
-        "batch_overhead_by_ratio_s's columns")
-    batch_overhead_by_ratio_s: list[list[float]] | None = Field(
-        default=None, description="per read_table.in_flight entry, per batch_overhead_reads_per_thread "
-        "entry: the time one read batch takes beyond its reads at the table's throughput; replaces "
-        "batch_overhead_s")
     # The reader's own CPU work for a batch before its reads start: which neurons are missing, their
     # cache rows, the coalesced read plan (vectorised NumPy). A demand batch waits for it; a prefetch
     # batch completes that much later. bench flash times real.io.reader's code for two batch sizes.
@@ -409,8 +395,7 @@ class FlashSpec(_Strict):
     def measured_io_cpu(self) -> bool:
         """The host CPU of the I/O path is already inside measured tables (bench flash's batch
         overheads or host-CPU terms): request_cpu_s must not be charged again."""
-        return (self.batch_overhead_s is not None or self.batch_overhead_by_ratio_s is not None
-                or self.host_cpu_s_per_read > 0)
+        return self.batch_overhead_s is not None or self.host_cpu_s_per_read > 0
 
     @model_validator(mode="after")
     def _one_model(self) -> FlashSpec:
@@ -422,20 +407,6 @@ class FlashSpec(_Strict):
                 raise ValueError("batch_overhead_s needs a read_table and one value per read_table.in_flight entry")
             if any(not (x >= 0) for x in self.batch_overhead_s):
                 raise ValueError("batch_overhead_s values must be >= 0 seconds")
-        ratios, by_ratio = self.batch_overhead_reads_per_thread, self.batch_overhead_by_ratio_s
-        if (ratios is None) != (by_ratio is None):
-            raise ValueError("batch_overhead_reads_per_thread and batch_overhead_by_ratio_s go together")
-        if ratios is not None and by_ratio is not None:
-            depths = self.read_table.in_flight if self.read_table is not None else None
-            if self.batch_overhead_s is not None:
-                raise ValueError("give batch_overhead_s or batch_overhead_by_ratio_s, not both")
-            if not ratios or ratios[0] < 1 or any(b <= a for a, b in zip(ratios, ratios[1:])):
-                raise ValueError("batch_overhead_reads_per_thread must be increasing values >= 1")
-            if depths is None or len(by_ratio) != len(depths) or any(len(r) != len(ratios) for r in by_ratio):
-                raise ValueError("batch_overhead_by_ratio_s needs a read_table and one row per read_table.in_flight "
-                                 "entry, one value per batch_overhead_reads_per_thread entry")
-            if any(not (x >= 0) for r in by_ratio for x in r):
-                raise ValueError("batch_overhead_by_ratio_s values must be >= 0 seconds")
         for name in ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
                      "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
                      "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
@@ -512,28 +483,13 @@ class FlashSpec(_Strict):
     def bytes_per_s(self, chunk_bytes: float, in_flight: int | None = None) -> float:
         return self.curve.bytes_per_s(chunk_bytes, in_flight or self.max_in_flight)
 
-    def batch_overhead_at(self, depth: np.ndarray, reads: np.ndarray | None = None) -> np.ndarray:
+    def batch_overhead_at(self, depth: np.ndarray) -> np.ndarray:
         """Seconds per read batch at each depth q (reads in flight; linear between the table's depths,
-        the end values beyond them) for batches of `reads` reads (default: q, one read per thread);
-        with `batch_overhead_by_ratio_s`, at reads / q reads per thread (log2-interpolated between its
-        ratios, the end values beyond them); zeros without either field."""
+        the end values beyond them); zeros without `batch_overhead_s`."""
         q = np.asarray(depth, np.float64)
         if self.read_table is None:
             return np.zeros_like(q)
         depths = np.asarray(self.read_table.in_flight, np.float64)
-        if self.batch_overhead_by_ratio_s is not None and self.batch_overhead_reads_per_thread is not None:
-            table = np.asarray(self.batch_overhead_by_ratio_s, np.float64)            # [depths, ratios]
-            cols = np.stack([np.interp(q, depths, table[:, j]) for j in range(table.shape[1])], axis=-1)
-            lr = np.log2(np.asarray(self.batch_overhead_reads_per_thread, np.float64))
-            n = q if reads is None else np.asarray(reads, np.float64)
-            x = np.log2(np.clip(n / np.maximum(q, 1.0), 2.0 ** lr[0], 2.0 ** lr[-1]))
-            if len(lr) == 1:
-                return cols[..., 0]
-            i = np.clip(np.searchsorted(lr, x, side="right") - 1, 0, len(lr) - 2)
-            w = (x - lr[i]) / (lr[i + 1] - lr[i])
-            lo = np.take_along_axis(cols, i[..., None], axis=-1)[..., 0]
-            hi = np.take_along_axis(cols, (i + 1)[..., None], axis=-1)[..., 0]
-            return lo + w * (hi - lo)
         if self.batch_overhead_s is None:
             return np.zeros_like(q)
         return np.interp(q, depths, np.asarray(self.batch_overhead_s))

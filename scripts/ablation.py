@@ -22,9 +22,10 @@ for a joint check: removing one term changes what the others carry.
 
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
 wait and after a layer's streaming, the cache index work; then the fitted row moves and the
-framework overhead; then the host-CPU interference curves over a batch's reads) are gone from it
-(`REMOVED`), and their rows in docs/calibrate-and-validate.md come from this script at the commit before
-their removal (71ad0b4, 7c609d4, e90eadf).
+framework overhead; then the host-CPU interference curves over a batch's reads; then the batch
+overhead's table by reads per thread) are gone from it (`REMOVED`), and their rows in
+docs/calibrate-and-validate.md come from this script at the commit before their removal (71ad0b4,
+7c609d4, e90eadf, c6997e7).
 
 Default grids: tests/real/data/grids/{25a,29b,31a} where they exist, else docs/measured/grids/
 (the same three: Intel VM, EPYC VM, EPYC after a new boot). Every ordered pair (fit on A, score on
@@ -69,22 +70,9 @@ def _drop(section: str, *keys: str):
     return f
 
 
-def _flat_batch_overhead(p: dict) -> None:
-    """batch_overhead_by_ratio_s -> one value per depth (the median over the reads-per-thread columns)."""
-    f = p["flash"]
-    table = f.pop("batch_overhead_by_ratio_s", None)
-    f.pop("batch_overhead_reads_per_thread", None)
-    if table is not None:
-        f["batch_overhead_s"] = [float(np.median(row)) for row in table]
-
-
 # name -> (what it is, profile transform or None, run-config overrides)
 TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
-    "batch_overhead": ("per-batch read overhead (flash.batch_overhead_s / _by_ratio_s)",
-                       _drop("flash", "batch_overhead_s", "batch_overhead_reads_per_thread",
-                             "batch_overhead_by_ratio_s"), ()),
-    "batch_overhead_by_ratio": ("batch overhead by reads per thread (-> one value per depth)",
-                                _flat_batch_overhead, ()),
+    "batch_overhead": ("per-batch read overhead (flash.batch_overhead_s)", _drop("flash", "batch_overhead_s"), ()),
     "host_cpu": ("host CPU shared by reads and compute (flash.host_cpu_* and interference terms)",
                  _drop("flash", *HOST_CPU_KEYS), ()),
     "loop_probes": ("Python-loop probes by seconds per torch call (flash.*_probe_op_s, long_kernel_*)",
@@ -111,6 +99,8 @@ REMOVED = {
     "row_move": "fitted row-move cost (compute.row_move_*)",
     "framework_overhead": "framework overhead per layer and step (compute.framework_layer_s, _token_s)",
     "host_cpu_curves": "host-CPU interference curves over a batch's reads (flash.host_cpu_curves)",
+    "batch_overhead_by_ratio": "batch overhead by reads per thread (flash.batch_overhead_by_ratio_s; one value per "
+                               "depth, the median over them, stays)",
 }
 
 

@@ -251,13 +251,13 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
     batches = result.get("batches")
     if batches and [int(q) for q in batches["in_flight"]] == [int(q) for q in g["in_flight"]]:
         ratios = batches["reads_per_thread"]
-        extra["batch_overhead_reads_per_thread"] = [float(r) for r in ratios]
-        extra["batch_overhead_by_ratio_s"] = [[sig4(x) for x in row] for row in batches["overhead_s"]]
+        # one value per depth, the median over the batch sizes: what a batch costs whatever its reads per thread
+        extra["batch_overhead_s"] = [sig4(float(np.median(row))) for row in batches["overhead_s"]]
         names = [f"{r:g}q" if r != 1 else "q" for r in ratios]
         sizes = ", ".join(names[:-1]) + " and " + names[-1]
         source += (f"; batch overhead: real.io.reader's batches of {sizes} {format_bytes(batches['bundle_bytes'])} bundles "
                    "at each depth q less the read table's time for their reads, scaled by the disk's state "
-                   "(steady reads of the same chunks at q around each slice of batches)")
+                   "(steady reads of the same chunks at q around each slice of batches), the median over the sizes")
     plan = result.get("read_plan")
     if plan:
         extra["plan_s_per_batch"] = sig4(plan["per_batch_s"])

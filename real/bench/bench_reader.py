@@ -3,15 +3,16 @@
 `flashsim bench flash` runs these after its read grid, on a one-layer random-weight store of 4 KiB
 bundles that it writes next to the bench file (the disk under test) and removes afterwards:
 
-Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_by_ratio_s`, one row per
-reads-in-flight entry of the table, one value per reads per thread): the reader issues each layer's
-reads as one batch to its pool of threads and returns when the last read completes. Beyond its reads
-at the grid's steady throughput a batch costs the call's setup, waking and collecting the threads and
-the drain to its slowest read, and how much of that its reads hide depends on how many each thread
-takes. At each depth q, real.io.reader reads batches of q, 2q, 4q and 8q random, non-adjacent neurons of
-a one-layer store of 4 KiB bundles (`bench_store`) into cache rows; the overhead is the mean of each
-size's batch time less the table's time for its reads (here, 64 in flight: 0.34 ms at one read per
-thread, 0.30 ms at two, none at four and eight).
+Batch overhead (`batch_overhead`; the profile's `flash.batch_overhead_s`, one value per
+reads-in-flight entry of the table): the reader issues each layer's reads as one batch to its pool of
+threads and returns when the last read completes. Beyond its reads at the grid's steady throughput a
+batch costs the call's setup, waking and collecting the threads and the drain to its slowest read. At
+each depth q, real.io.reader reads batches of q, 2q, 4q and 8q random, non-adjacent neurons of a
+one-layer store of 4 KiB bundles (`bench_store`) into cache rows; each size's overhead is the mean of
+its batch time less the table's time for its reads (here, 64 in flight: 0.34 ms at one read per
+thread, 0.30 ms at two, none at four and eight), and the profile takes the median over the sizes
+(bench_flash.flash_section): the sizes a run issues vary, and one value per depth priced batches
+on boots the calibration did not see as well as a table by reads per thread did.
 
 Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
 batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
@@ -97,23 +98,21 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
                    rng: np.random.Generator, steady_bytes_per_s: Callable[[int, int, float], float],
                    slices: int = OVERHEAD_SLICES, ratios: Sequence[int] = BATCH_READS_PER_THREAD) -> dict[str, Any]:
     """Per depth q and reads per thread r: what one read batch of real.io.reader costs beyond its reads
-    at the disk's steady throughput (the profile's `flash.batch_overhead_by_ratio_s`): starting and
-    collecting its q threads, the call's setup and the drain to the slowest read. At each depth a
+    at the disk's steady throughput (the profile's `flash.batch_overhead_s` is each depth's median over
+    the ratios): starting and collecting its q threads, the call's setup and the drain to the slowest read. At each depth a
     BundleReader with q threads reads batches of r * q random neurons for each r in `ratios` (4 KiB
     bundles, no two adjacent, so each neuron is one read) of `store` into cache rows, in turn, for
     `duration_s`, in `slices` slices; before the first slice and after each, `steady_bytes_per_s(chunk,
     q, seconds)` (bench flash's own loop) reads the same chunks steadily at the same depth, for half
     of `duration_s` in all. A batch's overhead is its reads' `seconds` less the table's time for
     them (`curve`, the grid just measured) scaled by the disk's state around its slice: the table's
-    throughput over the steady reads' (the mean of the measurements before and after). The profile
-    takes the mean over each size's batches (real/bench/call_time.py: a run pays every batch's drain, the
+    throughput over the steady reads' (the mean of the measurements before and after). Each size's
+    value is the mean over its batches (real/bench/call_time.py: a run pays every batch's drain, the
     slow ones' too), clipped at 0.
-    Why per ratio: with one read per thread nothing hides the threads' wake-ups, while with several
-    the later threads wake while the earlier ones read. On the 2-vCPU EPYC host at 64 in flight the
-    one value per depth, the mean of batches of q and 4q, was 0.07 ms in one calibration, while
-    validation's demand batches of 47-80 reads there (about one per thread) ran ~0.9 ms longer
-    than the simulator priced them; by ratio, a calibration of the same host measured 0.34 ms at
-    one read per thread and none at four.
+    Why several sizes: with one read per thread nothing hides the threads' wake-ups, while with
+    several the later threads wake while the earlier ones read (on the 2-vCPU EPYC host at 64 in
+    flight: 0.34 ms at one read per thread, none at four), so one size alone would price every batch
+    at one end of that range.
     (Unscaled, the overhead took up whatever state the disk was in against the grid's mean: at 32 in
     flight it came out 0.05, 0.12, 0.20, 0.20 and 0.45 ms in five calibrations, and 0.11 ms against
     0.24 ms scaled, in the same two minutes, with the disk at 0.87x the table's time.) The scaling

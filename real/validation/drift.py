@@ -109,8 +109,7 @@ def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5
                 continue
             measured += st.seconds
             predicted += table_time_s(flash.curve, st.chunk_bytes, q)
-            predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]),
-                                                       np.array([st.reads_issued]))[0])
+            predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]))[0])
             work[n].append(call_s - st.seconds)
         reads = read_ratios(profile, store.file_path(0, "bundled"), rng)
     disk = measured / predicted if predicted > 0 else float("nan")
@@ -337,8 +336,6 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
         flash["read_latency_s"] *= disk
     if "batch_overhead_s" in flash:
         flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
-    if "batch_overhead_by_ratio_s" in flash:
-        flash["batch_overhead_by_ratio_s"] = [[v * disk for v in row] for row in flash["batch_overhead_by_ratio_s"]]
     if "segment_s" in flash:   # device time too
         flash["segment_s"] *= disk
     for key in AFTER_IO_TERMS:

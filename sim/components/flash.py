@@ -9,9 +9,7 @@ works at depth q = min(in_flight, reads in the batch) and the batch takes
 (`devices.curves.read_time_s` summed over chunk-size groups at the batch's common depth; for one
 group it is exactly `read_time_s`), plus the profile's per-batch overhead at depth q
 (`flash.batch_overhead_s`: handing the batch to the reader threads, collecting them, and the
-drain to the slowest read; measured by bench flash, 0 when absent; with
-`flash.batch_overhead_by_ratio_s`, also by the reads each thread takes, n / q: at about one read per
-thread nothing hides the threads' wake-ups). Computed vectorised over
+drain to the slowest read; measured by bench flash, 0 when absent). Computed vectorised over
 steps and layers with a table of 1 / bw(c, q) for every q in 1..in_flight.
 
 `FlashDevice` serves batches first come, first served, one at a time at the throughput of that
@@ -40,19 +38,17 @@ import numpy as np
 from devices.curves import ReadCurve
 from sim.components.compute import HostCpu
 
-BATCH_TABLE_READS_PER_THREAD = 16   # ReadCost tabulates batch overheads up to this many reads per thread
-
 
 class ReadCost:
     """Vectorised batch service times for one curve, chunk-size set and queue depth.
 
-    `batch_overhead_s(depths, reads)` (optional; the profile's `FlashSpec.batch_overhead_at`) gives
-    the time a batch of `reads` reads at each depth takes beyond its reads at the curve's throughput
+    `batch_overhead_s(depths)` (optional; the profile's `FlashSpec.batch_overhead_at`) gives the
+    time a batch at each depth takes beyond its reads at the curve's throughput
     (starting and collecting the reader threads, the drain to the slowest read); it is added once
     per non-empty batch at its depth q = min(reads, in_flight)."""
 
     def __init__(self, curve: ReadCurve, chunk_sizes: np.ndarray, in_flight: int,
-                 batch_overhead_s: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None):
+                 batch_overhead_s: Callable[[np.ndarray], np.ndarray] | None = None):
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self.curve, self.in_flight = curve, int(in_flight)
@@ -61,20 +57,17 @@ class ReadCost:
         self.inv = np.zeros((self.in_flight + 1, len(self.sizes)))
         for q in range(1, self.in_flight + 1):
             self.inv[q] = 1.0 / curve.bytes_per_s_many(self.sizes, q)
-        # batch[n] = overhead of a batch of n reads, for n up to BATCH_TABLE_READS_PER_THREAD reads per
-        # thread (beyond it the profile's value is its last ratio's); batch[0] = 0 (no reads, no batch)
-        n = np.arange(self.in_flight * BATCH_TABLE_READS_PER_THREAD + 1)
-        self.batch = np.zeros(len(n))
+        # batch[q] = overhead of a batch at depth q; batch[0] = 0 (no reads, no batch)
+        self.batch = np.zeros(self.in_flight + 1)
         if batch_overhead_s is not None:
-            self.batch[1:] = batch_overhead_s(np.minimum(n[1:], self.in_flight).astype(np.float64), n[1:].astype(np.float64))
+            self.batch[1:] = batch_overhead_s(np.arange(1, self.in_flight + 1, dtype=np.float64))
 
     def time_s(self, counts: np.ndarray) -> np.ndarray:
         """counts [..., G] -> seconds [...] for each batch."""
         counts = np.asarray(counts)
         n = counts.sum(axis=-1)
         q = np.clip(n, 0, self.in_flight).astype(np.int64)
-        over = self.batch[np.clip(n, 0, len(self.batch) - 1).astype(np.int64)]
-        return np.einsum("...g,...g->...", counts * self.sizes, self.inv[np.maximum(q, 1)]) + over
+        return np.einsum("...g,...g->...", counts * self.sizes, self.inv[np.maximum(q, 1)]) + self.batch[q]
 
     def bytes(self, counts: np.ndarray) -> np.ndarray:
         return (np.asarray(counts) * self.sizes).sum(axis=-1).astype(np.int64)

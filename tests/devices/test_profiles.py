@@ -58,16 +58,8 @@ def test_this_host_is_the_measured_table() -> None:
     assert f.max_in_flight == t.in_flight[-1]
 
 
-def _by_ratio(data: dict, ratios: list[float], rows: list[list[float]]) -> None:
-    """The profile's batch overhead by reads per thread (whichever form the bundled profile has)."""
-    assert len(data["flash"]["read_table"]["in_flight"]) == 7
-    _no_batch_overhead(data)
-    data["flash"].update(batch_overhead_reads_per_thread=ratios, batch_overhead_by_ratio_s=rows)
-
-
 def _no_batch_overhead(data: dict) -> dict:
-    for key in ("batch_overhead_s", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s"):
-        data["flash"].pop(key, None)
+    data["flash"].pop("batch_overhead_s", None)
     return data["flash"]
 
 
@@ -92,13 +84,6 @@ def _write(tmp_path: Path, mutate) -> Path:
         (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[1e-5]), r"one value per read_table.in_flight entry"),
         (lambda d: _no_batch_overhead(d).update(batch_overhead_s=[-1e-5] * len(d["flash"]["read_table"]["in_flight"])),
          r"batch_overhead_s(\[0\] = -1e-05 is outside \[0| values must be >= 0)"),
-        (lambda d: (_by_ratio(d, [1.0, 4.0], [[0.0, 0.0]] * 7), d["flash"].pop("batch_overhead_by_ratio_s")),
-         r"go together"),
-        (lambda d: _by_ratio(d, [4.0, 1.0], [[0.0, 0.0]] * 7), r"increasing values >= 1"),
-        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0]]),
-         r"one row per read_table.in_flight entry, one value per batch_overhead_reads_per_thread entry"),
-        (lambda d: _by_ratio(d, [1.0, 4.0], [[0.0, -1e-5]] * 7), r"batch_overhead_by_ratio_s(\[0\]\[1\] = -1e-05 is outside \[0| values must be >= 0)"),
-        (lambda d: (_by_ratio(d, [1.0], [[0.0]] * 7), d["flash"].update(batch_overhead_s=[0.0] * 7)), r"not both"),
     ],
 )
 def test_malformed_profile_names_file_and_field(tmp_path: Path, mutate, expect: str) -> None:
@@ -142,26 +127,6 @@ def test_batch_overhead_interpolates_between_depths_and_clamps() -> None:
     assert DeviceProfile.model_validate(data).flash.batch_overhead_at(np.array([4])).tolist() == [0.0]
 
 
-def test_batch_overhead_by_reads_per_thread_by_hand() -> None:
-    """Rows per depth, columns per reads per thread (1, 4): linear in the depth, log2-linear in the
-    ratio reads / depth, the end values beyond either; without `reads` one read per thread."""
-    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
-    table = data["flash"]["read_table"]
-    table["bytes_per_s"] = [row[:2] for row in table["bytes_per_s"]]
-    table["in_flight"] = [8, 64]
-    _no_batch_overhead(data)
-    data["flash"]["batch_overhead_reads_per_thread"] = [1.0, 4.0]
-    data["flash"]["batch_overhead_by_ratio_s"] = [[1e-4, 1e-5], [5e-4, 2e-4]]
-    f = DeviceProfile.model_validate(data).flash
-    depth = np.array([64, 64, 64, 64, 36, 8, 4])
-    reads = np.array([64, 128, 256, 1024, 72, 8, 1])
-    # ratio 1, 2 (halfway in log2), 4, 16 (clamped to 4); depth 36 halfway between the rows at ratio 2
-    # ((3e-4 + 1.05e-4) / 2 at ratio 1 and 4 -> halfway); depth 8 at ratio 1; depth 4 clamped to 8's row
-    want = [5e-4, 3.5e-4, 2e-4, 2e-4, ((3e-4 + 1.05e-4) / 2), 1e-4, 1e-4]
-    assert f.batch_overhead_at(depth, reads).tolist() == pytest.approx(want)
-    assert f.batch_overhead_at(np.array([64])).tolist() == pytest.approx([5e-4])    # default: one read per thread
-
-
 def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
     """Profiles written with terms the simulator no longer has (RETIRED_*_KEYS) load;
     the keys are dropped, and an unknown key is still refused."""
@@ -176,6 +141,8 @@ def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
     # the interference curves over a batch's reads, nested per probe, as bench flash wrote them
     data["flash"].update(host_cpu_batch_reads=[16, 64], host_cpu_curves={
         "kernel": {"compute_lost_s": [3e-4, 1.2e-3], "read_delay_s": [1e-4, 5e-4]}})
+    # the batch overhead by reads per thread, beside the one value per depth that stays
+    data["flash"].update(batch_overhead_reads_per_thread=[1.0, 4.0], batch_overhead_by_ratio_s=[[1e-4, 1e-5]] * 7)
     p = DeviceProfile.model_validate(data)
     assert not any(hasattr(p.flash, k) for k in RETIRED_FLASH_KEYS)
     assert not any(hasattr(p.compute, k) for k in RETIRED_COMPUTE_KEYS)

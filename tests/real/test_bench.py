@@ -285,9 +285,9 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
     assert all(len(t) == 4 and 0 < t[0] < t[1] < t[2] < t[3] for t in b["table_s"])
     assert all(len(row) == 4 and all(x >= 0 for x in row) for row in b["overhead_s"])
     prof = load_profile(out)
-    assert prof.flash.batch_overhead_s is None and prof.flash.batch_overhead_reads_per_thread == [1, 2, 4, 8]
-    for got, want in zip(prof.flash.batch_overhead_by_ratio_s, b["overhead_s"], strict=True):
-        assert got == pytest.approx(want, rel=1e-3, abs=1e-12)
+    # one value per depth: the median over the reads-per-thread columns
+    assert prof.flash.batch_overhead_s == pytest.approx([float(np.median(row)) for row in b["overhead_s"]],
+                                                         rel=1e-3, abs=1e-12)
     assert "batch overhead" in prof.flash.source and "batches of q, 2q, 4q and 8q" in prof.flash.source
 
 

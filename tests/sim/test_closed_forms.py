@@ -40,8 +40,7 @@ def test_naive_io_is_streamed_bytes_over_the_curve_at_the_chunk_size(wide_rows, 
     staged = prof.flash.staged_s_per_read
     # one batch per layer (both matrices' reads issued together), each paying the profile's
     # measured batch overhead at its depth (0 for a profile without one)
-    per_batch = float(prof.flash.batch_overhead_at(np.array([min(per_layer_reads, prof.flash.max_in_flight)]),
-                                                    np.array([per_layer_reads]))[0])
+    per_batch = float(prof.flash.batch_overhead_at(np.array([min(per_layer_reads, prof.flash.max_in_flight)]))[0])
     assert (per_batch > 0) == (device == "this-host")
     for t in r.tokens:
         assert t.bytes_read == streamed and t.reads_issued == spec.n_layers * per_layer_reads

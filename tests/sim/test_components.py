@@ -35,25 +35,10 @@ def test_read_cost_single_group_equals_read_time_s(tiny_curve) -> None:
 def test_read_cost_adds_the_batch_overhead_at_the_batch_depth(tiny_curve) -> None:
     over = {1: 1e-6, 2: 2e-6, 3: 3e-6, 4: 5e-6}
     rc = ReadCost(tiny_curve, np.array([4096, 65536]), in_flight=4,
-                  batch_overhead_s=lambda q, n: np.array([over[int(x)] for x in q]))
+                  batch_overhead_s=lambda q: np.array([over[int(x)] for x in q]))
     plain = ReadCost(tiny_curve, np.array([4096, 65536]), in_flight=4)
     counts = np.array([[10, 0], [2, 1], [0, 1], [0, 0]])      # depths 4 (capped), 3, 1 and no batch
     assert (rc.time_s(counts) - plain.time_s(counts)).tolist() == pytest.approx([5e-6, 3e-6, 1e-6, 0.0])
-
-
-def test_read_cost_passes_each_batch_its_reads(tiny_curve) -> None:
-    """The overhead also sees the batch's reads (how many each thread takes); past 16 reads per
-    thread the table holds the value at 16."""
-    seen = {}
-
-    def over(q, n):
-        seen.update({int(a): int(b) for a, b in zip(n, q)})
-        return 1e-6 * n / q                                  # 1 us per read per thread
-    rc = ReadCost(tiny_curve, np.array([4096]), in_flight=4, batch_overhead_s=over)
-    plain = ReadCost(tiny_curve, np.array([4096]), in_flight=4)
-    assert seen[3] == 3 and seen[4] == 4 and seen[10] == 4 and seen[64] == 4
-    counts = np.array([[3], [4], [10], [64], [200]])
-    assert (rc.time_s(counts) - plain.time_s(counts)).tolist() == pytest.approx([1e-6, 1e-6, 2.5e-6, 16e-6, 16e-6])
 
 
 def test_region_time(tiny_curve) -> None:
