@@ -45,7 +45,8 @@ DTYPES = ("fp32", "fp16", "bf16", "int8", "int4")
 # loading drops them (with whatever they nest).
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted", "host_cpu_batch_reads",
-                      "host_cpu_curves", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s")
+                      "host_cpu_curves", "batch_overhead_reads_per_thread", "batch_overhead_by_ratio_s",
+                      "plan_s_per_batch", "plan_s_per_neuron")
 RETIRED_COMPUTE_KEYS = ("evict_bytes", "evict_layer_s", "framework_evict_layer_s", "row_move_bytes_per_s",
                         "row_move_row_s", "framework_layer_s", "framework_token_s")
 
@@ -367,13 +368,6 @@ class FlashSpec(_Strict):
     batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
                                                  "the time one read batch at that depth (min(reads, in flight)) "
                                                  "takes beyond its reads at the table's throughput; None = 0")
-    # The reader's own CPU work for a batch before its reads start: which neurons are missing, their
-    # cache rows, the coalesced read plan (vectorised NumPy). A demand batch waits for it; a prefetch
-    # batch completes that much later. bench flash times real.io.reader's code for two batch sizes.
-    plan_s_per_batch: float = Field(default=0.0, ge=0, description="reader's planning time per read batch "
-                                    "(fixed part); 0 = not modelled")
-    plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "
-                                     "reads; 0 = not modelled")
     source: str
 
     @model_validator(mode="before")

@@ -208,7 +208,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
             return f" (in_features {' '.join(r)})" if r else ""
 
         print("host vs profile (measured / profiled time): " + "; ".join(
-            f"{when} disk {ratio(c.get('disk'))}, after I/O {ratio(c.get('after_io'))}, cpu {ratio(c.get('cpu'))}"
+            f"{when} disk {ratio(c.get('disk'))}, cpu {ratio(c.get('cpu'))}"
             f"{widths(c)}{reads(c)}" for when, c in drift.items()))
     rc = report.get("recalibration")
     if rc:
@@ -220,7 +220,7 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
     dc = report.get("drift_corrected")
     if dc:
         print(f"replayed on the profile as {dc['checks']} host checks found it during each run (mean disk "
-              f"{dc['disk_ratio']:.2f}x, after I/O {dc['after_io_ratio']:.2f}x, cpu {dc['cpu_ratio']:.2f}x): "
+              f"{dc['disk_ratio']:.2f}x, cpu {dc['cpu_ratio']:.2f}x): "
               f"latency error median {dc['latency_error_median']:.1%}, p90 {dc['latency_error_p90']:.1%}, "
               f"max {dc['latency_error_max']:.1%} (a diagnostic on the profile as given"
               f"{'' if rc else ', which the errors above use'})")

@@ -23,7 +23,7 @@ for a joint check: removing one term changes what the others carry.
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
 wait and after a layer's streaming, the cache index work; then the fitted row moves and the
 framework overhead; then the host-CPU interference curves over a batch's reads; then the batch
-overhead's table by reads per thread) are gone from it (`REMOVED`), and their rows in
+overhead's table by reads per thread and the reader's planning) are gone from it (`REMOVED`), and their rows in
 docs/calibrate-and-validate.md come from this script at the commit before their removal (71ad0b4,
 7c609d4, e90eadf, c6997e7).
 
@@ -77,8 +77,6 @@ TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
                  _drop("flash", *HOST_CPU_KEYS), ()),
     "loop_probes": ("Python-loop probes by seconds per torch call (flash.*_probe_op_s, long_kernel_*)",
                     _drop("flash", *LOOP_PROBE_KEYS), ()),
-    "reader_planning": ("reader's planning per batch / neuron (flash.plan_s_per_*)",
-                        _drop("flash", "plan_s_per_batch", "plan_s_per_neuron"), ()),
     "staged_segments": ("staged reads and destination segments (flash.staged_s_per_read, segment_s)",
                         _drop("flash", "staged_s_per_read", "segment_s"), ()),
     "sparse_ffn": ("sparse-FFN kernel tables (compute.sparse_ffn)", _drop("compute", "sparse_ffn"), ()),
@@ -101,6 +99,7 @@ REMOVED = {
     "host_cpu_curves": "host-CPU interference curves over a batch's reads (flash.host_cpu_curves)",
     "batch_overhead_by_ratio": "batch overhead by reads per thread (flash.batch_overhead_by_ratio_s; one value per "
                                "depth, the median over them, stays)",
+    "reader_planning": "reader's planning per batch / neuron (flash.plan_s_per_batch, plan_s_per_neuron)",
 }
 
 

@@ -43,7 +43,7 @@ def run_fast(p: PlanArrays, recorder: Recorder) -> None:
     ffn = p.ffn_phase().total_s().sum(axis=1)
     mgmt = p.mgmt_total_s().sum(axis=1)
     head = p.head.total_s()
-    stall = p.stream_s.sum(axis=1) + p.dem_plan_s.sum(axis=1) + p.dem_s.sum(axis=1) + p.head_read_s
+    stall = p.stream_s.sum(axis=1) + p.dem_s.sum(axis=1) + p.head_read_s
     comp = attn + ffn + head
     latency = comp + mgmt + stall
     t_end = np.cumsum(latency)

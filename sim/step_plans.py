@@ -43,8 +43,8 @@ from sim.workload import TraceView
 # and a chunk's packed sets (steps x words x 8 B, ~350 KB for a 7B layer) stay in the CPU caches.
 PLAN_CHUNK_STEPS = 256
 
-SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_plan_s", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
-             "pf_reads", "pf_plan_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
+SL_FIELDS = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
+             "pf_reads", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s", "mgmt_mem_s", "mgmt_ovh_s",
              "computed", "needed", "correct", "hits", "before", "after", "peak")
 S_FIELDS = ("head_read_s", "head_read_bytes", "head_reads", "mass_num", "mass_den", "rec_num", "rec_den",
             "cache_bytes", "dram_bytes", "budget_bytes")
@@ -105,9 +105,6 @@ class Planner:
         # each staged read's copy out of the reader's staging buffer (0 unless the profile prices it)
         self.staged_s_per_read = profile.flash.staged_s_per_read if layout.staged_reads() else 0.0
         self.segment_s = profile.flash.segment_s if layout.segmented_reads() else 0.0
-        # the reader's planning before a batch's reads (per batch, per neuron): a demand batch's
-        # layer waits for it (dem_plan_s, a stall but not I/O); a prefetch lands that much later (pf_s)
-        self.plan_s = (profile.flash.plan_s_per_batch, profile.flash.plan_s_per_neuron)
         self.in_flight = in_flight
         self.stream_non_ffn = stream_non_ffn
         self.manages_cache = stack.residency.manages_cache
@@ -205,16 +202,13 @@ class Planner:
         a.dem_s[rows, layer] = self._reads_s(counts, n_dem)
         a.dem_bytes[rows, layer] = rc.bytes(counts)
         a.dem_reads[rows, layer] = n_dem
-        a.dem_plan_s[rows, layer] = self._plan_time_s(lp.demand, n_dem)
         if lp.prefetch_next.any():
             pc = layout.read_counts(layer, lp.prefetch_next)
             n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
-            plan = np.broadcast_to(self._plan_time_s(lp.prefetch_next, n_pf), n_pf.shape)
-            pf_s = self._reads_s(pc, n_pf) + plan
+            pf_s = self._reads_s(pc, n_pf)
             a.pf_s[tgt[ok], layer] = pf_s[ok]
-            a.pf_plan_s[tgt[ok], layer] = plan[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = n_pf[ok]
         n_comp = bitsets.count(lp.computed)
@@ -259,13 +253,6 @@ class Planner:
         if self.segment_s > 0:
             t = t + self.segment_s * (counts @ np.arange(counts.shape[1], dtype=np.float64))
         return t
-
-    def _plan_time_s(self, neurons: np.ndarray, n_reads: np.ndarray) -> np.ndarray | float:
-        """The reader's planning time of each batch (packed neuron sets [steps, words]); 0 without reads."""
-        per_batch, per_neuron = self.plan_s
-        if per_batch == 0 and per_neuron == 0:
-            return 0.0
-        return np.where(n_reads > 0, per_batch + per_neuron * bitsets.count(neurons), 0.0)
 
     def _fill_dropped(self, layer: int, a0: int, b0: int) -> None:
         """A dropped FFN layer: nothing read, cached or computed. The trace's active set still counts in

@@ -175,9 +175,6 @@ def _flash(args: argparse.Namespace) -> int:
               + ", ".join(f"q={q} " + "/".join(f"{x * 1e6:.0f}" for x in row)
                           for q, row in zip(b["in_flight"], b["overhead_s"], strict=True))
               + "; the disk meanwhile at " + ", ".join(f"{x:.2f}x" for x in b["disk_state"]) + " the table's time")
-    pl = result.get("read_plan")
-    if pl:
-        print(f"reader planning per batch: {pl['per_batch_s'] * 1e6:.0f} us + {pl['per_neuron_s'] * 1e6:.2f} us per neuron")
     req = result.get("request_cpu")
     if req:
         print(request_cpu_line(req))

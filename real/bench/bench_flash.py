@@ -16,14 +16,9 @@ most sweeps hit (one calibration kept 731 MB/s at 16 KiB x 32 in flight, two of 
 slow state, where 15 s of the same reads right after ran at 1040-1105 MB/s). The JSON keeps every
 sweep's value (`grid.bytes_per_s_per_pass`). Offsets come from a seeded generator per grid point.
 
-Batch overhead and reader planning (the profile's `flash.batch_overhead_s`, `plan_s_per_batch`,
-`plan_s_per_neuron`): timed through real.io.reader itself on a small store written next to the bench
-file before the grid (real/bench/bench_reader.py). The planning is timed in one round after each sweep
-of the grid, and the profile keeps each value's median over the rounds
-(`bench_reader.median_of_rounds`, `_cpu_round`): each is a fraction of a second of CPU work that
-moves with the host's state (a single 0.3 s measurement of the planning moved 2.5x between
-calibrations five minutes apart), so the rounds sample it across the whole calibration. The batch
-overhead, which needs the finished read table, is timed after the grid.
+Batch overhead (the profile's `flash.batch_overhead_s`): timed through real.io.reader itself on a
+small store written next to the bench file before the grid (real/bench/bench_reader.py), after the
+grid (it needs the finished read table).
 
 Every grid point also records the process CPU time (getrusage, user + system, all threads) per
 read and its reads; their fit over the grid is the CPU cost of one read request through the I/O
@@ -65,8 +60,6 @@ from real.bench.bench_io import (
 from real.bench.bench_reader import (
     batch_overhead,
     bench_store,
-    median_of_rounds,
-    read_plan_cost,
 )
 from real.bench.bench_request_cpu import request_cpu_fit, request_cpu_source
 from real.io.buffers import ALIGN_BYTES, round_down
@@ -105,15 +98,12 @@ class FlashBenchConfig:
             raise FlashsimError(f"--duration-s must be > 0, got {self.duration_s}")
 
 
-def _cpu_round(bf: BenchFile, store: Any, cfg: FlashBenchConfig, r: int, rounds: dict[str, list]) -> None:
-    """One round of the CPU work around I/O waits, after sweep r of the grid: the reader's planning
-    on `store` (None: a folder without room for it), then the host CPU
-    probe's slices for this round, kernel and framework, and long kernels. Each is a fraction of a second of CPU work that moves
+def _cpu_round(bf: BenchFile, cfg: FlashBenchConfig, r: int, rounds: dict[str, list]) -> None:
+    """One round of the CPU work around I/O waits, after sweep r of the grid: the host CPU probe's
+    slices for this round, kernel and framework, and long kernels. Each is a fraction of a second of CPU work that moves
     with the host's state, so the rounds are spread over the whole grid, one after each sweep, and
     the profile keeps the median of each."""
     q = max(cfg.in_flight)
-    if store is not None:
-        rounds["plan"].append(read_plan_cost(store, q, cfg.seed + r, min(0.3, cfg.duration_s)))
     if cfg.host_cpu:
         chunk = PROBE_CHUNK_BYTES if PROBE_CHUNK_BYTES in cfg.chunks else min(cfg.chunks)
         for kind in PROBE_KINDS:
@@ -137,16 +127,16 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         shape = (cfg.passes, len(cfg.chunks), len(cfg.in_flight))
         sweeps, cpus, reads = np.zeros(shape), np.zeros(shape), np.zeros(shape)
         points = [(i, j) for i in range(len(cfg.chunks)) for j in range(len(cfg.in_flight))]
-        batches = plan = None
+        batches = None
         skipped = None
-        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in ("plan", *PROBE_KINDS)}
+        rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in PROBE_KINDS}
         with contextlib.ExitStack() as stack:
             try:
                 store = stack.enter_context(bench_store(path.resolve().parent, cfg.seed))
             except (OSError, FlashsimError) as e:   # a read-only folder, or no room for its 16 MiB
                 store = None
                 why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                skipped = (f"batch overhead and reader planning not measured: cannot write a store in "
+                skipped = (f"batch overhead not measured: cannot write a store in "
                            f"{path.resolve().parent} ({why}); the profile gets no batch terms")
             for k in range(cfg.passes):   # alternate the sweep's direction: a slow spell of the disk hits few points twice
                 for i, j in (points if k % 2 == 0 else points[::-1]):
@@ -158,7 +148,7 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                     reads[k, i, j] = st["reads"]
                     if progress:
                         progress(f"{format_bytes(c)} x {q}" + (f" (pass {k + 1}/{cfg.passes})" if cfg.passes > 1 else ""))
-                _cpu_round(bf, store, cfg, k, rounds)
+                _cpu_round(bf, cfg, k, rounds)
                 if progress and cfg.host_cpu:
                     progress(f"host CPU (round {k + 1}/{cfg.passes})")
             # mean time per byte over the sweeps (module doc: the disk's states; latency adds times)
@@ -186,7 +176,6 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
                 steady_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x5EAD]))
                 batches = batch_overhead(store, curve, cfg.in_flight, cfg.duration_s, point_rngs[-1],
                                          lambda c, q, s: random_read_bytes_per_s(bf, c, q, s, steady_rng))
-                plan = median_of_rounds(rounds["plan"])
         if progress:
             progress("batch overhead")
         host = probe_summary(rounds["host"]) if rounds["host"] else None
@@ -212,7 +201,6 @@ def run_flash_bench(path: Path, size_bytes: int, cfg: FlashBenchConfig, *, keep_
         "staged": staged,
         "segments": segments,
         "batches": batches,
-        "read_plan": plan,
         "host_cpu": host,
         "load_average_1min": os.getloadavg()[0],
     }
@@ -258,12 +246,6 @@ def flash_section(result: dict[str, Any], source: str, shares_cpu: bool | None =
         source += (f"; batch overhead: real.io.reader's batches of {sizes} {format_bytes(batches['bundle_bytes'])} bundles "
                    "at each depth q less the read table's time for their reads, scaled by the disk's state "
                    "(steady reads of the same chunks at q around each slice of batches), the median over the sizes")
-    plan = result.get("read_plan")
-    if plan:
-        extra["plan_s_per_batch"] = sig4(plan["per_batch_s"])
-        extra["plan_s_per_neuron"] = sig4(plan["per_neuron_s"])
-        source += (f"; reader planning: real.io.reader's work besides the reads for {plan['batch_neurons']} neurons "
-                   "on a one-layer store")
     req = result.get("request_cpu")
     if req and req["reads"] > 0:   # the I/O path's own cost, on any host (real/bench/bench_request_cpu.py)
         extra["request_cpu_s"] = sig4(req["request_cpu_s"])

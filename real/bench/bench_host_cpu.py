@@ -12,7 +12,7 @@ thread's reads landing in its next slot of the destination region, as the grid's
 batch sizes B (`probe_batch_sizes`: 1/4, 1, 2 and 8 times the reads in flight), and short slices alternate: a decode-like compute
 probe alone (a 1024 x 1024 fp32 GEMV and a normalisation, ~0.1-0.3 ms per iteration, on
 `compute_threads` threads) | batches alone | both at once, PROBE_SLICES slices in all, in rounds
-after each sweep of bench flash's grid, like the reader's planning (how much reads and compute slow each other
+after each sweep of bench flash's grid (how much reads and compute slow each other
 moved by a quarter within five minutes here). Medians over all slices (bursts of load from
 other processes hit the three alike) give, per batch size, the batch time alone and with the
 probe, the probe's time lost per batch and the CPU per read; a straight line through the two

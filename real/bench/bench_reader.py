@@ -13,11 +13,6 @@ its batch time less the table's time for its reads (here, 64 in flight: 0.34 ms 
 thread, 0.30 ms at two, none at four and eight), and the profile takes the median over the sizes
 (bench_flash.flash_section): the sizes a run issues vary, and one value per depth priced batches
 on boots the calibration did not see as well as a table by reads per thread did.
-
-Reader planning (`read_plan_cost`; `flash.plan_s_per_batch` / `plan_s_per_neuron`): besides a
-batch's reads the reader finds the missing neurons, appends their cache rows and plans the coalesced
-reads (NumPy, a few dozen calls): timed as `BundleReader.read` less its reads (here ~170-320 us +
-0.09 us per neuron; timed alone, without reads in between, half as much).
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ from real.runtime.cache_matrices import LayerCache
 from real.weights.convert import write_shape_store
 from real.weights.store import WeightStore, open_store
 
-PLAN_BATCH_NEURONS = (16, 512)    # the two batch sizes read_plan_cost times
 BENCH_STORE_NEURONS = 4096        # the one-layer store the reader is timed on (4 KiB bundles: 16 MiB)
 OVERHEAD_SLICES = 4               # batch_overhead: slices of reader batches per depth, steady reads around each
 BATCH_READS_PER_THREAD = (1, 2, 4, 8)   # batch_overhead: batches of r x q reads at each depth q
@@ -61,7 +55,7 @@ def reader_batches(store: WeightStore, in_flight: int, sizes: Sequence[int], dur
     """real.io.reader with `in_flight` threads reading batches of `sizes` random neurons (cycled; sorted,
     as the backend asks) of `store`'s layer 0 into cache rows for `duration_s`, as the backend does
     (`LayerCache.missing`, `append`, `BundleReader.read`): yields (neurons, ReadStats, seconds of
-    the three calls) per batch; the seconds less the reads' are read_plan_cost's quantity.
+    the three calls) per batch.
     `spaced`: only even neurons, so no two are adjacent and each neuron is one read (at most N / 2).
     `pause()`, when given, is called between batches every `pause_every_s` (its time does not count
     against `duration_s`)."""
@@ -146,37 +140,3 @@ def batch_overhead(store: WeightStore, curve: Any, depths: Sequence[int], durati
     return {"bundle_bytes": store.bundle_bytes, "in_flight": list(depths), "reads_per_thread": list(ratios),
             "batch_neurons": [[r * q for r in ratios] for q in depths], "batch_s": batch_s, "table_s": table_s,
             "disk_state": state_med, "overhead_s": overhead, "duration_s_per_depth": 1.5 * duration_s}
-
-
-def read_plan_cost(store: WeightStore, in_flight: int, seed: int, min_time_s: float = 0.3) -> dict[str, Any]:
-    """The reader's own work for one batch besides its reads (the profile's `flash.plan_s_per_batch`
-    / `plan_s_per_neuron`): which of the asked neurons are missing from the layer's cache, their
-    cache rows (`LayerCache.missing` / `append`), the coalesced read plan and the call's setup
-    (`BundleReader.read` less its reads' `seconds`), measured as the real backend pays it: real
-    reads with `in_flight` threads from `store` (bench_store). Batches of PLAN_BATCH_NEURONS random
-    neurons alternate for `min_time_s`; a straight line through the two means (real/bench/call_time.py).
-    (Timed alone, without reads in between, the same code took half as long here: it runs right
-    after the thread waits on I/O, with cold caches.)"""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A4]))
-    times: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
-    for n, st, call_s in reader_batches(store, in_flight, PLAN_BATCH_NEURONS, min_time_s, rng):
-        times[n].append(call_s - st.seconds)
-    (n1, n2), (t1, t2) = PLAN_BATCH_NEURONS, (float(mean_call_s(times[n])) for n in PLAN_BATCH_NEURONS)
-    per_neuron = max(0.0, (t2 - t1) / (n2 - n1))
-    return {"batch_neurons": list(PLAN_BATCH_NEURONS), "in_flight": in_flight, "batch_s": [t1, t2],
-            "per_neuron_s": per_neuron, "per_batch_s": max(0.0, t1 - per_neuron * n1), "samples": len(times[n1])}
-
-
-def median_of_rounds(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The first measurement's result with each float entry (and each entry of a list of floats)
-    the median over `rounds` (results of read_plan_cost timed at different moments, so that a slow
-    spell of the host covering one measurement's fraction of a second moves that measurement, not
-    the profile), and each measurement's own float values under "rounds"."""
-    out = dict(rounds[0])
-    for k, v in rounds[0].items():
-        if isinstance(v, float):
-            out[k] = float(np.median([r[k] for r in rounds]))
-        elif isinstance(v, list) and v and all(isinstance(x, float) for x in v):
-            out[k] = np.median(np.array([r[k] for r in rounds], float), axis=0).tolist()
-    out["rounds"] = [{k: v for k, v in r.items() if isinstance(v, float)} for r in rounds]
-    return out

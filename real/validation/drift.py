@@ -2,22 +2,15 @@
 
 A profile is a measurement of minutes ago. On a shared host the disk has slow spells and the CPU's
 speed drifts (on this VM: small random reads 20% faster or slower from one minute to the next,
-GEMVs 10-30% over tens of minutes, the CPU work right after an I/O wait 30-40% within half an
-hour), and `flashsim validate` compares runs against a simulation of the profile, so it checks the
+GEMVs 10-30% over tens of minutes), and `flashsim validate` compares runs against a simulation of the profile, so it checks the
 host at its start, between real runs every CHECK_EVERY_S seconds (`--check-every`; 0: after every
 run, so each run sits between two checks, for a host whose state flips within seconds), and at its end:
 
-* **disk**: real.io.reader reads batches of random neurons (alternately PLAN_BATCH_NEURONS) of a small
+* **disk**: real.io.reader reads batches of random neurons (alternately DISK_BATCH_NEURONS) of a small
   store (`real.bench.bench_reader.bench_store`) for `duration_s`, the first WARMUP_BATCHES untimed (in a fresh
   process they took 1.2-1.5x the rest: thread start, first touches); the ratio is the reads' measured seconds over
   the profile's time for the same reads (read table + batch overhead), summed. 1.0 = as profiled,
   1.3 = the disk is 30% slower than the profile says.
-* **after_io**: the same batches' own CPU work right after each read wait (the cache's `missing`
-  and `append`, the read plan: `bench_reader.read_plan_cost`'s quantity, on its batch sizes) over
-  the profile's `flash.plan_s_per_batch` + `plan_s_per_neuron` x neurons. It stands for every term
-  of Python and NumPy work around I/O waits, with cold caches (AFTER_IO_TERMS): the reader's
-  planning and the reads' CPU work that a prefetch takes from the decoder, which move together
-  with the host's state while the GEMV rates barely move.
 * **cpu**: a cold fp32 GEMV of DRIFT_GEMV_SHAPE (64 MiB of weights) timed against the profile's
   prediction: its dense GEMV table's call where it has one, else FLOPs at
   compute.gemv_flops_per_s.fp32 + rows x gemv_row_s. Each check's calls take the next matrices of
@@ -65,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from real.bench.bench_reader import PLAN_BATCH_NEURONS, bench_store, reader_batches, table_time_s
+from real.bench.bench_reader import bench_store, reader_batches, table_time_s
 from real.runtime.torch_threads import torch_threads
 
 DRIFT_GEMV_SHAPE = (4096, 4096)
@@ -73,50 +66,36 @@ DRIFT_WARN = 0.15
 WARN_LISTED = 3         # drift_warning names up to this many checks per ratio, then sums them up
 CHECK_EVERY_S = 10.0    # validate checks the host again after a real run ending this long after the last check
 # (`--check-every`; 0 checks after every run, so each run sits between two checks: module doc)
+DISK_BATCH_NEURONS = (16, 512)   # the disk check's batches: a few reads per thread, and many
 WARMUP_BATCHES = 8      # untimed: a fresh reader's first batches start its threads and touch new code and pages
 READ_CHECK_CHUNKS = (4096, 16384, 65536)   # the read-size checks (module doc)
 READ_CHECK_S = 0.15     # per size: ~3,000-20,000 reads at 32 in flight on this host
 READ_KEYS = {c: f"read_{c // 1024}k" for c in READ_CHECK_CHUNKS}   # chunk bytes -> the check's ratio name
 WIDTH_CHECK_ROWS = 2048                    # out_features of the width checks: a table column
 WIDTH_KEYS = {512: "cpu_512", 1024: "cpu_1024"}   # in_features -> the width check's ratio name (module doc)
-RATIOS = ("disk", "after_io", "cpu", *READ_KEYS.values(), *WIDTH_KEYS.values())
-# flash terms of CPU work that runs around I/O waits, scaled by the after_io ratio: the reader's
-# planning (timed right after a read batch), and the reads' own CPU work and what it costs the decoder while prefetches run (the host CPU probe).
-AFTER_IO_TERMS = ("plan_s_per_batch", "plan_s_per_neuron",
-                  "host_cpu_s_per_read", "compute_lost_s_per_read", "compute_lost_s_per_batch", "read_delay_s_per_read",
-                  "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
-                  "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch",
-                  "long_kernel_compute_lost_s_per_read", "long_kernel_compute_lost_s_per_batch",
-                  "long_kernel_read_delay_s_per_read", "long_kernel_read_delay_s_per_batch")
+RATIOS = ("disk", "cpu", *READ_KEYS.values(), *WIDTH_KEYS.values())
 
 
 def disk_ratio(profile: Any, folder: Path, seed: int, duration_s: float = 0.5
-               ) -> tuple[float, float | None, dict[str, float]]:
-    """(disk, after_io, reads): measured / profiled seconds of real.io.reader's batches on a small store
-    written in `folder`, and of the batches' own CPU work (None when the profile has no reader
-    planning), and the read-size ratios (`read_ratios` on the same store; {} without a read table).
-    The batches are read_plan_cost's, alternately PLAN_BATCH_NEURONS neurons, so after_io compares
-    like with like: per size the median work over the profile's line, averaged over the sizes."""
+               ) -> tuple[float, dict[str, float]]:
+    """(disk, reads): measured / profiled seconds of real.io.reader's batches (alternately
+    DISK_BATCH_NEURONS neurons) on a small store written in `folder`, and the read-size ratios
+    (`read_ratios` on the same store; {} without a read table)."""
     flash = profile.flash
     q = int(flash.max_in_flight)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD41F7]))
     measured = predicted = 0.0
-    work: dict[int, list[float]] = {n: [] for n in PLAN_BATCH_NEURONS}
     with bench_store(folder, seed) as store:
-        batches = reader_batches(store, q, PLAN_BATCH_NEURONS, duration_s, rng)
-        for i, (n, st, call_s) in enumerate(batches):
+        batches = reader_batches(store, q, DISK_BATCH_NEURONS, duration_s, rng)
+        for i, (_n, st, _call_s) in enumerate(batches):
             if i < WARMUP_BATCHES:
                 continue
             measured += st.seconds
             predicted += table_time_s(flash.curve, st.chunk_bytes, q)
             predicted += float(flash.batch_overhead_at(np.array([min(q, st.reads_issued)]))[0])
-            work[n].append(call_s - st.seconds)
         reads = read_ratios(profile, store.file_path(0, "bundled"), rng)
     disk = measured / predicted if predicted > 0 else float("nan")
-    line = {n: flash.plan_s_per_batch + flash.plan_s_per_neuron * n for n in PLAN_BATCH_NEURONS}
-    if any(v <= 0 for v in line.values()) or not all(work.values()):
-        return disk, None, reads
-    return disk, float(np.mean([np.median(work[n]) / line[n] for n in PLAN_BATCH_NEURONS])), reads
+    return disk, reads
 
 
 def read_ratios(profile: Any, path: Path, rng: np.random.Generator,
@@ -212,16 +191,16 @@ def _gemv_pool() -> Any:
 
 
 def host_drift(profile: Any, folder: Path, seed: int) -> dict[str, Any]:
-    """{"disk": ratio, "after_io": ratio or None, "cpu": ratio or None, "read_4k" ... (the read-size
+    """{"disk": ratio, "cpu": ratio or None, "read_4k" ... (the read-size
     ratios, absent on a RAM filesystem), "cpu_512" ... (the width ratios, absent without a table),
     "t_s": perf_counter at the check's midpoint} (module docstring). The midpoint, not the end: a
     check takes ~1.2 s, as long as a shape-mode run, and a run checked right before and after
     (`flashsim validate --check-every 0`) sits halfway between them."""
     t = time.perf_counter()
-    disk, after_io, reads = disk_ratio(profile, folder, seed)
+    disk, reads = disk_ratio(profile, folder, seed)
     cpu = cpu_ratio(profile, seed)
     widths = width_ratios(profile, seed)
-    return {"disk": disk, "after_io": after_io, "cpu": cpu, **reads, **widths, "t_s": (t + time.perf_counter()) / 2}
+    return {"disk": disk, "cpu": cpu, **reads, **widths, "t_s": (t + time.perf_counter()) / 2}
 
 
 def _finite(x: Any) -> bool:
@@ -308,12 +287,12 @@ def gemv_ratio_at(in_features: list[int], cpu: float, widths: dict[int, float] |
     return np.interp(np.log2(in_features), np.log2(ws), [widths[w] for w in ws])
 
 
-def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.0,
+def profile_at_drift(profile: Any, disk: float, cpu: float,
                      reads: dict[int, float] | None = None, widths: dict[int, float] | None = None) -> Any:
     """The profile with what the drift check measured applied: the read table's throughputs / disk
     and its batch overhead and segment cost x disk (the check times the first two together); the
     GEMV FLOP rates / cpu, gemv_row_s x cpu and the kernel tables' GEMV seconds x cpu (the check's
-    cold GEMV); AFTER_IO_TERMS, the host-CPU curves and the cold-compute curves x after_io.
+    cold GEMV).
     `reads` ({chunk bytes: ratio}, the read-size checks): each table row's throughputs / its
     chunk's ratio interpolated in log2 of the chunk size (clamped at the measured sizes) instead
     of / disk. `widths` ({in_features: ratio}, the width checks and the cpu check): each dense-table
@@ -338,9 +317,6 @@ def profile_at_drift(profile: Any, disk: float, cpu: float, after_io: float = 1.
         flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
     if "segment_s" in flash:   # device time too
         flash["segment_s"] *= disk
-    for key in AFTER_IO_TERMS:
-        if key in flash:
-            flash[key] *= after_io
     compute["gemv_flops_per_s"] = {k: v / cpu for k, v in compute["gemv_flops_per_s"].items()}
     compute["gemv_row_s"] = compute.get("gemv_row_s", 0.0) * cpu
     # the measured GEMVs of the kernel tables are GEMVs too (the copies in the sparse table are not)

@@ -308,7 +308,7 @@ def _drift_corrected(profile: Any, log: Any, replays: list[tuple], t0: float) ->
         at = [log.ratios_at(t) for t in times]
         r = {k: float(np.mean([a[k] for a in at])) for k in RATIOS}
         sim = simulate(open_trace(path), spec,
-                       profile_at_drift(profile, r["disk"], r["cpu"], r["after_io"], log.read_ratios_at(r),
+                       profile_at_drift(profile, r["disk"], r["cpu"], log.read_ratios_at(r),
                                         log.width_ratios_at(r)), cfg,
                        fast=False)
         e = compare(runs[0], sim.tokens, runs[1:])["latency_s"]["error"]

@@ -68,10 +68,7 @@ phase's seconds per call are its compute without contention over the loop's call
 nearest probe's outside them. Per phase, not per layer: a batch costs the loop what the code it
 overlaps loses, and a delta prefetch, issued at a layer's end, runs mostly during the next layer's
 attention. A batch's own delay (`delay_s`) takes the layer's seconds per call: it spans both
-phases. A profile without the three probes charges a Python loop the framework terms everywhere. A
-Python loop also loses a prefetch's planning whole (`flash.plan_s_per_batch` + `plan_s_per_neuron`
-x neurons: NumPy on the reader's thread, holding the interpreter lock; `cpu_share`'s plan_s). A
-compiled loop (decoder=native) runs on while the planning holds the lock.
+phases. A profile without the three probes charges a Python loop the framework terms everywhere.
 """
 
 from __future__ import annotations
@@ -122,9 +119,6 @@ class HostCpu:
     # (seconds per torch call, lost per read, lost per batch, delay per read, delay per batch) of the
     # profile's three probes, by increasing seconds per call: a Python decoder loop's terms (`at`)
     probes: tuple[tuple[float, float, float, float, float], ...] = ()
-    # a Python decoder loop: a prefetch's planning (NumPy on the reader's thread, holding the
-    # interpreter lock) is compute the loop loses (module doc, "A Python decoder loop")
-    python_loop: bool = False
 
     @classmethod
     def of(cls, profile: DeviceProfile, python_loop: bool = False) -> HostCpu | None:
@@ -139,7 +133,7 @@ class HostCpu:
             return None
         probes = tuple(f.probe_points() or ()) if python_loop else ()
         k = f.host_cpu_terms("framework" if python_loop and not probes else "kernel")
-        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], probes, python_loop)
+        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], probes)
 
     def at(self, op_s: float) -> tuple[float, float, float, float]:
         """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that
@@ -175,15 +169,12 @@ class HostCpu:
         return (nreads * self.lost_s_per_read + self.lost_s_per_batch,
                 nreads * self.delay_s_per_read + self.delay_s_per_batch)
 
-    def cpu_share(self, nreads: float, service_s: float, op_s: float = 0.0, plan_s: float = 0.0) -> float:
+    def cpu_share(self, nreads: float, service_s: float, op_s: float = 0.0) -> float:
         """The share of full speed the compute keeps while a batch of `nreads` runs for service_s
-        (seconds per torch call as in `cost`); `plan_s`: the reader's planning of the batch, lost
-        whole by a Python loop."""
+        (seconds per torch call as in `cost`)."""
         if service_s <= 0:
             return 1.0
         k = self.cost(nreads, op_s)[0]
-        if self.python_loop:
-            k += plan_s
         share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 

@@ -127,8 +127,8 @@ class FlashDevice:
         self._min_share = min_share
         self._segments: deque[tuple[float, float, float]] = deque()   # (start, end, share left)
         self.host: HostCpu | None = None
-        # (start, end, reads, planning): the share each leaves to a compute depends on the compute (HostCpu)
-        self._cpu_segments: deque[tuple[float, float, float, float]] = deque()
+        # (start, end, reads): the share each leaves to a compute depends on the compute (HostCpu)
+        self._cpu_segments: deque[tuple[float, float, float]] = deque()
         self.host_cpu_extra_s: dict[int, float] = {}    # step -> service added by the reads' CPU work
 
     def enable_host_cpu(self, host: HostCpu | None) -> None:
@@ -136,12 +136,10 @@ class FlashDevice:
         self.host = host
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
-               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), op_s: float = 0.0,
-               plan_s: float = 0.0) -> float:
+               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), op_s: float = 0.0) -> float:
         """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
         before it needs a prefetch (a batch waits for the compute at most that long); `op_s`: a
-        Python loop's seconds per torch call over that compute (HostCpu); `plan_s`: the reader's
-        planning inside service_s."""
+        Python loop's seconds per torch call over that compute (HostCpu)."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
         host = self.host
         if host is not None and nreads > 0:
@@ -152,7 +150,7 @@ class FlashDevice:
                 service_s += extra
                 self.host_cpu_extra_s[step] = self.host_cpu_extra_s.get(step, 0.0) + extra
             if service_s > 0:
-                self._cpu_segments.append((start, start + service_s, nreads, plan_s))
+                self._cpu_segments.append((start, start + service_s, nreads))
         end = start + service_s
         self.free_at_s = end
         self.busy_s += service_s
@@ -172,7 +170,7 @@ class FlashDevice:
         if not seg:
             return []
         share = self.host.cpu_share  # type: ignore[union-attr]
-        return [(a, b, share(n, b - a, op_s, plan)) for a, b, n, plan in seg]
+        return [(a, b, share(n, b - a, op_s)) for a, b, n in seg]
 
     def segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
         """Scheduled transfers (start, end, DRAM share left) ending after t_s (older ones dropped)."""

@@ -22,8 +22,7 @@ loop takes the kernel constants; a Python decoder loop on a profile with the thr
 torch call of the phase that runs (`HostCpu.at`): the attention's compute without contention over
 the attention's calls, the memory management and FFN's over the FFN step's, and for a batch's own
 delay and the lm_head the whole layer's (a batch spans both phases; the lm_head's calls are not
-counted); it also loses each overlapping prefetch's planning (`pf_plan_s`, which the batch's
-service time includes).
+counted).
 
 Same-time rule: the decoder is the only process that submits reads, in non-decreasing issue time;
 the budget process (when a timeline is given) runs at its own times and only changes the budget
@@ -50,8 +49,7 @@ class Decoder:
 
     # Per-(step, layer) plan columns the loop reads, in tuple order.
     CELL = ("stream_s", "stream_bytes", "stream_reads", "dem_s", "dem_bytes", "dem_reads", "pf_s", "pf_bytes",
-            "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s",
-            "dem_plan_s", "pf_plan_s")
+            "pf_reads", "mgmt_mem_s", "mgmt_ovh_s", "ffn_flop_s", "ffn_mem_s", "ffn_gather_s", "ffn_ovh_s")
 
     def __init__(self, env: simpy.Environment, plan: PlanArrays, flash: FlashDevice, trigger: str,
                  unified: bool, recorder: Recorder, plan_cell: Callable[[int, int], None] | None = None,
@@ -96,7 +94,7 @@ class Decoder:
             a_tot = a_warm
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
-                                   a_tot, lop, p.pf_plan_s[s, 0])
+                                   a_tot, lop)
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -106,7 +104,7 @@ class Decoder:
                 else:
                     c = cells[layer]
                     c_next = cells[layer + 1] if layer + 1 < L else None
-                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o, dpl, _pfp = c
+                st, st_b, st_r, dm, dm_b, dm_r, _pf, _pfb, _pfr, mg_m, mg_o, ff_f, ff_m, ff_g, ff_o = c
                 now = env.now
                 a_tot = a_warm
                 # the layer's compute without contention: what a prefetch overlaps, and (over the
@@ -138,8 +136,8 @@ class Decoder:
                     iv("compute", f"attention L{layer}", s, layer, now, t_ffn)
                 # 3. demand reads and 4. a late prefetch make the layer wait
                 wait_until = t_ffn
-                if dm > 0:   # the reader plans the batch (dpl), then issues it
-                    wait_until = submit(t_ffn + dpl, dm, dm_b, dm_r, "demand", s, layer)
+                if dm > 0:
+                    wait_until = submit(t_ffn, dm, dm_b, dm_r, "demand", s, layer)
                 pe = pf_end[layer]
                 if pe > wait_until:
                     wait_until = pe
@@ -159,7 +157,7 @@ class Decoder:
                 # step's compute (delta), and a lookahead batch is needed after one layer anyway.
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               lop, c_next[16])
+                                               lop)
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -197,11 +195,10 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   lop, n_pf[16])
+                                                   lop)
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, lop,
-                                               p.pf_plan_s[s + 1, layer])
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, lop)
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
             if self.finish_step is not None:

@@ -143,6 +143,8 @@ def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
         "kernel": {"compute_lost_s": [3e-4, 1.2e-3], "read_delay_s": [1e-4, 5e-4]}})
     # the batch overhead by reads per thread, beside the one value per depth that stays
     data["flash"].update(batch_overhead_reads_per_thread=[1.0, 4.0], batch_overhead_by_ratio_s=[[1e-4, 1e-5]] * 7)
+    # the reader's planning
+    data["flash"].update(plan_s_per_batch=3.8e-4, plan_s_per_neuron=1.2e-7)
     p = DeviceProfile.model_validate(data)
     assert not any(hasattr(p.flash, k) for k in RETIRED_FLASH_KEYS)
     assert not any(hasattr(p.compute, k) for k in RETIRED_COMPUTE_KEYS)

@@ -65,7 +65,7 @@ def test_removed_terms_are_listed_not_ablatable(A, capsys):
 
     assert not set(A.REMOVED) & set(A.TERMS)
     assert {"host_cpu_batch_reads", "host_cpu_curves", "batch_overhead_reads_per_thread",
-            "batch_overhead_by_ratio_s"} <= set(RETIRED_FLASH_KEYS)
+            "batch_overhead_by_ratio_s", "plan_s_per_batch", "plan_s_per_neuron"} <= set(RETIRED_FLASH_KEYS)
     assert not {"host_cpu_batch_reads", "host_cpu_curves"} & set(A.HOST_CPU_KEYS)
     assert A.main(["--terms", "host_cpu_curves"]) == 2
     err = capsys.readouterr().err

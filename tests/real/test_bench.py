@@ -291,16 +291,12 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
     assert "batch overhead" in prof.flash.source and "batches of q, 2q, 4q and 8q" in prof.flash.source
 
 
-def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
-    """One round of reader planning per pass; the profile takes the medians
-    (the read table: the mean time per byte over the sweeps)."""
+def test_bench_flash_read_table_is_the_mean_time_per_byte_over_the_sweeps(tmp_path, capsys):
+    """Three passes: each point of the read table is the harmonic mean of the sweeps' rates."""
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu", "--passes", "3")) == 0
     res = json.loads(capsys.readouterr().out)
-    p = res["read_plan"]
-    assert p["batch_neurons"] == [16, 512] and p["in_flight"] == 4 and p["samples"] >= 1
-    assert all(t > 0 for t in p["batch_s"]) and p["per_batch_s"] >= 0 and p["per_neuron_s"] >= 0
-    assert len(p["rounds"]) == 3 and p["per_batch_s"] == sorted(r["per_batch_s"] for r in p["rounds"])[1]
+    assert "read_plan" not in res
     # the read table: each point's mean time per byte over the sweeps (the harmonic mean of their rates)
     g = res["grid"]
     for i, row in enumerate(g["bytes_per_s"]):
@@ -308,9 +304,6 @@ def test_bench_flash_times_the_readers_planning(tmp_path, capsys):
             rates = [sweep[i][j] for sweep in g["bytes_per_s_per_pass"]]
             assert len(rates) == 3 and v == pytest.approx(3 / sum(1 / r for r in rates), rel=1e-9)
             assert min(rates) <= v <= max(rates)
-    f = load_profile(out).flash
-    assert f.plan_s_per_batch == pytest.approx(p["per_batch_s"], rel=1e-3, abs=1e-12)
-    assert f.plan_s_per_neuron == pytest.approx(p["per_neuron_s"], rel=1e-3, abs=1e-15)
     assert not any(x.name.startswith("flashsim-reader-") for x in tmp_path.iterdir())   # its store is removed
 
 
@@ -326,10 +319,10 @@ def test_bench_flash_without_room_for_its_store_keeps_the_grid(tmp_path, capsys,
     out = tmp_path / "prof.yaml"
     assert main(_quick_flash(tmp_path, "--out", str(out), "--json", "--no-host-cpu")) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["batches"] is None and res["read_plan"] is None
-    assert "batch overhead and reader planning not measured" in res["note"] and "Permission denied" in res["note"]
+    assert res["batches"] is None
+    assert "batch overhead not measured" in res["note"] and "Permission denied" in res["note"]
     f = load_profile(out).flash
-    assert f.batch_overhead_s is None and f.plan_s_per_batch == 0 and f.read_table is not None
+    assert f.batch_overhead_s is None and f.read_table is not None
 
 
 def test_bench_flash_writes_no_retired_terms(full_quick_flash):
@@ -339,10 +332,11 @@ def test_bench_flash_writes_no_retired_terms(full_quick_flash):
 
     text, folder = full_quick_flash
     res = json.loads(text)
-    assert "cold_compute" not in res and "cache_index" not in res
+    assert "cold_compute" not in res and "cache_index" not in res and "read_plan" not in res
     written = yaml.safe_load((folder / "prof.yaml").read_text())["flash"]
     assert not any(k in written for k in RETIRED_FLASH_KEYS)
     assert "compute after a read wait" not in written["source"] and "cache index work" not in written["source"]
+    assert "reader planning" not in written["source"]
 
 
 def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(monkeypatch):
@@ -383,18 +377,6 @@ def test_batch_overhead_scales_the_table_by_the_disk_state_around_each_slice(mon
     assert out["disk_state"] == [pytest.approx(1.5)]         # the median of the three
     t4 = BR.table_time_s(curve, np.full(4, 4096, np.int64), 4)
     assert out["batch_s"][0][0] == pytest.approx(np.median([1.5 * t4, 1.15 * t4]) + 2e-4)
-
-
-def test_median_of_rounds_by_hand():
-    from real.bench.bench_reader import median_of_rounds
-
-    rounds = [{"per_batch_s": 3.0, "n": 16, "batch_s": [1.0, 9.0], "ids": [1]},
-              {"per_batch_s": 1.0, "n": 16, "batch_s": [2.0, 7.0], "ids": [2]},
-              {"per_batch_s": 2.0, "n": 16, "batch_s": [3.0, 8.0], "ids": [3]}]
-    m = median_of_rounds(rounds)
-    assert m["per_batch_s"] == 2.0 and m["batch_s"] == [2.0, 8.0]     # floats and float lists: medians
-    assert m["n"] == 16 and m["ids"] == [1]                            # the rest from the first round
-    assert m["rounds"] == [{"per_batch_s": 3.0}, {"per_batch_s": 1.0}, {"per_batch_s": 2.0}]
 
 
 def test_bench_flash_times_segmented_reads(tmp_path, capsys):
@@ -451,8 +433,8 @@ def test_host_cpu_probe_reads_land_across_the_destination_region(tmp_path):
 
 
 def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
-    """The reader planning and host CPU probe rounds sample the host across the whole
-    calibration: one round right after each sweep, then their medians (not all after the grid)."""
+    """The host CPU probe's rounds sample the host across the whole calibration: one round right
+    after each sweep, then their medians (not all after the grid)."""
     import real.bench.bench_flash as bfm
 
     events: list[str] = []
@@ -462,9 +444,9 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
         events.append("read")
         return real_read(*a, **k)
 
-    def round_(bf, store, cfg, r, rounds):
+    def round_(bf, cfg, r, rounds):
         events.append(f"round{r}")
-        real_round(bf, store, cfg, r, rounds)
+        real_round(bf, cfg, r, rounds)
 
     monkeypatch.setattr(bfm, "random_read_bytes_per_s", read)
     monkeypatch.setattr(bfm, "_cpu_round", round_)
@@ -472,7 +454,7 @@ def test_cpu_rounds_run_after_each_sweep_of_the_grid(tmp_path, monkeypatch):
     res = bfm.run_flash_bench(tmp_path / "b.dat", 8 << 20, cfg)
     sweep = ["read"] * 4
     assert events[:15] == [*sweep, "round0", *sweep, "round1", *sweep, "round2"]
-    assert res["read_plan"] is not None
+    assert res["batches"] is not None
 
 
 def test_probe_summary_pools_the_rounds_slices_by_hand():

@@ -33,15 +33,15 @@ def _write(tmp_path, name, doc):
 
 
 def test_rates_harmonic_times_arithmetic_by_hand():
-    a = _doc(**{"compute.gemv_flops_per_s.fp32": 10e9, "compute.op_overhead_s": 1e-6, "flash.plan_s_per_batch": 2e-4})
-    b = _doc(**{"compute.gemv_flops_per_s.fp32": 30e9, "compute.op_overhead_s": 3e-6, "flash.plan_s_per_batch": 4e-4})
+    a = _doc(**{"compute.gemv_flops_per_s.fp32": 10e9, "compute.op_overhead_s": 1e-6, "flash.staged_s_per_read": 2e-4})
+    b = _doc(**{"compute.gemv_flops_per_s.fp32": 30e9, "compute.op_overhead_s": 3e-6, "flash.staged_s_per_read": 4e-4})
     a["flash"]["read_table"]["bytes_per_s"][0][0] = 100e6
     b["flash"]["read_table"]["bytes_per_s"][0][0] = 300e6
     m = merge_profile_data([a, b], "merged", ["a.yaml", "b.yaml"])
     assert m["compute"]["gemv_flops_per_s"]["fp32"] == 15e9        # 2 / (1/10 + 1/30) GFLOP/s: mean time per FLOP
     assert m["flash"]["read_table"]["bytes_per_s"][0][0] == 150e6   # a rate inside a table too
     assert m["compute"]["op_overhead_s"] == 2e-6                   # seconds: arithmetic
-    assert m["flash"]["plan_s_per_batch"] == 3e-4
+    assert m["flash"]["staged_s_per_read"] == 3e-4
     assert m["flash"]["read_table"]["chunk_bytes"] == a["flash"]["read_table"]["chunk_bytes"]   # axes kept
     assert m["compute"]["threads"] == a["compute"]["threads"]
     assert m["name"] == "merged"
@@ -75,8 +75,8 @@ def test_different_settings_are_refused(change, where):
 
 def test_different_shapes_are_refused():
     b = _doc()
-    del b["flash"]["plan_s_per_batch"]
-    with pytest.raises(FlashsimError, match=r"flash: different keys \(\['plan_s_per_batch'\]\)"):
+    del b["flash"]["staged_s_per_read"]
+    with pytest.raises(FlashsimError, match=r"flash: different keys \(\['staged_s_per_read'\]\)"):
         merge_profile_data([_doc(), b], "m", ["a", "b"])
     c = _doc()
     c["flash"]["read_table"]["chunk_bytes"] = c["flash"]["read_table"]["chunk_bytes"][:-1]

@@ -57,7 +57,7 @@ def base_profile() -> DeviceProfile:
     for k in ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
               "read_delay_s_per_batch", "framework_compute_lost_s_per_read", "framework_compute_lost_s_per_batch",
               "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "staged_s_per_read",
-              "batch_overhead_s", "plan_s_per_batch", "plan_s_per_neuron",
+              "batch_overhead_s",
               "segment_s",
               "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
               "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",

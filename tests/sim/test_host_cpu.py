@@ -167,31 +167,6 @@ def test_python_loop_uses_the_framework_constants_in_every_phase(m1) -> None:
     assert native.cpu_share(100, 0.02) == pytest.approx(1 - (100 * 2e-5 + 1e-4) / 0.02)
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_reader_planning_is_a_stall_before_the_demand_reads(small_trace, base_profile, fast) -> None:
-    """flash.plan_s_per_neuron x the neurons a demand batch reads (computed - hits without prefetch) and
-    plan_s_per_batch per layer that reads delay the layer (stall, latency) but are not I/O time."""
-    cfg = preset_config("llm-in-a-flash").with_overrides(["prefetch=none"])
-    a = simulate(small_trace, None, base_profile, cfg, fast=fast)
-    b = simulate(small_trace, None, _with_host(base_profile, plan_s_per_neuron=1e-6), cfg, fast=fast)
-    c = simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=fast)
-    L = small_trace.spec.n_layers
-    assert sum(t.reads_issued for t in a.tokens) > 0
-    for ta, tb, tc in zip(a.tokens, b.tokens, c.tokens, strict=True):
-        assert tb.io_s == ta.io_s and tc.io_s == ta.io_s
-        assert tb.stall_s - ta.stall_s == pytest.approx(1e-6 * (ta.computed - ta.hits), abs=1e-12)
-        assert tb.latency_s - ta.latency_s == pytest.approx(tb.stall_s - ta.stall_s, abs=1e-12)
-        batches = (tc.stall_s - ta.stall_s) / 1e-4            # layers that read this step
-        assert batches == pytest.approx(round(batches), abs=1e-6) and (0 < round(batches) <= L) == (ta.reads_issued > 0)
-
-
-def test_reader_planning_delays_a_prefetch(small_trace, base_profile) -> None:
-    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0"])
-    a = _means(simulate(small_trace, None, base_profile, cfg, fast=False))
-    b = _means(simulate(small_trace, None, _with_host(base_profile, plan_s_per_batch=1e-4), cfg, fast=False))
-    assert b["io_s"] > a["io_s"]          # prefetch batches land later by their planning
-
-
 def test_a_steps_prefetches_wait_in_all_at_most_for_its_compute(small_trace, base_profile) -> None:
     """Delta prefetch with a huge per-read delay: the reads' CPU work can only wait for compute that
     runs, and the decoder issues one batch per layer, so each batch waits at most for one layer's
@@ -315,29 +290,6 @@ def test_a_loop_with_shorter_calls_loses_more_to_prefetch(small_trace, base_prof
     native = _means(simulate(small_trace, None, _with_host(base_profile, **HOST),
                              cfg.with_overrides(["compute.decoder=native"]), fast=False))
     assert py == pytest.approx(native)
-
-
-def test_a_python_loop_loses_the_prefetch_planning(small_trace, base_profile) -> None:
-    """A prefetch's planning (flash.plan_s_per_batch / _per_neuron: NumPy on the reader's thread,
-    holding the interpreter lock) is compute a Python loop loses whole; a compiled loop, none."""
-    py, native = HostCpu(1e-5, 2e-5, 5e-6, python_loop=True), HostCpu(1e-5, 2e-5, 5e-6)
-    assert py.cpu_share(100, 0.01, plan_s=1e-3) == pytest.approx(1 - (100 * 2e-5 + 1e-3) / 0.01)    # 0.7
-    assert native.cpu_share(100, 0.01, plan_s=1e-3) == native.cpu_share(100, 0.01)
-    flash = FlashDevice()
-    flash.enable_host_cpu(py)
-    end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, plan_s=1e-3)
-    (a, b, share), = flash.cpu_segments_after(0.0)
-    assert share == pytest.approx(1 - (100 * 2e-5 + 1e-3) / end)
-    cfg = preset_config("neuroprefetcher").with_overrides(["predictor.rank=0", "compute.framework=kernels"])
-    host = _with_host(base_profile, **HOST)
-    planned = _with_host(base_profile, **HOST, plan_s_per_batch=2e-4)
-    runs = {(loop, p): _means(simulate(small_trace, None, prof, cfg.with_overrides([f"compute.decoder={loop}"]),
-                                       fast=False))
-            for loop in ("python", "native") for p, prof in (("no", host), ("yes", planned))}
-    # the planning delays the prefetch's landing either way (pf_s); only the Python loop also loses it
-    d_py = runs["python", "yes"]["compute_s"] - runs["python", "no"]["compute_s"]
-    d_native = runs["native", "yes"]["compute_s"] - runs["native", "no"]["compute_s"]
-    assert d_py > 0 and d_py > d_native   # (a later landing can even shorten the overlap under native)
 
 
 def test_each_phase_of_a_python_loop_takes_its_own_seconds_per_call(small_trace, base_profile, monkeypatch) -> None:
