@@ -1,0 +1,354 @@
+"""FlashSpec: the `flash:` section of a device profile, the storage the weights are read from.
+
+It owns the read curve (`FlashSpec.curve`: the measured `ReadTable`, or the closed form, capped by
+the CPU the requests cost; devices/curves.py), the achievable read table, and the host-CPU terms of
+I/O that `flashsim bench flash` measures (each probe's interference with the compute, read-batch
+overheads, the reader's planning time; sim/components/ reads them).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from devices.curves import ClosedFormReadCurve, CpuBoundReadCurve, ReadCurve, TableReadCurve
+from devices.section_base import RETIRED_FLASH_KEYS, Provenance, Strict, needs_source
+
+
+class ReadTable(Strict):
+    """Measured throughput grid: bytes_per_s[i][j] at chunk_bytes[i] with in_flight[j] reads outstanding."""
+
+    chunk_bytes: list[int]
+    in_flight: list[int]
+    bytes_per_s: list[list[float]]
+
+    @model_validator(mode="after")
+    def _check(self) -> ReadTable:
+        TableReadCurve(tuple(self.chunk_bytes), tuple(self.in_flight),
+                       tuple(tuple(r) for r in self.bytes_per_s))
+        return self
+
+
+# The probes of `FlashSpec.host_cpu_curves`: the three of `probe_points` and a Python loop's FFN step.
+HOST_CPU_PROBES = ("kernel", "framework", "long_kernel", "ffn_step")
+
+
+class HostCpuCurve(Strict):
+    """One probe's interference with a read batch, measured at each of `FlashSpec.host_cpu_batch_reads`
+    (seconds per batch, not per read)."""
+
+    compute_lost_s: list[float] = Field(description="compute time the probe lost while one batch of that many "
+                                        "reads ran, per batch")
+    read_delay_s: list[float] = Field(description="how much longer one batch of that many reads took while the "
+                                      "probe ran")
+
+    @model_validator(mode="after")
+    def _check(self) -> HostCpuCurve:
+        for name in ("compute_lost_s", "read_delay_s"):
+            if any(not (v >= 0 and math.isfinite(v)) for v in getattr(self, name)):
+                raise ValueError(f"{name} values must be finite seconds >= 0")
+        return self
+
+
+class FlashSpec(Strict):
+    """The storage the weights are read from."""
+
+    sequential_read_bytes_per_s: float = Field(gt=0)
+    read_latency_s: float = Field(gt=0, description="one small (4 KiB) read at queue depth 1")
+    max_in_flight: int = Field(ge=1, description="hardware queue depth usable by one process")
+    iops_max: float | None = Field(default=None, gt=0, description="closed-form model's controller IOPS cap")
+    read_table: ReadTable | None = None
+    # Achievable (devices/achievable.py): random reads against request size and queue depth from a
+    # published measurement of this SSD or its class (fio / CrystalDiskMark-style, Linux or Android),
+    # the link's limit, and the host CPU each request costs through the I/O path.
+    read_table_achievable: ReadTable | None = Field(default=None, description="published random-read "
+                                                    "throughput over request size x queue depth (achievable)")
+    read_table_achievable_source: Provenance | None = None
+    link_bytes_per_s: float | None = Field(default=None, gt=0, description="what the storage link allows "
+                                           "(PCIe lanes x rate, UFS gear), after encoding")
+    request_cpu_s: float | None = Field(default=None, ge=0, description="CPU seconds one read request costs "
+                                        "through the I/O path: submit, completion, thread hand-off")
+    request_cpu_source: Provenance | None = None
+    io_cores: int | None = Field(default=None, ge=1, description="CPU cores the I/O path can use at once (its "
+                                 "reader threads'); with request_cpu_s it caps IOPS at io_cores / request_cpu_s")
+    # Host CPU work of I/O (see sim/components/compute.py `HostCpu`). Non-zero only on a host whose
+    # CPU both runs the compute and submits/completes the reads (a CPU-only host reading with
+    # threads): there each read takes CPU time from the compute running at the same time, and the
+    # compute delays the reads' own CPU work. 0 (the default) = reads cost the compute nothing
+    # (an SSD's DMA engine does the transfer; submission on other cores or a GPU computes).
+    host_cpu_s_per_read: float = Field(default=0.0, ge=0, description="host CPU seconds per read (submit + "
+                                       "complete), on the cores that also compute; 0: not shared")
+    compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute time lost per read "
+                                                  "that runs while the compute runs (default: host_cpu_s_per_read)")
+    read_delay_s_per_read: float | None = Field(default=None, ge=0, description="time a read takes longer while "
+                                                "the compute runs (default: host_cpu_s_per_read)")
+    compute_lost_s_per_batch: float = Field(default=0.0, ge=0, description="compute time lost per read batch "
+                                            "(waking and collecting the reader threads), on top of the per-read loss")
+    read_delay_s_per_batch: float = Field(default=0.0, ge=0, description="time a batch takes longer while the "
+                                          "compute runs, on top of the per-read delay")
+    # The same four effects while the compute is framework code (Python holding the interpreter lock:
+    # Hugging Face modules) rather than kernels; default: the kernel values above. bench flash measures
+    # them with a tiny transformers llama as the compute probe.
+    framework_compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute_lost_s_per_read "
+                                                            "while the compute is framework code")
+    framework_compute_lost_s_per_batch: float | None = Field(default=None, ge=0, description="compute_lost_s_per_batch "
+                                                             "while the compute is framework code")
+    framework_read_delay_s_per_read: float | None = Field(default=None, ge=0, description="read_delay_s_per_read "
+                                                          "while the compute is framework code")
+    framework_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_batch "
+                                                           "while the compute is framework code")
+    # The op rhythm of each probe, and a third probe of long kernels (sim/components/compute.py
+    # `HostCpu.at`, compute.decoder=python). A Python decoder loop takes the interpreter lock back
+    # after every torch call; each time, a reader thread that woke meanwhile may hold it, so what a
+    # read batch costs the loop follows how often the loop re-takes the lock: its mean seconds per
+    # torch call. bench flash counts each probe's torch calls and times them (the tiny llama: a few
+    # us per call; the kernel GEMV: tens of us; the long GEMV: about a millisecond), and the
+    # simulator places a decoder loop between the three probes by its own seconds per call.
+    framework_probe_op_s: float | None = Field(default=None, gt=0, description="the framework probe's mean "
+                                               "seconds per torch call")
+    kernel_probe_op_s: float | None = Field(default=None, gt=0, description="the kernel probe's mean seconds "
+                                            "per torch call")
+    long_kernel_probe_op_s: float | None = Field(default=None, gt=0, description="the long-kernel probe's "
+                                                 "mean seconds per torch call")
+    long_kernel_compute_lost_s_per_read: float | None = Field(default=None, ge=0, description="compute_lost_s_per_"
+                                                              "read while the compute is long kernels")
+    long_kernel_compute_lost_s_per_batch: float | None = Field(default=None, ge=0, description="compute_lost_s_"
+                                                               "per_batch while the compute is long kernels")
+    long_kernel_read_delay_s_per_read: float | None = Field(default=None, ge=0, description="read_delay_s_per_"
+                                                            "read while the compute is long kernels")
+    long_kernel_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_"
+                                                             "batch while the compute is long kernels")
+    # The same effects measured at several batch sizes (bench flash: a quarter of the reads in
+    # flight up to 8x them), per probe (HOST_CPU_PROBES). A batch smaller than the reader's threads
+    # issues every read at once and waits on the device's latency, with CPU to spare, so a compute
+    # delays it far less per read than a batch several reads deep per thread, where the reads'
+    # own CPU work (about 30 us per read on a 2-core host, most of both cores) is what paces them:
+    # the line through two large batches over-states a small one's delay 3x.
+    # Where a probe has a curve the simulator takes it (linear in the reads between the sizes,
+    # proportional below the first, the last segment's slope beyond the last) instead of its
+    # per-read and per-batch terms. "ffn_step": real.backend's FFN step as the compute (cache
+    # bookkeeping in NumPy, the gather, the sparse kernels; its reads' transfers skipped), whose
+    # torch calls are tens of us apart like the kernel probe's but whose NumPy work between them
+    # holds the interpreter lock like framework code: a Python loop's FFN step and cache work take
+    # its curve instead of the rhythm's terms (sim/components/compute.py `HostCpu`).
+    host_cpu_batch_reads: list[int] | None = Field(default=None, description="reads per batch at which "
+                                                   "host_cpu_curves are measured (increasing)")
+    host_cpu_curves: dict[str, HostCpuCurve] | None = Field(default=None, description="per probe (kernel, "
+                                                            "framework, long_kernel, ffn_step): the interference "
+                                                            "at each host_cpu_batch_reads")
+    staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
+                                     "in place (not aligned for direct I/O) and are copied out of the reader's "
+                                     "staging buffer; 0 = none")
+    # A read whose destination is n discontiguous buffers (real.reader's in-place reads of a run of
+    # unbundled rows: one iovec per cache row) costs the device more than one contiguous buffer:
+    # on a virtio disk each descriptor is served on its own (bench flash: 64 KiB into 16 x 4 KiB).
+    segment_s: float = Field(default=0.0, ge=0, description="device time each extra destination segment "
+                             "adds to a read (a read into n discontiguous buffers pays n - 1); 0 = none")
+    # A read batch is issued to a pool of reader threads and done when its last read completes: on top
+    # of its reads at the table's steady throughput it costs starting the threads that take part,
+    # collecting them, and the wait for the slowest read (the depth drains at the end). bench flash
+    # measures it at each depth as real.reader's batch time less the table's time for the same reads.
+    batch_overhead_s: list[float] | None = Field(default=None, description="per read_table.in_flight entry: "
+                                                 "the time one read batch at that depth (min(reads, in flight)) "
+                                                 "takes beyond its reads at the table's throughput; None = 0")
+    # How much of that start-up and drain a batch hides depends on how many reads each thread takes:
+    # a batch of about one read per thread pays every thread's wake-up and collection on its own,
+    # while with several reads per thread the later threads wake while the earlier ones read (on the
+    # 2-vCPU EPYC host at 64 in flight: 0.34 ms at one read per thread, 0.30 at two, none at four).
+    # bench flash then measures each depth at
+    # several reads per thread, and a batch of n reads at depth q = min(n, in flight) takes the value
+    # at n / q (log2-interpolated between the ratios, the end values beyond them).
+    batch_overhead_reads_per_thread: list[float] | None = Field(
+        default=None, description="the reads per thread (reads / depth, >= 1, increasing) of "
+        "batch_overhead_by_ratio_s's columns")
+    batch_overhead_by_ratio_s: list[list[float]] | None = Field(
+        default=None, description="per read_table.in_flight entry, per batch_overhead_reads_per_thread "
+        "entry: the time one read batch takes beyond its reads at the table's throughput; replaces "
+        "batch_overhead_s")
+    # The reader's own CPU work for a batch before its reads start: which neurons are missing, their
+    # cache rows, the coalesced read plan (vectorised NumPy). A demand batch waits for it; a prefetch
+    # batch completes that much later. bench flash times real.reader's code for two batch sizes.
+    plan_s_per_batch: float = Field(default=0.0, ge=0, description="reader's planning time per read batch "
+                                    "(fixed part); 0 = not modelled")
+    plan_s_per_neuron: float = Field(default=0.0, ge=0, description="reader's planning time per neuron a batch "
+                                     "reads; 0 = not modelled")
+    source: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Keys of terms the simulator no longer models (RETIRED_FLASH_KEYS) are dropped, so profiles
+        and kept grids written with them still load."""
+        if isinstance(data, dict) and any(k in data for k in RETIRED_FLASH_KEYS):
+            data = {k: v for k, v in data.items() if k not in RETIRED_FLASH_KEYS}
+        return data
+
+    @model_validator(mode="after")
+    def _achievable(self) -> FlashSpec:
+        needs_source(self.read_table_achievable, self.read_table_achievable_source, "read_table_achievable")
+        needs_source(self.request_cpu_s, self.request_cpu_source, "request_cpu")
+        return self
+
+    @property
+    def measured_io_cpu(self) -> bool:
+        """The host CPU of the I/O path is already inside measured tables (bench flash's batch
+        overheads or host-CPU terms): request_cpu_s must not be charged again."""
+        return (self.batch_overhead_s is not None or self.batch_overhead_by_ratio_s is not None
+                or self.host_cpu_s_per_read > 0)
+
+    @model_validator(mode="after")
+    def _one_model(self) -> FlashSpec:
+        if self.read_table is None and self.iops_max is None:
+            raise ValueError("give either read_table (measured) or iops_max (closed-form model)")
+        if self.batch_overhead_s is not None:
+            depths = self.read_table.in_flight if self.read_table is not None else None
+            if depths is None or len(self.batch_overhead_s) != len(depths):
+                raise ValueError("batch_overhead_s needs a read_table and one value per read_table.in_flight entry")
+            if any(not (x >= 0) for x in self.batch_overhead_s):
+                raise ValueError("batch_overhead_s values must be >= 0 seconds")
+        ratios, by_ratio = self.batch_overhead_reads_per_thread, self.batch_overhead_by_ratio_s
+        if (ratios is None) != (by_ratio is None):
+            raise ValueError("batch_overhead_reads_per_thread and batch_overhead_by_ratio_s go together")
+        if ratios is not None and by_ratio is not None:
+            depths = self.read_table.in_flight if self.read_table is not None else None
+            if self.batch_overhead_s is not None:
+                raise ValueError("give batch_overhead_s or batch_overhead_by_ratio_s, not both")
+            if not ratios or ratios[0] < 1 or any(b <= a for a, b in zip(ratios, ratios[1:])):
+                raise ValueError("batch_overhead_reads_per_thread must be increasing values >= 1")
+            if depths is None or len(by_ratio) != len(depths) or any(len(r) != len(ratios) for r in by_ratio):
+                raise ValueError("batch_overhead_by_ratio_s needs a read_table and one row per read_table.in_flight "
+                                 "entry, one value per batch_overhead_reads_per_thread entry")
+            if any(not (x >= 0) for r in by_ratio for x in r):
+                raise ValueError("batch_overhead_by_ratio_s values must be >= 0 seconds")
+        for name in ("compute_lost_s_per_read", "read_delay_s_per_read", "compute_lost_s_per_batch",
+                     "read_delay_s_per_batch", "framework_compute_lost_s_per_read",
+                     "framework_compute_lost_s_per_batch", "framework_read_delay_s_per_read",
+                     "framework_read_delay_s_per_batch"):
+            if getattr(self, name) and self.host_cpu_s_per_read == 0:
+                raise ValueError(f"{name} needs host_cpu_s_per_read > 0 (a host whose CPU both computes and "
+                                 "submits the reads)")
+        return self
+
+    @model_validator(mode="after")
+    def _probe_rhythm(self) -> FlashSpec:
+        ops = [self.framework_probe_op_s, self.kernel_probe_op_s, self.long_kernel_probe_op_s]
+        long_terms = [self.long_kernel_compute_lost_s_per_read, self.long_kernel_compute_lost_s_per_batch,
+                      self.long_kernel_read_delay_s_per_read, self.long_kernel_read_delay_s_per_batch]
+        given = [x is not None for x in ops + long_terms]
+        if not any(given):
+            return self
+        if not all(given) or self.framework_compute_lost_s_per_read is None:
+            raise ValueError("framework_probe_op_s, kernel_probe_op_s, long_kernel_probe_op_s and the four "
+                             "long_kernel_* terms go together, with the framework_* terms (bench flash writes them all)")
+        if not ops[0] < ops[1] < ops[2]:  # type: ignore[operator]
+            raise ValueError("the probes' seconds per torch call must increase: framework_probe_op_s < "
+                             f"kernel_probe_op_s < long_kernel_probe_op_s, got {ops}")
+        if self.host_cpu_s_per_read == 0:
+            raise ValueError("the probe terms need host_cpu_s_per_read > 0 (a host whose CPU both computes and "
+                             "submits the reads)")
+        return self
+
+    @model_validator(mode="after")
+    def _host_cpu_curves(self) -> FlashSpec:
+        reads, curves = self.host_cpu_batch_reads, self.host_cpu_curves
+        if (reads is None) != (curves is None):
+            raise ValueError("host_cpu_batch_reads and host_cpu_curves go together (bench flash writes both)")
+        if reads is None or curves is None:
+            return self
+        if not reads or any(n < 1 for n in reads) or any(b <= a for a, b in zip(reads, reads[1:])):
+            raise ValueError(f"host_cpu_batch_reads must be increasing reads >= 1, got {reads}")
+        for name, c in curves.items():
+            if name not in HOST_CPU_PROBES:
+                raise ValueError(f"host_cpu_curves: unknown probe {name!r}; use one of {', '.join(HOST_CPU_PROBES)}")
+            if len(c.compute_lost_s) != len(reads) or len(c.read_delay_s) != len(reads):
+                raise ValueError(f"host_cpu_curves.{name}: one value per host_cpu_batch_reads entry ({len(reads)})")
+        if self.host_cpu_s_per_read == 0:
+            raise ValueError("host_cpu_curves need host_cpu_s_per_read > 0 (a host whose CPU both computes and "
+                             "submits the reads)")
+        return self
+
+    def host_cpu_curve(self, probe: str) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None:
+        """(batch reads, compute lost per batch, read delay per batch) of a probe (HOST_CPU_PROBES),
+        or None when the profile has no curve for it."""
+        c = (self.host_cpu_curves or {}).get(probe)
+        if c is None or self.host_cpu_batch_reads is None:
+            return None
+        return tuple(float(n) for n in self.host_cpu_batch_reads), tuple(c.compute_lost_s), tuple(c.read_delay_s)
+
+    def host_cpu_terms(self, probe: str = "kernel") -> tuple[float, float, float, float]:
+        """(compute lost per read, per batch, read delay per read, per batch) measured with a probe:
+        "kernel" (per read default host_cpu_s_per_read), "framework" (each default the kernel's) or
+        "long" (long_kernel_*: only with the probes, see `probe_points`)."""
+        k = (self.compute_lost_s_per_read if self.compute_lost_s_per_read is not None else self.host_cpu_s_per_read,
+             self.compute_lost_s_per_batch,
+             self.read_delay_s_per_read if self.read_delay_s_per_read is not None else self.host_cpu_s_per_read,
+             self.read_delay_s_per_batch)
+        if probe == "kernel":
+            return k
+        prefix = {"framework": "framework_", "long": "long_kernel_"}[probe]
+        own = [getattr(self, prefix + name) for name in ("compute_lost_s_per_read", "compute_lost_s_per_batch",
+                                                         "read_delay_s_per_read", "read_delay_s_per_batch")]
+        return tuple(b if b is not None else a for a, b in zip(k, own))  # type: ignore[return-value]
+
+    def probe_points(self) -> list[tuple[float, float, float, float, float]] | None:
+        """The three probes as (seconds per torch call, compute lost per read, per batch, read delay
+        per read, per batch), by increasing seconds per call; None when the profile lacks them."""
+        if self.long_kernel_probe_op_s is None:
+            return None
+        return [(op_s, *self.host_cpu_terms(probe)) for op_s, probe in  # type: ignore[misc]
+                ((self.framework_probe_op_s, "framework"), (self.kernel_probe_op_s, "kernel"),
+                 (self.long_kernel_probe_op_s, "long"))]
+
+    @property
+    def shares_host_cpu(self) -> bool:
+        """The reads' CPU work runs on the cores that compute (host_cpu_s_per_read > 0)."""
+        return self.host_cpu_s_per_read > 0
+
+    @cached_property
+    def curve(self) -> ReadCurve:
+        """The read model: the table when measured, the closed form otherwise; with request_cpu_s
+        (and no measured I/O CPU terms) capped by the CPU the requests cost (CpuBoundReadCurve)."""
+        base: ReadCurve
+        if self.read_table is not None:
+            t = self.read_table
+            base = TableReadCurve(tuple(t.chunk_bytes), tuple(t.in_flight),
+                                  tuple(tuple(r) for r in t.bytes_per_s))
+        else:
+            assert self.iops_max is not None
+            base = ClosedFormReadCurve(self.sequential_read_bytes_per_s, self.read_latency_s, self.iops_max)
+        if self.request_cpu_s and not self.measured_io_cpu:
+            return CpuBoundReadCurve(base, self.request_cpu_s, self.io_cores or 1)
+        return base
+
+    def bytes_per_s(self, chunk_bytes: float, in_flight: int | None = None) -> float:
+        return self.curve.bytes_per_s(chunk_bytes, in_flight or self.max_in_flight)
+
+    def batch_overhead_at(self, depth: np.ndarray, reads: np.ndarray | None = None) -> np.ndarray:
+        """Seconds per read batch at each depth q (reads in flight; linear between the table's depths,
+        the end values beyond them) for batches of `reads` reads (default: q, one read per thread);
+        with `batch_overhead_by_ratio_s`, at reads / q reads per thread (log2-interpolated between its
+        ratios, the end values beyond them); zeros without either field."""
+        q = np.asarray(depth, np.float64)
+        if self.read_table is None:
+            return np.zeros_like(q)
+        depths = np.asarray(self.read_table.in_flight, np.float64)
+        if self.batch_overhead_by_ratio_s is not None and self.batch_overhead_reads_per_thread is not None:
+            table = np.asarray(self.batch_overhead_by_ratio_s, np.float64)            # [depths, ratios]
+            cols = np.stack([np.interp(q, depths, table[:, j]) for j in range(table.shape[1])], axis=-1)
+            lr = np.log2(np.asarray(self.batch_overhead_reads_per_thread, np.float64))
+            n = q if reads is None else np.asarray(reads, np.float64)
+            x = np.log2(np.clip(n / np.maximum(q, 1.0), 2.0 ** lr[0], 2.0 ** lr[-1]))
+            if len(lr) == 1:
+                return cols[..., 0]
+            i = np.clip(np.searchsorted(lr, x, side="right") - 1, 0, len(lr) - 2)
+            w = (x - lr[i]) / (lr[i + 1] - lr[i])
+            lo = np.take_along_axis(cols, i[..., None], axis=-1)[..., 0]
+            hi = np.take_along_axis(cols, (i + 1)[..., None], axis=-1)[..., 0]
+            return lo + w * (hi - lo)
+        if self.batch_overhead_s is None:
+            return np.zeros_like(q)
+        return np.interp(q, depths, np.asarray(self.batch_overhead_s))
