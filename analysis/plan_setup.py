@@ -29,7 +29,7 @@ from traces.format import Trace
 # ReLU FFNs (OPT) are far sparser than SwiGLU ones: LLM in a flash (Sec. 3.1) reports ~97%
 # of OPT-6.7B's FFN neurons inactive per token; the reuse between consecutive tokens (0.7 of a token's
 # active set active in the previous token) and the hot-neuron skew (25% of neurons give 80% of the
-# activity) are the assumptions docs/simulator.md uses for its OPT-6.7B reproduction.
+# activity) are the assumptions docs/replay.md uses for its OPT-6.7B reproduction.
 RELU_ASSUMPTION = {"active_fraction": 0.03, "overlap": 0.7, "hot_skew": 0.25}
 DEFAULT_PLAN_TOKENS = 128
 

@@ -10,7 +10,7 @@ at its simulated activation mass kept (linear in agreement and in log perplexity
 measured mass the lowest row is returned with `bound: true` (quality is at most that: less mass kept never
 measured better). So the quality of a sparse configuration is "the measured quality of the embedded model
 when an exact predictor keeps the same share of activation mass"; selection rules that choose worse
-neurons (SelectInfer's static + voted sets) lose more at the same mass (docs/adaptation-real.md).
+neurons (SelectInfer's static + voted sets) lose more at the same mass (docs/adapt.md).
 
 The planner's side (`measured_quality`, `quality_key`, `quality_ranking`, `quality_note`) lives here too.
 

@@ -27,10 +27,10 @@ fields the simulator reads:
     (the kernel's completion work preempts user compute).
 `at_bound(profile, "peak")` drops every achievable number: the datasheet ceiling.
 
-Power modes (`power_modes` in the profile, `name@MODE` on the command line) set absolute values by
-dotted path before the bound is folded; the default is the mode the device ships in. A mode that sets
-energy numbers (`energy.compute_busy_w.value`) relabels the energy section with its name; one that
-sets none keeps the numbers of the mode they were published for, and `inputs()` names that mode.
+Power modes (`power_modes` in the profile, `name@MODE` on the command line, devices/power_modes.py)
+are applied when the profile is loaded, before the bound is folded. A mode that sets energy numbers
+(`energy.compute_busy_w.value`) relabels the energy section with its name; one that sets none keeps the
+numbers of the mode they were published for, and `inputs()` names that mode.
 """
 
 from __future__ import annotations
@@ -41,43 +41,6 @@ from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
 
 BOUNDS = ("achievable", "peak")
-
-
-def with_power_mode(profile: DeviceProfile, mode: str | None) -> DeviceProfile:
-    """The profile in power mode `mode` (None: its default); a profile without modes takes only None."""
-    modes = profile.power_modes
-    if modes is None:
-        if mode is not None:
-            raise FlashsimError(f"device {profile.name}: no power modes; drop '@{mode}'")
-        return profile
-    name = mode or modes.default
-    if name not in modes.modes:
-        raise FlashsimError(f"device {profile.name}: unknown power mode {name!r}; choose one of "
-                            f"{', '.join(modes.modes)} (default {modes.default})")
-    data = profile.model_dump()
-    sets = modes.modes[name].set
-    for path, value in sets.items():
-        _set_path(data, path, value, profile.name, name)
-    if data.get("energy") is not None and any(p.startswith("energy.") for p in sets):
-        # the mode carries its own energy numbers: they now hold for it. A mode that sets none keeps the
-        # label of the mode they were taken in, which `inputs()` prints beside them.
-        data["energy"]["power_mode"] = name
-    out = _validate(data, f"{profile.name}@{name}")
-    out._power_mode = name
-    return out
-
-
-def _set_path(data: dict[str, Any], path: str, value: float, device: str, mode: str) -> None:
-    keys = path.split(".")
-    node: Any = data
-    for k in keys[:-1]:
-        if not isinstance(node, dict) or node.get(k) is None:
-            raise FlashsimError(f"device {device}, power mode {mode}: {path!r} is not a field of the profile")
-        node = node[k]
-    if not isinstance(node, dict) or (keys[-1] not in node and len(keys) < 3):
-        raise FlashsimError(f"device {device}, power mode {mode}: {path!r} is not a field of the profile")
-    old = node.get(keys[-1])
-    node[keys[-1]] = int(value) if isinstance(old, int) and not isinstance(old, bool) else value
 
 
 def _validate(data: dict[str, Any], where: str) -> DeviceProfile:

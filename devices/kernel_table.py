@@ -2,8 +2,8 @@
 
 `KernelTable` holds one kernel's seconds per call t[i][j] at width d[i] and rows k[j] (measured by
 `flashsim bench compute`) and answers t(d, k) for any width and any number of rows. The sparse
-FFN's kernels (real/bench_sparse_ffn.py) are tabled over d_model x computed neurons; a dense GEMV
-(real/bench_dense_gemv.py) over in_features x out_features:
+FFN's kernels (real/bench/bench_sparse_ffn.py) are tabled over d_model x computed neurons; a dense GEMV
+(real/bench/bench_dense_gemv.py) over in_features x out_features:
 
 * inside the grid: piecewise linear in (log d, log k) on log t, in two separable steps. Between two
   measured points a kernel's time grows as a power of its size, which is what a cache-size or an
@@ -26,7 +26,7 @@ TABLE_ROW_ALIGN_BYTES = 4096
 
 
 def table_row_bytes(d_model: int, dtype_bytes: int) -> int:
-    """The bytes of one cache row the table was measured on (real/bench_sparse_ffn.py)."""
+    """The bytes of one cache row the table was measured on (real/bench/bench_sparse_ffn.py)."""
     return -(-3 * d_model * dtype_bytes // TABLE_ROW_ALIGN_BYTES) * TABLE_ROW_ALIGN_BYTES
 
 

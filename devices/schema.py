@@ -24,6 +24,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from devices.energy import EnergySpec
 from devices.errors import FlashsimError, unknown_name
 from devices.loading import validate_file
+from devices.power_modes import with_power_mode
 from devices.section_base import (
     RETIRED_COMPUTE_KEYS,
     RETIRED_FLASH_KEYS,
@@ -193,8 +194,6 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     profile = validate_file(DeviceProfile, path)
     if not by_path:
         check_profile_name(profile, path)
-    from devices.achievable import with_power_mode
-
     return with_power_mode(profile, mode)
 
 

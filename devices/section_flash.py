@@ -8,7 +8,6 @@ overheads, the reader's planning time; sim/components/ reads them).
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 from typing import Any
 
@@ -30,27 +29,6 @@ class ReadTable(Strict):
     def _check(self) -> ReadTable:
         TableReadCurve(tuple(self.chunk_bytes), tuple(self.in_flight),
                        tuple(tuple(r) for r in self.bytes_per_s))
-        return self
-
-
-# The probes of `FlashSpec.host_cpu_curves`: the three of `probe_points` and a Python loop's FFN step.
-HOST_CPU_PROBES = ("kernel", "framework", "long_kernel", "ffn_step")
-
-
-class HostCpuCurve(Strict):
-    """One probe's interference with a read batch, measured at each of `FlashSpec.host_cpu_batch_reads`
-    (seconds per batch, not per read)."""
-
-    compute_lost_s: list[float] = Field(description="compute time the probe lost while one batch of that many "
-                                        "reads ran, per batch")
-    read_delay_s: list[float] = Field(description="how much longer one batch of that many reads took while the "
-                                      "probe ran")
-
-    @model_validator(mode="after")
-    def _check(self) -> HostCpuCurve:
-        for name in ("compute_lost_s", "read_delay_s"):
-            if any(not (v >= 0 and math.isfinite(v)) for v in getattr(self, name)):
-                raise ValueError(f"{name} values must be finite seconds >= 0")
         return self
 
 
@@ -122,24 +100,6 @@ class FlashSpec(Strict):
                                                             "read while the compute is long kernels")
     long_kernel_read_delay_s_per_batch: float | None = Field(default=None, ge=0, description="read_delay_s_per_"
                                                              "batch while the compute is long kernels")
-    # The same effects measured at several batch sizes (bench flash: a quarter of the reads in
-    # flight up to 8x them), per probe (HOST_CPU_PROBES). A batch smaller than the reader's threads
-    # issues every read at once and waits on the device's latency, with CPU to spare, so a compute
-    # delays it far less per read than a batch several reads deep per thread, where the reads'
-    # own CPU work (about 30 us per read on a 2-core host, most of both cores) is what paces them:
-    # the line through two large batches over-states a small one's delay 3x.
-    # Where a probe has a curve the simulator takes it (linear in the reads between the sizes,
-    # proportional below the first, the last segment's slope beyond the last) instead of its
-    # per-read and per-batch terms. "ffn_step": real.backend's FFN step as the compute (cache
-    # bookkeeping in NumPy, the gather, the sparse kernels; its reads' transfers skipped), whose
-    # torch calls are tens of us apart like the kernel probe's but whose NumPy work between them
-    # holds the interpreter lock like framework code: a Python loop's FFN step and cache work take
-    # its curve instead of the rhythm's terms (sim/components/compute.py `HostCpu`).
-    host_cpu_batch_reads: list[int] | None = Field(default=None, description="reads per batch at which "
-                                                   "host_cpu_curves are measured (increasing)")
-    host_cpu_curves: dict[str, HostCpuCurve] | None = Field(default=None, description="per probe (kernel, "
-                                                            "framework, long_kernel, ffn_step): the interference "
-                                                            "at each host_cpu_batch_reads")
     staged_s_per_read: float = Field(default=0.0, ge=0, description="extra time per read whose units cannot land "
                                      "in place (not aligned for direct I/O) and are copied out of the reader's "
                                      "staging buffer; 0 = none")
@@ -251,33 +211,6 @@ class FlashSpec(Strict):
             raise ValueError("the probe terms need host_cpu_s_per_read > 0 (a host whose CPU both computes and "
                              "submits the reads)")
         return self
-
-    @model_validator(mode="after")
-    def _host_cpu_curves(self) -> FlashSpec:
-        reads, curves = self.host_cpu_batch_reads, self.host_cpu_curves
-        if (reads is None) != (curves is None):
-            raise ValueError("host_cpu_batch_reads and host_cpu_curves go together (bench flash writes both)")
-        if reads is None or curves is None:
-            return self
-        if not reads or any(n < 1 for n in reads) or any(b <= a for a, b in zip(reads, reads[1:])):
-            raise ValueError(f"host_cpu_batch_reads must be increasing reads >= 1, got {reads}")
-        for name, c in curves.items():
-            if name not in HOST_CPU_PROBES:
-                raise ValueError(f"host_cpu_curves: unknown probe {name!r}; use one of {', '.join(HOST_CPU_PROBES)}")
-            if len(c.compute_lost_s) != len(reads) or len(c.read_delay_s) != len(reads):
-                raise ValueError(f"host_cpu_curves.{name}: one value per host_cpu_batch_reads entry ({len(reads)})")
-        if self.host_cpu_s_per_read == 0:
-            raise ValueError("host_cpu_curves need host_cpu_s_per_read > 0 (a host whose CPU both computes and "
-                             "submits the reads)")
-        return self
-
-    def host_cpu_curve(self, probe: str) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None:
-        """(batch reads, compute lost per batch, read delay per batch) of a probe (HOST_CPU_PROBES),
-        or None when the profile has no curve for it."""
-        c = (self.host_cpu_curves or {}).get(probe)
-        if c is None or self.host_cpu_batch_reads is None:
-            return None
-        return tuple(float(n) for n in self.host_cpu_batch_reads), tuple(c.compute_lost_s), tuple(c.read_delay_s)
 
     def host_cpu_terms(self, probe: str = "kernel") -> tuple[float, float, float, float]:
         """(compute lost per read, per batch, read delay per read, per batch) measured with a probe:

@@ -8,7 +8,7 @@ A term earns its place when removing it makes the held-out latency error worse b
 point (median or p90).
 
 Two figures per direction: the raw error (|sim - real| / real, the mean over the grid's passes)
-and `level_removed` (real.validate_score.level_removed: one factor per mode taken out). Between
+and `level_removed` (real.validation.validate_score.level_removed: one factor per mode taken out). Between
 boots the host's speed moves (the same disk read 0.40-0.64x as fast on one boot as on another), so
 the raw held-out error is mostly that level difference, which a term can offset by chance (any
 term that adds time "helps" on a slower boot). The decision therefore uses `level_removed`: the
@@ -19,8 +19,9 @@ figures are printed beside it.
 
 The terms listed are the model's; the ones the ablation removed (the compute penalties after a read
 wait and after a layer's streaming, the cache index work; then the fitted row moves and the
-framework overhead) are gone from it, and their rows in docs/validation.md come from this script
-at the commit before their removal (71ad0b4, 7c609d4).
+framework overhead; then the host-CPU interference curves over a batch's reads) are gone from it
+(`REMOVED`), and their rows in docs/calibrate-and-validate.md come from this script at the commit before
+their removal (71ad0b4, 7c609d4, e90eadf).
 
 Default grids: tests/real/data/grids/{25a,29b,31a} where they exist, else docs/measured/grids/
 (the same three: Intel VM, EPYC VM, EPYC after a new boot). Every ordered pair (fit on A, score on
@@ -52,7 +53,7 @@ HOST_CPU_KEYS = ("host_cpu_s_per_read", "compute_lost_s_per_read", "read_delay_s
                  "framework_read_delay_s_per_read", "framework_read_delay_s_per_batch", "framework_probe_op_s",
                  "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
                  "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
-                 "long_kernel_read_delay_s_per_batch", "host_cpu_batch_reads", "host_cpu_curves")
+                 "long_kernel_read_delay_s_per_batch")
 LOOP_PROBE_KEYS = ("framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s",
                    "long_kernel_compute_lost_s_per_read", "long_kernel_compute_lost_s_per_batch",
                    "long_kernel_read_delay_s_per_read", "long_kernel_read_delay_s_per_batch")
@@ -83,8 +84,6 @@ TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
                                 _flat_batch_overhead, ()),
     "host_cpu": ("host CPU shared by reads and compute (flash.host_cpu_* and interference terms)",
                  _drop("flash", *HOST_CPU_KEYS), ()),
-    "host_cpu_curves": ("interference curves over the batch's reads (flash.host_cpu_curves)",
-                        _drop("flash", "host_cpu_batch_reads", "host_cpu_curves"), ()),
     "loop_probes": ("Python-loop probes by seconds per torch call (flash.*_probe_op_s, long_kernel_*)",
                     _drop("flash", *LOOP_PROBE_KEYS), ()),
     "reader_planning": ("reader's planning per batch / neuron (flash.plan_s_per_*)",
@@ -97,6 +96,18 @@ TERMS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "transpose": ("transposed down copy (compute.transpose_bytes_per_s)",
                   _drop("compute", "transpose_bytes_per_s"), ()),
     "gemv_row": ("per-output-row GEMV cost (compute.gemv_row_s)", _drop("compute", "gemv_row_s"), ()),
+}
+
+
+# Terms the ablation removed (held-out level-removed gain under one point), with their profile keys
+# (devices/schema.py RETIRED_*_KEYS drops them on load): listed, not ablatable.
+REMOVED = {
+    "cold_compute": "compute penalty after a demand read's wait (flash.cold_*)",
+    "evict": "penalty after a layer's streaming (compute.evict_*)",
+    "cache_index": "cache index work (flash.cache_index_*)",
+    "row_move": "fitted row-move cost (compute.row_move_*)",
+    "framework_overhead": "framework overhead per layer and step (compute.framework_layer_s, _token_s)",
+    "host_cpu_curves": "host-CPU interference curves over a batch's reads (flash.host_cpu_curves)",
 }
 
 
@@ -116,7 +127,7 @@ class Grid:
         import yaml
 
         from devices.model_spec import ModelSpec
-        from real.validate_keep import ROW_KEYS, kept_runs, load_kept_grid
+        from real.validation.validate_keep import ROW_KEYS, kept_runs, load_kept_grid
         from sim.config import RunConfig
 
         self.path, self.name = path, path.name
@@ -139,7 +150,7 @@ def profile_for(doc: dict, term: str | None) -> Any:
 def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, float]:
     """The grid's real runs against the simulator on `profile`: latency error median / p90, raw and
     with one factor per mode out."""
-    from real.validate_score import compare, summarize
+    from real.validation.validate_score import compare, summarize
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -240,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     terms = list(TERMS) if not a.terms else [t.strip() for t in a.terms.split(",") if t.strip()]
+    gone = [t for t in terms if t in REMOVED]
+    if gone:
+        print(f"error: --terms: {', '.join(gone)} already removed from the model ({REMOVED[gone[0]]}); use some "
+              f"of {', '.join(TERMS)}", file=sys.stderr)
+        return 2
     bad = [t for t in terms if t not in TERMS]
     if bad:
         print(f"error: --terms: unknown {', '.join(bad)}; use some of {', '.join(TERMS)}", file=sys.stderr)

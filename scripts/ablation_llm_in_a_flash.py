@@ -1,5 +1,5 @@
 """LLM in a flash's ablation (Table 2: naive, hybrid, +predictor, +windowing, +bundling) on a
-synthetic OPT-6.7B-shape trace, printed as the markdown tables of docs/simulator.md ("Does it land
+synthetic OPT-6.7B-shape trace, printed as the markdown tables of docs/replay.md ("Does it land
 where the papers do?"). Run after a change to the simulator or the device profiles:
 
     .venv/bin/python scripts/ablation_llm_in_a_flash.py [--trace /tmp/fsd/opt-6.7b-syn] [--only oracle|noisy]
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.cli.main import main as flashsim  # noqa: E402
+from flashsim.main import main as flashsim  # noqa: E402
 
 SYNTH = ["--model", "opt-6.7b", "--tokens", "1000", "--active-fraction", "0.03", "--overlap", "0.7",
          "--hot-skew", "0.25", "--seed", "0"]

@@ -2,7 +2,7 @@
 # The real backend's CUDA path, end to end, on a machine with an NVIDIA GPU, in one short run:
 #   1. the hardware tests (pinning an aligned host buffer in place with cudaHostRegister);
 #   2. `flashsim bench compute --device cuda --quick` (dense and sparse GEMV, DRAM and host-to-device
-#      bandwidth on the GPU: real/bench_cuda.py), printed as JSON;
+#      bandwidth on the GPU: real/bench/bench_cuda.py), printed as JSON;
 #   3. a shape-mode weight store and a synthetic trace of one model, then `flashsim real run` of the
 #      same presets on --device cpu and --device cuda (bytes read must match; latency per token is what
 #      the GPU changes);
@@ -21,7 +21,7 @@ WORK=${WORK:-$(mktemp -d /tmp/flashsim-cuda.XXXXXX)}
 STEP_S=${STEP_S:-150}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-FS=("$PY" -m "${FLASHSIM_MODULE:-sim.cli.main}")
+FS=("$PY" -m "${FLASHSIM_MODULE:-flashsim}")
 
 step() {  # step NAME COMMAND...: stdout to $OUT/NAME.out, stderr to $OUT/NAME.err, timed
     local name=$1; shift

@@ -1,5 +1,5 @@
 """A real predictor replayed (`predictor=recorded`) beside the `noisy` predictor with the same
-recall, precision and error memory, and memoryless: the table in docs/simulator.md ("Predictor
+recall, precision and error memory, and memoryless: the table in docs/replay.md ("Predictor
 errors with memory").
 
     .venv/bin/python scripts/recorded_vs_noisy.py --trace TRACE --recorded REC [--device apple-m1-max]
@@ -7,7 +7,7 @@ errors with memory").
 
 TRACE is a captured trace (`flashsim capture --sparsity RULE`), REC the predicted sets of its tokens
 (`flashsim real predictor-errors --trace TRACE --record-out REC`). Recall, precision and the memories
-are measured from the two traces on the generated tokens (`real.predictor_errors`); every row is
+are measured from the two traces on the generated tokens (`real.studies.predictor_errors`); every row is
 `flashsim replay --trace TRACE --preset llm-in-a-flash --set window.k=K --json` plus the row's flags.
 """
 
@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from real.predictor_errors import measure, tokens_from_traces  # noqa: E402
-from sim.cli.main import main as flashsim  # noqa: E402
+from flashsim.main import main as flashsim  # noqa: E402
+from real.studies.predictor_error_stats import measure  # noqa: E402
+from real.studies.predictor_errors import tokens_from_traces  # noqa: E402
 from traces.format import open_trace  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Regenerates a reference validation grid on this host, or slims a kept grid to commit it.
 
-A reference grid is what `flashsim validate --keep DIR` leaves (real/validate_keep.py: every
+A reference grid is what `flashsim validate --keep DIR` leaves (real/validation/validate_keep.py: every
 configuration's executed trace, run configuration and real per-token records, plus the profile the
 grid was replayed with), made right after calibrating the host, so that `flashsim validate --rescore
 DIR --profile kept` scores the simulator against those real runs on any machine, in seconds. The
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devices.errors import FlashsimError  # noqa: E402
-from real.validate_keep import (  # noqa: E402
+from real.validation.validate_keep import (  # noqa: E402
     GRID_FILE,
     RUNS_FILE,
     TRACES_DIR,
@@ -120,7 +120,7 @@ def slim(keep: Path, check: bool = True) -> Path:
 
 
 def _flashsim(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "sim.cli.main", *args]
+    cmd = [sys.executable, "-m", "flashsim", *args]
     print("+ flashsim " + " ".join(args), file=sys.stderr, flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.PIPE, text=True)

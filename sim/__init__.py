@@ -1,5 +1,5 @@
-"""The discrete-event simulator (SimPy): engine, components, policies, runner, sweeps, and the CLI.
+"""The discrete-event simulator (SimPy): engine, components, policies, runner and sweeps.
 
-`sim` imports `devices` and `traces`; it never imports `real` or `analysis`, except `sim.cli`, the
-only module that wires every package together (nothing imports the CLI).
+`sim` imports only `devices`, `traces` and itself (tests/test_architecture.py checks it); the command
+line that wires every package together is the top-level `flashsim` package.
 """

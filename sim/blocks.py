@@ -2,7 +2,7 @@
 
 A model with L layers has 2L blocks. Block index 2*l + k is layer l's self-attention ("mha", k=0,
 including its input norm) or its FFN ("ffn", k=1, including its norm and biases); names are "mha:l" and
-"ffn:l", as real/gsi.py writes them. A dropped set is a bool array [2L] (True = dropped).
+"ffn:l", as real/studies/gsi.py writes them. A dropped set is a bool array [2L] (True = dropped).
 
 `BlockMemory` splits a `ModelSpec`'s weight and KV bytes by block, with every weight resident (RAP's
 setting: no flash streaming). The split is exact: with nothing dropped the block sums equal the spec's

@@ -55,6 +55,10 @@ class MemoryParams:
                                                 "device's capacity minus its reserved memory)", unit="bytes")
     stream_non_ffn: bool = param(False, "also read attention weights, embeddings and lm_head from flash "
                                         "every step instead of keeping them resident")
+    cache_split: Literal["equal", "by_bytes_needed", "greedy_marginal"] = param(
+        "equal", "how the neuron cache's DRAM is split between layers (residencies with a per-layer cache: "
+                 "window): equal; by_bytes_needed (in proportion to each layer's active neurons per step in the "
+                 "trace); greedy_marginal (rows to the layer whose trace-measured hits gain most per row)")
 
     def __post_init__(self) -> None:
         check(self.dram_budget_bytes is None or self.dram_budget_bytes > 0,

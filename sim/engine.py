@@ -46,6 +46,7 @@ from sim.config import RunConfig
 from sim.energy import energy_summary, step_traffic
 from sim.fastpath import decline_reason, run_fast
 from sim.policies.base import PolicyContext, Residency
+from sim.policies.cache_shares import CacheShares, compute_shares
 from sim.policies.stack import PolicyStack
 from sim.records import MemorySample, Recorder
 from sim.results import RunResult
@@ -206,7 +207,10 @@ class Simulation:
                 stack.residency.shrink_bytes(int(memory.cache_bytes(b, s, nxt).min()))  # type: ignore[attr-defined]
                 held = stack.residency.dynamic_bytes()
             else:
-                stack.residency.on_budget_change(int(memory.cap_neurons(b, s, s + 1).min()))
+                if memory.shares is None:
+                    stack.residency.on_budget_change(int(memory.cap_neurons(b, s, s + 1).min()))
+                else:   # per-layer shares: an int64 [L] of caps (CachedResidency takes either)
+                    stack.residency.on_budget_change(memory.layer_caps(b, s, s + 1, self.spec.n_layers).min(axis=0))
                 held = stack.residency.dynamic_bytes(memory.neuron_bytes)  # type: ignore[call-arg]
             resident = need + held
             if resident > b:
@@ -255,6 +259,8 @@ class Simulation:
             "prompt_tokens": list(self.steps.prompt_lengths), "engine": engine,
             "fast_path": self.fast_path_reason() or "applies",
         })
+        if self.memory.shares is not None:
+            cfg["cache_shares"] = self.memory.shares.describe()
         if self.dropped is not None and self.dropped.any():
             cfg["prune"] = {**cfg["prune"], "blocks_resolved": format_blocks(self.dropped)}
         return cfg
@@ -295,6 +301,7 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
                      f"{eff_spec.name} ({eff_spec.n_layers} x {eff_spec.d_ff})")
     memory = _memory_model(stack, eff_spec, view.steps, config, dropped)
     memory.check_fits(budget if config.budget_timeline is None else config.budget_timeline.at(0.0, budget))
+    memory.shares = _cache_shares(stack, view, memory, budget, dropped, config, notes)
     in_flight = config.flash.in_flight or profile.flash.max_in_flight
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
@@ -307,6 +314,26 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
                      "for the kept layers")
     return Simulation(trace, eff_spec, profile, config, view, stack, memory, planner, budget, ctx, notes,
                       dropped=dropped)
+
+
+def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budget: int, dropped: np.ndarray,
+                  config: RunConfig, notes: list[str]) -> CacheShares | None:
+    """The per-layer split of the neuron cache (`memory.cache_split`; None: equal),
+    computed from the replayed trace's active sets at the run's static budget (sim/policies/cache_shares.py)."""
+    mode = config.memory.cache_split
+    if mode == "equal":
+        return None
+    window_k = getattr(stack.residency, "window_k", None)
+    k = window_k() if stack.residency.manages_cache and window_k is not None else 0
+    if k == 0:
+        notes.append(f"memory.cache_split={mode}: residency {stack.residency.name!r} keeps no per-layer neuron cache "
+                     "across steps, so the split changes nothing")
+        return None
+    steps = view.steps.n
+    idx = np.minimum(np.arange(steps + 1), len(memory.kv_bytes) - 1)
+    step_rows = np.maximum(budget - memory.fixed_bytes - memory.kv_bytes[idx], 0) // memory.neuron_bytes
+    return compute_shares(mode, lambda layer: view.needed(layer, 0, steps), ~dropped[1::2], view.n_neurons, k,
+                          memory.free_rows(budget), step_rows)
 
 
 def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: RunConfig,

@@ -24,7 +24,7 @@ TokenRecord fields (one per step; a decode step yields one token per sequence):
     cache_bytes, kv_bytes, budget_bytes
     computed            FFN neurons computed (all layers)
     hits                computed neurons already resident (static or cached) when needed
-    activation_mass_kept  sum |a| over computed / sum |a| over all neurons (see sim/quality.py)
+    activation_mass_kept  sum |a| over computed / sum |a| over all neurons (see sim/quality_proxy.py)
     recall              computed active neurons / active neurons
     dropped_blocks      blocks pruned from the model during the step, e.g. "mha:3,ffn:5" (sim/blocks.py;
                         "" when none)

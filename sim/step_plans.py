@@ -36,7 +36,7 @@ from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
 from sim.policies.base import CapacityError
 from sim.policies.stack import LayerPlan, PolicyStack
-from sim.quality import layer_quality
+from sim.quality_proxy import layer_quality
 from sim.workload import TraceView
 
 # Steps planned per call: the policies' carried state makes chunks equivalent to one long range,
@@ -162,12 +162,12 @@ class Planner:
         if self.stack.residency.page_granular:
             self._plan_pages(0, self.S, budget_bytes)
         else:
-            cap = self.memory.cap_neurons(budget_bytes, 0, self.S)
+            cap = self.memory.layer_caps(budget_bytes, 0, self.S, self.L)   # [S + 1, L]
             for layer in range(self.L):
                 for a0 in range(0, self.S, PLAN_CHUNK_STEPS):
                     b0 = min(self.S, a0 + PLAN_CHUNK_STEPS)
                     if self.ffn_kept[layer]:
-                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1])
+                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1, layer])
                     else:
                         self._fill_dropped(layer, a0, b0)
         self.finish_steps(0, self.S, budget_bytes)
@@ -181,7 +181,7 @@ class Planner:
         if not self.ffn_kept[layer]:
             self._fill_dropped(layer, step, step + 1)
             return
-        cap = self.memory.cap_neurons(budget_bytes, step, step + 1)
+        cap = self.memory.layer_caps(budget_bytes, step, step + 1, self.L)[:, layer]
         self._fill_layer(layer, step, step + 1, cap)
 
     def _fill_layer(self, layer: int, a0: int, b0: int, cap: np.ndarray) -> None:

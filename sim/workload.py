@@ -34,8 +34,25 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from sim import bitsets
-from sim.policies.base import StepSlice
 from traces.format import DECODE, PREFILL, Trace
+
+
+@dataclass(frozen=True)
+class StepSlice:
+    """A range [start, stop) of simulation steps (step 0 may be the batched prefill)."""
+
+    start: int
+    stop: int
+    phase: np.ndarray        # uint8 [S]: 0 prefill, 1 decode
+    n_tokens: np.ndarray     # int64 [S]: tokens processed together in each step (prompt or batch)
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def __post_init__(self) -> None:
+        if self.stop < self.start or len(self.phase) != self.size or len(self.n_tokens) != self.size:
+            raise ValueError(f"inconsistent StepSlice [{self.start}, {self.stop})")
 
 
 @dataclass(frozen=True)
@@ -153,7 +170,7 @@ class TraceView:
             raise FlashsimError(
                 f"trace {trace.path} has {trace.n_layers} layers x {trace.n_neurons} FFN neurons but the model has "
                 f"{n_layers} x {n_neurons}; replay it with the trace's own model (omit --model), or pass "
-                "--rescale to tile the trace onto the model (see docs/simulator.md)")
+                "--rescale to tile the trace onto the model (see docs/replay.md)")
         self.trace, self.steps = trace, steps
         self.n_layers, self.n_neurons = n_layers, n_neurons
         self.rescaled = (n_layers, n_neurons) != (trace.n_layers, trace.n_neurons)

@@ -5,7 +5,7 @@ workload (batch, sequence length) and memory budget, then up to 2L sequential ke
 per block, in the visiting order of `sim.adapt.controllers.learned_obs.visiting_order` (`visit`:
 ascending importance, the default, or ascending importance per byte freed). Bytes come from
 `sim.blocks.BlockMemory`, importances from a GSI file (`sim.adapt.importance.importance_vector`), quality from a perplexity estimate
-(`sim.adapt.quality.GsiPerplexity`, or any object with `log_ppl(dropped) -> float`).
+(`sim.adapt.drop_quality.GsiPerplexity`, or any object with `log_ppl(dropped) -> float`).
 
 Observation: float32 [15], the layout of `sim.adapt.controllers.learned_obs` (`OBS_NAMES`, documented
 there): batch, sequence length, KV share, available memory, the footprint of the current plan and the

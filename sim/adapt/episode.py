@@ -47,7 +47,7 @@ from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from sim.adapt.controllers.base import AdaptState, Controller
-from sim.adapt.quality import Perplexity
+from sim.adapt.drop_quality import Perplexity
 from sim.adapt.timelines import TimelineContext
 from sim.blocks import BlockMemory, format_blocks, parse_blocks
 from sim.components.memory import BudgetTimeline

@@ -1,7 +1,7 @@
 """The GSI file format (schema_version 1) and the block importance vector controllers see.
 
 Owns: reading, validating and writing GSI files (`read_gsi_file`, `validate_gsi`, `write_gsi_file`,
-`make_gsi_document`), which `real/gsi.py` produces (`flashsim adapt gsi`), and turning one into a
+`make_gsi_document`), which `real/studies/gsi.py` produces (`flashsim adapt gsi`), and turning one into a
 per-block importance (`removal_order`, `importance_vector`). This lives in `sim` so the simulator and
 the controllers can read GSI files without importing `real` (imports flow real -> sim, never back).
 

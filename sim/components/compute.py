@@ -72,28 +72,10 @@ phases. A profile without the three probes charges a Python loop the framework t
 Python loop also loses a prefetch's planning whole (`flash.plan_s_per_batch` + `plan_s_per_neuron`
 x neurons: NumPy on the reader's thread, holding the interpreter lock; `cpu_share`'s plan_s). A
 compiled loop (decoder=native) runs on while the planning holds the lock.
-
-**Interference over the batch's reads** (profiles with `flash.host_cpu_curves`). A batch with one
-read per thread or fewer waits on the device's latency with CPU to spare, where a batch several
-reads deep per thread is paced by the reads' own CPU work, so a line through two large batches
-over-states a small batch's delay. bench flash measures each probe at a quarter, 1x, 2x and 8x the
-reads in flight; a probe with a curve is priced by it (`BatchCost`: linear in the reads between the
-sizes, proportional below the first, the last segment's slope beyond the last).
-
-**The FFN step's own probe** (curve "ffn_step"). A Python loop's FFN step (real.backend's
-`RealExecutor.ffn`: the cache's bookkeeping in NumPy, its row moves, the gather, the sparse
-kernels) makes its torch calls at the kernel probe's rhythm, but the NumPy work between the calls
-holds the interpreter lock, so reads wait behind it longer than behind kernels alone. bench flash
-runs that code itself as a probe (FfnStepProbe, its reads planned but not transferred). With the
-curve, the FFN step and the cache work of a Python loop take it (`HostCpu.cost`'s `ffn` share =
-1), the attention keeps its rhythm's terms, and a prefetch's own delay takes it for the share of
-the batch's interval that falls on FFN steps (`ffn_overlap`, from the decoder's repeating
-attention / FFN-step pattern after the issue) and the attention's rhythm for the rest.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 
@@ -105,7 +87,7 @@ from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
 # Torch calls per layer of the real backend's Python decoder loop (compute.decoder=python), counted
 # with a TorchFunctionMode (tests/real/test_loop_ops.py counts them again): the FFN step
-# (real/backend.py `RealExecutor.ffn`) 22; the attention, norms and residuals around it 22 in shape
+# (real/runtime/backend.py `RealExecutor.ffn`) 22; the attention, norms and residuals around it 22 in shape
 # mode's stand-in (compute.framework=kernels) and 69 in a transformers llama layer with model mode's
 # FFN module (hf: 68.6 on average, counted with transformers 5.24; a few calls run on some steps only).
 # `HostCpu.at` places the loop by its seconds per call.
@@ -128,49 +110,21 @@ MIN_CPU_SHARE = 0.05
 class HostCpu:
     """CPU cost of reads on a host whose CPU also computes (seconds per read).
 
-    Two sets of interference constants: while the compute runs kernels (which release the
-    interpreter lock) and while it runs framework code (Python holding it: Hugging Face modules).
-    A Python loop without the profile's probes takes the framework ones; `cost` mixes the two by a
-    framework share f given by the caller (the pipeline gives 0: no phase carries a framework time
-    of its own); the fw_* fields default to the kernel ones."""
+    A compiled loop takes the kernel constants; a Python loop without the profile's probes takes
+    the framework ones (`of`); with the probes a Python loop's terms follow its seconds per torch
+    call (`at`)."""
 
     cpu_s_per_read: float      # the reads' own CPU work (submission, completion, thread hand-off)
     lost_s_per_read: float     # compute time lost per read running concurrently
     delay_s_per_read: float    # extra service time per read of a batch that runs while the compute runs
     lost_s_per_batch: float = 0.0    # compute lost per batch (waking and collecting the reader threads)
     delay_s_per_batch: float = 0.0   # extra service time per batch while the compute runs
-    fw_lost_s_per_read: float | None = None
-    fw_lost_s_per_batch: float | None = None
-    fw_delay_s_per_read: float | None = None
-    fw_delay_s_per_batch: float | None = None
     # (seconds per torch call, lost per read, lost per batch, delay per read, delay per batch) of the
     # profile's three probes, by increasing seconds per call: a Python decoder loop's terms (`at`)
     probes: tuple[tuple[float, float, float, float, float], ...] = ()
-    # the profile's measured curves over the batch's reads (flash.host_cpu_curves): (probe, batch
-    # reads, compute lost per batch, read delay per batch) per probe that has one; a probe with a
-    # curve is priced by it instead of its per-read and per-batch terms (`cost`, `BatchCost`). "ffn_step":
-    # a Python loop's FFN step, whose share of the compute takes that curve (`cost`).
-    curves: tuple[tuple[str, tuple[float, ...], tuple[float, ...], tuple[float, ...]], ...] = ()
-    probe_names: tuple[str, ...] = ("framework", "kernel", "long_kernel")   # of `probes`, in their order
     # a Python decoder loop: a prefetch's planning (NumPy on the reader's thread, holding the
     # interpreter lock) is compute the loop loses (module doc, "A Python decoder loop")
     python_loop: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("lost_s_per_read", "lost_s_per_batch", "delay_s_per_read", "delay_s_per_batch"):
-            if getattr(self, "fw_" + name) is None:
-                object.__setattr__(self, "fw_" + name, getattr(self, name))
-        curves = {c[0]: c[1:] for c in self.curves}
-        k = BatchCost(self.lost_s_per_read, self.lost_s_per_batch, self.delay_s_per_read, self.delay_s_per_batch,
-                      curves.get("kernel"))
-        fw = BatchCost(self.fw_lost_s_per_read, self.fw_lost_s_per_batch, self.fw_delay_s_per_read,  # type: ignore[arg-type]
-                       self.fw_delay_s_per_batch, curves.get("framework"))  # type: ignore[arg-type]
-        probe_costs = tuple(BatchCost(*pt[1:], curves.get(name)) for pt, name in zip(self.probes, self.probe_names))
-        ffn = curves.get("ffn_step")
-        object.__setattr__(self, "_k", k)
-        object.__setattr__(self, "_fw", fw)
-        object.__setattr__(self, "_probe_costs", probe_costs)
-        object.__setattr__(self, "_ffn", BatchCost(0.0, 0.0, 0.0, 0.0, ffn) if ffn and self.probes else None)
 
     @classmethod
     def of(cls, profile: DeviceProfile, python_loop: bool = False) -> HostCpu | None:
@@ -183,18 +137,9 @@ class HostCpu:
         f = profile.flash
         if not f.shares_host_cpu:
             return None
-        k, fw = f.host_cpu_terms("kernel"), f.host_cpu_terms("framework")
         probes = tuple(f.probe_points() or ()) if python_loop else ()
-        if python_loop and not probes:
-            k = fw
-        names = {"framework": "framework", "kernel": "kernel", "long": "long_kernel"}
-        # a loop without the probes stands in the framework terms for the kernel ones: their curve too
-        kernel_curve = "framework" if python_loop and not probes else "kernel"
-        curves = tuple((name, *c) for name, src in (("kernel", kernel_curve), ("framework", "framework"),
-                                                    ("long_kernel", "long_kernel"), ("ffn_step", "ffn_step"))
-                       if (c := f.host_cpu_curve(src)) is not None)
-        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], fw[0], fw[1], fw[2], fw[3], probes, curves,
-                   tuple(names[p] for p in ("framework", "kernel", "long")), python_loop)
+        k = f.host_cpu_terms("framework" if python_loop and not probes else "kernel")
+        return cls(f.host_cpu_s_per_read, k[0], k[2], k[1], k[3], probes, python_loop)
 
     def at(self, op_s: float) -> tuple[float, float, float, float]:
         """(lost per read, lost per batch, delay per read, delay per batch) of a Python loop that
@@ -214,103 +159,43 @@ class HostCpu:
                 return j - 1, j, math.log(op_s / pts[j - 1][0]) / math.log(pts[j][0] / pts[j - 1][0])
         return len(pts) - 1, len(pts) - 1, 0.0
 
-    @property
-    def has_ffn_step(self) -> bool:
-        """A Python loop priced with the profile's FFN-step curve (`cost`'s `ffn` share applies)."""
-        return self._ffn is not None  # type: ignore[attr-defined]
-
-    def cost(self, nreads: float, framework: float = 0.0, op_s: float = 0.0, ffn: float = 0.0) -> tuple[float, float]:
+    def cost(self, nreads: float, op_s: float = 0.0) -> tuple[float, float]:
         """(compute lost, read delay) in seconds of one batch of `nreads` reads that runs while the
-        compute runs. `framework`: the share of the compute that is framework code (0 = kernels
-        only); `op_s`: a Python loop's seconds per torch call (with the probes it places the loop
-        between them, `at`, and `framework` is unused); `ffn`: the share of such a loop's compute
-        that is its FFN step, which takes the profile's FFN-step curve where it has one."""
+        compute runs: n x per read + per batch. `op_s`: a Python loop's seconds per torch call
+        (with the probes it places the loop between them, `at`)."""
+        if nreads <= 0:
+            return 0.0, 0.0
         if op_s > 0 and self.probes:
             i, j, w = self._between(op_s)
-            costs = self._probe_costs  # type: ignore[attr-defined]
-            lost, delay = costs[i].at(nreads)
+            lost, delay = _batch_cost(self.probes[i], nreads)
             if w > 0:
-                l1, d1 = costs[j].at(nreads)
+                l1, d1 = _batch_cost(self.probes[j], nreads)
                 lost, delay = lost + w * (l1 - lost), delay + w * (d1 - delay)
-            f_cost = self._ffn  # type: ignore[attr-defined]
-            if f_cost is not None and ffn > 0:
-                w = ffn if ffn < 1.0 else 1.0
-                lf, df = f_cost.at(nreads)
-                lost, delay = lost + w * (lf - lost), delay + w * (df - delay)
             return lost, delay
-        lost, delay = self._k.at(nreads)  # type: ignore[attr-defined]
-        if framework > 0:
-            lf, df = self._fw.at(nreads)  # type: ignore[attr-defined]
-            lost, delay = lost + framework * (lf - lost), delay + framework * (df - delay)
-        return lost, delay
+        return (nreads * self.lost_s_per_read + self.lost_s_per_batch,
+                nreads * self.delay_s_per_read + self.delay_s_per_batch)
 
-    def cpu_share(self, nreads: float, service_s: float, framework: float = 0.0, op_s: float = 0.0,
-                  plan_s: float = 0.0, ffn: float = 0.0) -> float:
+    def cpu_share(self, nreads: float, service_s: float, op_s: float = 0.0, plan_s: float = 0.0) -> float:
         """The share of full speed the compute keeps while a batch of `nreads` runs for service_s
-        (framework share, seconds per torch call and FFN-step share as in `cost`); `plan_s`: the
-        reader's planning of the batch, lost whole by a Python loop."""
+        (seconds per torch call as in `cost`); `plan_s`: the reader's planning of the batch, lost
+        whole by a Python loop."""
         if service_s <= 0:
             return 1.0
-        k = self.cost(nreads, framework, op_s, ffn)[0]
+        k = self.cost(nreads, op_s)[0]
         if self.python_loop:
             k += plan_s
         share = 1.0 - k / service_s
         return share if share > MIN_CPU_SHARE else MIN_CPU_SHARE
 
-    def delay_s(self, nreads: float, framework: float = 0.0, op_s: float = 0.0, ffn: float = 0.0) -> float:
+    def delay_s(self, nreads: float, op_s: float = 0.0) -> float:
         """How much longer a batch of `nreads` takes while the compute runs (as in `cost`)."""
-        return self.cost(nreads, framework, op_s, ffn)[1]
+        return self.cost(nreads, op_s)[1]
 
 
-@dataclass(frozen=True)
-class BatchCost:
-    """One probe's interference with a read batch: (compute lost, read delay) of a batch of n reads,
-    n x per read + per batch, or the measured curve over the batch's reads where there is one
-    (linear between its sizes, proportional below the first, the last segment's slope beyond the
-    last, never below 0; devices/schema.py `FlashSpec.host_cpu_curves` says why)."""
-
-    lost_s_per_read: float
-    lost_s_per_batch: float
-    delay_s_per_read: float
-    delay_s_per_batch: float
-    curve: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None = None
-
-    def at(self, n: float) -> tuple[float, float]:
-        if n <= 0:
-            return 0.0, 0.0
-        c = self.curve
-        if c is None:
-            return n * self.lost_s_per_read + self.lost_s_per_batch, n * self.delay_s_per_read + self.delay_s_per_batch
-        xs, lost, delay = c
-        return _curve_value(xs, lost, n), _curve_value(xs, delay, n)
-
-
-def ffn_overlap(t0_s: float, t1_s: float, attention_s: float, ffn_s: float, ffn_first: bool) -> float:
-    """The share of [t0, t1) (seconds after a prefetch's issue) that falls on FFN steps, when the
-    decoder's compute from the issue on repeats attention_s of attention and ffn_s of FFN step
-    (the FFN step first when `ffn_first`): which code a batch's reads wait behind."""
-    period = attention_s + ffn_s
-    if period <= 0 or t1_s <= t0_s:
-        return 0.0
-
-    def ffn_before(t: float) -> float:   # FFN-step seconds in [0, t)
-        k = math.floor(t / period)
-        r = t - k * period
-        return k * ffn_s + (min(r, ffn_s) if ffn_first else max(0.0, r - attention_s))
-
-    return (ffn_before(t1_s) - ffn_before(t0_s)) / (t1_s - t0_s)
-
-
-def _curve_value(xs: tuple[float, ...], ys: tuple[float, ...], n: float) -> float:
-    """`BatchCost`'s curve at n > 0 reads."""
-    if n <= xs[0] or len(xs) == 1:
-        return ys[0] * n / xs[0]
-    j = bisect.bisect_left(xs, n)
-    if j >= len(xs):
-        j = len(xs) - 1
-    x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
-    v = y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-    return v if v > 0.0 else 0.0
+def _batch_cost(probe: tuple[float, float, float, float, float], n: float) -> tuple[float, float]:
+    """(compute lost, read delay) of a batch of n reads under one probe's terms (`HostCpu.probes`)."""
+    _, lost_r, lost_b, delay_r, delay_b = probe
+    return n * lost_r + lost_b, n * delay_r + delay_b
 
 
 @dataclass(frozen=True)
@@ -410,7 +295,7 @@ class ComputeModel:
     def _sparse(self, c: np.ndarray, gathers: bool | np.ndarray) -> np.ndarray:
         """Where an FFN of c computed neurons gathers them out of the cache matrix (the caller's
         `gathers`, Residency.gathers_at: every neuron computed included where the cache's rows sit
-        in arrival order, as real.backend gathers whatever the step computes)."""
+        in arrival order, as real.runtime.backend gathers whatever the step computes)."""
         return (c > 0) & gathers
 
     def ffn_bytes(self, n_computed: np.ndarray, gathers: bool | np.ndarray = True) -> np.ndarray:
@@ -470,7 +355,7 @@ class ComputeModel:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
         rows x 2 x bundle bytes / gather_bytes_per_s (scattered rows, not a streaming copy, so not
         the DRAM copy bandwidth). A move copies the neuron's bundle (`ffn_neuron_bytes`), not its padded
-        DRAM row: real.cache's deletion copies each row's data part (`LayerCache._data`), 6912 of
+        DRAM row: real.runtime.cache_matrices's deletion copies each row's data part (`LayerCache._data`), 6912 of
         8192 B in SmolLM2 fp32, where the gather copies whole padded rows (`row_bytes`)."""
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)

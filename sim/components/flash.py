@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from devices.curves import ReadCurve
-from sim.components.compute import HostCpu, ffn_overlap
+from sim.components.compute import HostCpu
 
 BATCH_TABLE_READS_PER_THREAD = 16   # ReadCost tabulates batch overheads up to this many reads per thread
 
@@ -143,25 +143,17 @@ class FlashDevice:
         self.host = host
 
     def submit(self, now_s: float, service_s: float, nbytes: float, nreads: float, tag: str = "demand",
-               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), framework: float = 0.0,
-               op_s: float = 0.0, plan_s: float = 0.0, ffn: float = 0.0,
-               pattern: tuple[float, float, bool, float] | None = None) -> float:
+               step: int = -1, layer: int = -1, overlap_s: float = float("inf"), op_s: float = 0.0,
+               plan_s: float = 0.0) -> float:
         """Serve a batch; returns its completion time. `overlap_s`: the compute the decoder runs
-        before it needs a prefetch (a batch waits for the compute at most that long); `framework`:
-        the framework-code share of that compute; `op_s`: its seconds per torch call; `plan_s`: the
-        reader's planning inside service_s; `ffn`: the FFN-step share of a Python loop's compute (HostCpu).
-        `pattern` (attention s, FFN step s, whether the FFN step comes first, the attention's seconds
-        per torch call): the Python loop's compute from the issue on, layer after layer; with the
-        profile's FFN-step curve the batch's delay takes it for the share of the batch's interval that
-        falls on FFN steps, and the attention's rhythm for the rest (`ffn_overlap`)."""
+        before it needs a prefetch (a batch waits for the compute at most that long); `op_s`: a
+        Python loop's seconds per torch call over that compute (HostCpu); `plan_s`: the reader's
+        planning inside service_s."""
         start = now_s if now_s > self.free_at_s else self.free_at_s
         host = self.host
         if host is not None and nreads > 0:
             if tag == "prefetch":   # the decoder computes while it runs: its CPU work waits for the compute's
-                if pattern is not None and host.has_ffn_step:
-                    a_s, f_s, ffn_first, op_s = pattern
-                    ffn = ffn_overlap(start - now_s, start - now_s + service_s, a_s, f_s, ffn_first)
-                extra = host.delay_s(nreads, framework, op_s, ffn)
+                extra = host.delay_s(nreads, op_s)
                 if extra > overlap_s:
                     extra = overlap_s
                 service_s += extra
@@ -178,18 +170,16 @@ class FlashDevice:
             self.log.append(FlashBatch(tag, step, layer, int(nbytes), int(nreads), now_s, start, end))
         return end
 
-    def cpu_segments_after(self, t_s: float, framework: float = 0.0, op_s: float = 0.0,
-                           ffn: float = 0.0) -> list[tuple[float, float, float]]:
-        """Scheduled batches (start, end, CPU share left to a compute whose framework-code share is
-        `framework` and, for a Python loop, whose seconds per torch call are `op_s` and FFN-step share
-        `ffn`) ending after t_s."""
+    def cpu_segments_after(self, t_s: float, op_s: float = 0.0) -> list[tuple[float, float, float]]:
+        """Scheduled batches (start, end, CPU share left to a compute whose seconds per torch call,
+        for a Python loop, are `op_s`) ending after t_s."""
         seg = self._cpu_segments
         while seg and seg[0][1] <= t_s:
             seg.popleft()
         if not seg:
             return []
         share = self.host.cpu_share  # type: ignore[union-attr]
-        return [(a, b, share(n, b - a, framework, op_s, plan, ffn)) for a, b, n, plan in seg]
+        return [(a, b, share(n, b - a, op_s, plan)) for a, b, n, plan in seg]
 
     def segments_after(self, t_s: float) -> deque[tuple[float, float, float]]:
         """Scheduled transfers (start, end, DRAM share left) ending after t_s (older ones dropped)."""

@@ -12,7 +12,9 @@ Accounting at every step (the `dram_bytes` of each record, an upper bound over t
               prefetch for the next step, a streamed layer's neurons)
 
 The cache share per layer for step s is floor((budget - fixed - kv_s) / (layers x neuron bytes)):
-equal, preallocated per-layer matrices as in LLM in a flash. "Neuron bytes" (`neuron_bytes`) is the
+equal, preallocated per-layer matrices as in LLM in a flash (`layer_caps`; a `CacheShares` from
+sim/policies/cache_shares.py, set by the engine for `memory.cache_split`, splits the same free rows
+unequally). "Neuron bytes" (`neuron_bytes`) is the
 DRAM one cached neuron takes, from the layout (`BundlingLayout.dram_bytes_per_neuron`): the bundle,
 rounded up to `bundling.align_bytes` when set, as the real cache's rows are (static neurons count at
 the same size). Activations and the runtime's own buffers (MBs) are not counted.
@@ -39,6 +41,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
+from sim.policies.cache_shares import CacheShares
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class MemoryModel:
         self.fixed_bytes = int(sum(self.parts.values()))
         self.kv_bytes = np.asarray(kv_bytes, np.int64)
         self.n_layers, self.neuron_bytes = n_layers, int(neuron_bytes)
+        self.shares: CacheShares | None = None     # None: equal shares (cap_neurons for every layer)
 
     def cache_bytes(self, budget_bytes: np.ndarray | int, start: int, stop: int) -> np.ndarray:
         return np.asarray(budget_bytes, np.int64) - self.fixed_bytes - self.kv_bytes[start:stop]
@@ -144,6 +148,22 @@ class MemoryModel:
         idx = np.minimum(np.arange(start, stop + 1), len(self.kv_bytes) - 1)
         free = np.asarray(budget_bytes, np.int64) - self.fixed_bytes - self.kv_bytes[idx]
         return np.maximum(free, 0) // (self.n_layers * self.neuron_bytes)
+
+    def free_rows(self, budget_bytes: int) -> int:
+        """Cache rows (all layers together) left at the run's largest KV cache: the reference size
+        a `CacheShares` split is computed for."""
+        kv = int(self.kv_bytes.max()) if len(self.kv_bytes) else 0
+        return max(int(budget_bytes) - self.fixed_bytes - kv, 0) // self.neuron_bytes
+
+    def layer_caps(self, budget_bytes: np.ndarray | int, start: int, stop: int, n_layers: int) -> np.ndarray:
+        """int64 [stop - start + 1, n_layers]: each layer's cache share in neurons for steps [start, stop]
+        (as `cap_neurons`). Without `shares` every column is `cap_neurons` exactly (equal split)."""
+        if self.shares is None:
+            cap = self.cap_neurons(budget_bytes, start, stop)
+            return np.repeat(cap[:, None], n_layers, axis=1)
+        idx = np.minimum(np.arange(start, stop + 1), len(self.kv_bytes) - 1)
+        free = np.asarray(budget_bytes, np.int64) - self.fixed_bytes - self.kv_bytes[idx]
+        return self.shares.split(np.maximum(free, 0) // self.neuron_bytes)
 
     def check_fits(self, budget_bytes: int, when: str = "") -> None:
         """FlashsimError when the fixed weights plus the largest KV cache exceed the budget."""

@@ -79,7 +79,6 @@ class Decoder:
         attn_ops = p.loop_attention_ops            # ... of them in the attention phase
         ffn_ops = loop_ops - attn_ops              # ... and in the FFN step
         lop = lop_a = lop_f = 0.0                  # its seconds per call: the layer's, the attention's, the FFN step's
-        a_pat = f_pat = 0.0                        # the layer's attention and FFN step: what a prefetch overlaps
         head_f, head_m, head_o = p.head.flop_s.tolist(), p.head.mem_s.tolist(), p.head.ovh_s.tolist()
         delta = self.trigger == "previous-step"
         lookahead = self.trigger == "previous-layer"
@@ -97,7 +96,7 @@ class Decoder:
             a_tot = a_warm
             if lookahead and p.pf_s[s, 0] > 0:   # (seconds per call: the previous layer's)
                 pf_end[0] = submit(t_start, p.pf_s[s, 0], p.pf_bytes[s, 0], p.pf_reads[s, 0], "prefetch", s, 0,
-                                   a_tot, 0.0, lop, p.pf_plan_s[s, 0], pattern=(a_pat, f_pat, False, lop_a))
+                                   a_tot, lop, p.pf_plan_s[s, 0])
             for layer in range(L):
                 if cells is None:
                     self.plan_cell(s, layer)  # type: ignore[misc]
@@ -117,7 +116,6 @@ class Decoder:
                     lop = ov / loop_ops
                     lop_a = a_tot / attn_ops
                     lop_f = (ov - a_tot) / ffn_ops
-                    a_pat, f_pat = a_tot, ov - a_tot
                 # 1. streamed attention weights
                 if st > 0:
                     end = submit(now, st, st_b, st_r, "stream", s, layer)
@@ -133,7 +131,7 @@ class Decoder:
                 else:
                     d_attn = a_tot
                 if host and flash.free_at_s > now:
-                    d_attn = stretch(now, d_attn, csegs(now, 0.0, lop_a))
+                    d_attn = stretch(now, d_attn, csegs(now, lop_a))
                 t_ffn = now + d_attn
                 comp += d_attn
                 if iv:
@@ -161,7 +159,7 @@ class Decoder:
                 # step's compute (delta), and a lookahead batch is needed after one layer anyway.
                 if lookahead and c_next is not None and c_next[6] > 0:
                     pf_end[layer + 1] = submit(t_ffn, c_next[6], c_next[7], c_next[8], "prefetch", s, layer + 1, ov,
-                                               0.0, lop, c_next[16], pattern=(a_pat, f_pat, True, lop_a))
+                                               lop, c_next[16])
                 # 6. memory management, then the FFN
                 busy = unified and flash.free_at_s > t_ffn
                 d_mg = 0.0
@@ -178,7 +176,7 @@ class Decoder:
                 if host and flash.free_at_s > t_ffn and d_mg + d_ffn > 0:
                     # both are CPU work: stretch them as one block (the prefetch issued just before
                     # would otherwise land wholly on the short row copy) and keep their proportions
-                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn, 0.0, lop_f, 1.0)) / (d_mg + d_ffn)
+                    f = stretch(t_ffn, d_mg + d_ffn, csegs(t_ffn, lop_f)) / (d_mg + d_ffn)
                     d_mg, d_ffn = d_mg * f, d_ffn * f
                     t_f = t_ffn + d_mg
                 if d_mg > 0:
@@ -199,11 +197,11 @@ class Decoder:
                         n_pf = nxt[layer]
                         if n_pf[6] > 0:
                             pf_end[layer] = submit(t_end, n_pf[6], n_pf[7], n_pf[8], "prefetch", s + 1, layer, ov,
-                                                   0.0, lop, n_pf[16], pattern=(a_pat, f_pat, False, lop_a))
+                                                   lop, n_pf[16])
                     elif cells is None and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
                         pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, 0.0, lop,
-                                               p.pf_plan_s[s + 1, layer], pattern=(a_pat, f_pat, False, lop_a))
+                                               p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, lop,
+                                               p.pf_plan_s[s + 1, layer])
                 yield timeout(pending + d_mg + d_ffn)
             # lm_head
             if self.finish_step is not None:
@@ -222,7 +220,7 @@ class Decoder:
                 hm = stretch(now, hm, segs(now))
             d = (hf if hf > hm else hm) + ho
             if host and flash.free_at_s > now:
-                d = stretch(now, d, csegs(now, 0.0, lop))
+                d = stretch(now, d, csegs(now, lop))
             comp += d
             if iv:
                 iv("compute", "lm_head", s, L, now, now + d)

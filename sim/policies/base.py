@@ -16,7 +16,7 @@ LRU's recency, a noisy predictor's random stream) lives in `self.state`, per lay
 range in one call or step by step gives identical results (tested for every policy).
 
 Units and representations: neuron sets are packed bit rows (`sim.bitsets`): words [S, W] for S steps
-of one layer. Steps are described by `StepSlice` (absolute step indices, phase, tokens per step).
+of one layer. Steps are described by `sim.workload.StepSlice` (absolute step indices, phase, tokens per step).
 Sizes are bytes, times seconds.
 
 Hook reference (called by `sim.policies.stack.PolicyStack`, in this order for each layer and range):
@@ -58,25 +58,7 @@ if TYPE_CHECKING:
     from devices.model_spec import ModelSpec
     from devices.schema import DeviceProfile
     from sim.rng import RngStreams
-    from sim.workload import TraceView
-
-
-@dataclass(frozen=True)
-class StepSlice:
-    """A range [start, stop) of simulation steps (step 0 may be the batched prefill)."""
-
-    start: int
-    stop: int
-    phase: np.ndarray        # uint8 [S]: 0 prefill, 1 decode
-    n_tokens: np.ndarray     # int64 [S]: tokens processed together in each step (prompt or batch)
-
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
-
-    def __post_init__(self) -> None:
-        if self.stop < self.start or len(self.phase) != self.size or len(self.n_tokens) != self.size:
-            raise ValueError(f"inconsistent StepSlice [{self.start}, {self.stop})")
+    from sim.workload import StepSlice, TraceView
 
 
 @dataclass
@@ -266,7 +248,7 @@ class Residency(Policy):
     page_granular: ClassVar[bool] = False
     #: True when the FFN gathers its computed rows out of the cache matrix every step (the set
     #: changes per token and the rows sit in arrival order), every neuron computed included: a
-    #: window run that keeps every neuron gathers all of them, as real.backend does. False when
+    #: window run that keeps every neuron gathers all of them, as real.runtime.backend does. False when
     #: computed rows are already contiguous: streamed into a fresh buffer (naive), or a set fixed
     #: for the whole decode that is compacted once (SelectInfer's static + dynamic neurons).
     gathers: ClassVar[bool] = True

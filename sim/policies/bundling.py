@@ -16,7 +16,7 @@
   Orders computed from the replayed trace are optimistic (they saw the test tokens): noted.
 
 * `align_bytes` (0 = packed): every unit occupies `round_up(unit bytes, align_bytes)` on flash, as
-  in a padded weight store (real/store.py: each bundle, or each matrix row when unbundled, starts on
+  in a padded weight store (real/weights/store.py: each bundle, or each matrix row when unbundled, starts on
   a 4 KiB boundary so a run of units is one aligned O_DIRECT read). A read of r adjacent units then
   moves r padded strides: the padding is read from the device too. `flashsim real run` and
   `flashsim validate` set it from the store's manifest (4096 for padded stores). SmolLM2-135M fp32:
@@ -24,7 +24,7 @@
   DRAM too: `dram_bytes_per_neuron(spec)` is what one cached neuron takes in the memory model
   (sim/engine.py `_memory_model`, the planner's dram_bytes, the cache policy's `dynamic_bytes`):
   `round_up(ffn_neuron_bytes, align_bytes)` in BOTH layouts, because the real cache
-  (real/cache.py `LayerCache`, rows of `BundleReader.dest_row_bytes`) holds every neuron as one
+  (real/runtime/cache_matrices.py `LayerCache`, rows of `BundleReader.dest_row_bytes`) holds every neuron as one
   bundle row padded to 4 KiB whether flash holds it as one bundle or as per-matrix rows (SmolLM2
   fp32: 8192 B, not 3 x 4096). align_bytes = 0: `ffn_neuron_bytes`, unchanged.
 
@@ -48,7 +48,7 @@ from sim.policies.registry import LAYOUTS
 # frequent neurons; rare neurons carry no signal either way.
 COACT_SAMPLE_TOKENS = 2048
 COACT_ITERATIONS = 60
-# O_DIRECT buffer alignment of the real reader (real.buffers.ALIGN_BYTES): iovecs of units that are not
+# O_DIRECT buffer alignment of the real reader (real.io.buffers.ALIGN_BYTES): iovecs of units that are not
 # multiples of it cannot point into the destination rows
 DIRECT_IO_ALIGN_BYTES = 4096
 
@@ -98,7 +98,7 @@ class BundlingLayout(Layout):
         return padded_bytes(spec.ffn_neuron_bytes, self.params.align_bytes)
 
     def staged_reads(self) -> bool:
-        """Do a direct-I/O reader's reads land in a staging buffer and get copied out (real/reader.py
+        """Do a direct-I/O reader's reads land in a staging buffer and get copied out (real/io/reader.py
         `_zero_copy_ok`)? Yes on a packed store, and when unbundled rows are not multiples of
         DIRECT_IO_ALIGN_BYTES; a padded bundle lands straight in its cache row. The profile's
         `flash.staged_s_per_read` prices the copy."""
@@ -109,7 +109,7 @@ class BundlingLayout(Layout):
     def segmented_reads(self) -> bool:
         """Unbundled rows that land in place (padded store, rows multiples of DIRECT_IO_ALIGN_BYTES):
         a run of adjacent rows of one matrix is one read, but each row goes to its own cache row (the
-        neuron's bundle row), so the read has one iovec per row (real/reader.py `_run`). A bundled
+        neuron's bundle row), so the read has one iovec per row (real/io/reader.py `_run`). A bundled
         run lands in consecutive cache rows: one buffer."""
         return not self.params.bundled and self.params.align_bytes > 0 and not self.staged_reads()
 

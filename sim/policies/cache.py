@@ -84,12 +84,14 @@ class NeuronCache:
             out = self._sequential(layer, st, start, C, H, cap)
         return out
 
-    def shrink(self, cap: int) -> np.ndarray:
-        """Evict least-recently-used neurons until every layer holds at most `cap`."""
+    def shrink(self, cap: int | np.ndarray) -> np.ndarray:
+        """Evict least-recently-used neurons until every layer holds at most `cap` (one int for every
+        layer, or int [L] per layer: sim/policies/cache_shares.py)."""
         evicted = np.zeros(max(self.layers, default=-1) + 1, np.int64)
+        caps = np.asarray(cap, np.int64)
         for layer, st in self.layers.items():
             res = bitsets.unpack(st["res"], self.N)
-            over = int(res.sum()) - cap
+            over = int(res.sum()) - int(caps if caps.ndim == 0 else caps[layer])
             if over <= 0:
                 continue
             lu = self._last_use(st)
@@ -286,7 +288,7 @@ class CachedResidency:
         nb = self.ctx.spec.ffn_neuron_bytes if neuron_bytes is None else int(neuron_bytes)  # type: ignore[attr-defined]
         return n * nb
 
-    def on_budget_change(self, cap_neurons: int) -> np.ndarray:
+    def on_budget_change(self, cap_neurons: int | np.ndarray) -> np.ndarray:
         ev = self.state["cache"].shrink(cap_neurons)  # type: ignore[attr-defined]
         out = np.zeros(self.ctx.n_layers, np.int64)  # type: ignore[attr-defined]
         out[: len(ev)] = ev

@@ -28,7 +28,7 @@ import numpy as np
 from devices.errors import FlashsimError
 from sim import bitsets
 from sim.params import check, param
-from sim.policies.base import Predictor, StepSlice
+from sim.policies.base import Predictor
 from sim.policies.error_memory import (
     ErrorMemory,
     Persistence,
@@ -36,10 +36,11 @@ from sim.policies.error_memory import (
     persistent_noisy_sets,
 )
 from sim.policies.registry import PREDICTORS
+from sim.workload import StepSlice
 
 # `noisy`'s error memory m = (P(error at s+1 | error at s) - rate) / (1 - rate), and its floor at
 # distant steps (`sim.policies.error_memory`), measured with `flashsim real predictor-errors`
-# (docs/simulator.md, "Predictor errors with memory"): SmolLM2-135M, LLM in a flash's low-rank
+# (docs/replay.md, "Predictor errors with memory"): SmolLM2-135M, LLM in a flash's low-rank
 # predictor of rank 32 (`real train-predictor --sparsity topk:0.25 --threshold 0.25
 # --max-new-tokens 32 --holdout 0.5`), its 10 held-out builtin prompts (chat template), consecutive
 # generated tokens (320 tokens x 30 layers), far = at 5 tokens (the window's k; flat by then). Mean

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.params import check, param
-from sim.policies.base import Prefetcher, StepSlice
+from sim.policies.base import Prefetcher
 from sim.policies.predictor import noisy_sets
 from sim.policies.registry import PREFETCHERS
+from sim.workload import StepSlice
 
 
 @PREFETCHERS.register("none")

@@ -30,9 +30,10 @@ import numpy as np
 from devices.errors import FlashsimError
 from sim import bitsets
 from sim.params import check, param
-from sim.policies.base import Residency, StepSlice
+from sim.policies.base import Residency
 from sim.policies.cache import CachedResidency
 from sim.policies.registry import RESIDENCY
+from sim.workload import StepSlice
 
 
 @RESIDENCY.register("selective")

@@ -30,8 +30,8 @@ from sim.policies.base import (
     Predictor,
     Prefetcher,
     Residency,
-    StepSlice,
 )
+from sim.workload import StepSlice
 
 
 @dataclass

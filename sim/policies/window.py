@@ -2,8 +2,9 @@
 each step reads only the delta (computed now, not resident). k = 'inf' keeps every neuron ever
 computed, which under a DRAM cap is exactly an LRU neuron cache of the cap's size.
 
-The cache is one preallocated matrix per layer (equal shares of the DRAM left after the fixed
-weights and the KV cache). Evicting moves the last rows into the holes and new neurons are copied
+The cache is one preallocated matrix per layer (shares of the DRAM left after the fixed weights
+and the KV cache: equal, or split by the trace with `memory.cache_split`, see
+sim/policies/cache_shares.py). Evicting moves the last rows into the holes and new neurons are copied
 in after them (LLM in a flash, Sec. 3.3): `memory_mgmt` time = bytes moved / DRAM bandwidth.
 When the cap binds, least-recently-used neurons are dropped first (see `sim.policies.cache`).
 """

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli.main import main
+from flashsim.main import main
 
 
 @pytest.mark.parametrize(("body", "expect"), [

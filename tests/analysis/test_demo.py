@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis.demo import DEMO_DEVICES, capture_available
-from sim.cli.main import main
+from flashsim.main import main
 from sim.policies.presets import preset_names
 
 

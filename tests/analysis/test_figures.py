@@ -17,7 +17,7 @@ from analysis.pareto import pareto_mask
 from analysis.tables import load_memory_records, load_results, load_validation
 from devices import load_profile
 from devices.errors import FlashsimError
-from sim.cli.main import main
+from flashsim.main import main
 from tests.analysis.sweep_helpers import results_table
 
 MIB, GIB = 2**20, 2**30

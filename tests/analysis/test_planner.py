@@ -20,7 +20,7 @@ from analysis.planner import (
 )
 from devices import load_profile
 from devices.model_spec import ModelSpec
-from sim.cli.main import main
+from flashsim.main import main
 from traces.data import shipped_trace_path
 from traces.format import open_trace
 

@@ -126,7 +126,7 @@ def test_planner_without_table_keeps_the_proxy(smol) -> None:
 
 
 def test_plan_cli_min_agreement_json(capsys) -> None:
-    from sim.cli.main import main
+    from flashsim.main import main
 
     rc = main(["plan", "--model", "smollm2-135m", "--device", "jetson-orin-nano-8gb", "--trace",
                str(shipped_trace_path()), "--min-agreement", "0.9", "--json"])
@@ -144,7 +144,7 @@ def test_plan_cli_min_agreement_json(capsys) -> None:
 
 
 def test_plan_cli_bad_min_agreement(capsys) -> None:
-    from sim.cli.main import main
+    from flashsim.main import main
 
     assert main(["plan", "--model", "smollm2-135m", "--device", "this-host", "--min-agreement", "2"]) == 2
     err = capsys.readouterr().err

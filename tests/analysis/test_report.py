@@ -16,7 +16,7 @@ import pytest
 
 from analysis.report import build_report
 from analysis.sweep import run_sweep
-from sim.cli.main import main
+from flashsim.main import main
 from tests.analysis.sweep_helpers import results_table
 
 H = "tests.analysis.sweep_helpers:"

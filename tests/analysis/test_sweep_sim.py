@@ -12,7 +12,7 @@ import pytest
 from analysis.sweep_point import flatten_summary
 from analysis.tables import load_results
 from devices import load_profile
-from sim.cli.main import main
+from flashsim.main import main
 from traces.format import open_trace
 
 engine = pytest.importorskip("sim.engine", reason="the simulator is not in this checkout yet")
@@ -103,7 +103,7 @@ def test_issue6_kill_9_of_the_cli_with_the_simulator(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     spec = repo / "examples" / "sweeps" / "smollm2-window-budget.yaml"
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.main", "sweep", str(spec), "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "flashsim", "sweep", str(spec), "--out", str(out),
                              "--workers", "2", "--no-progress"], cwd=repo, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

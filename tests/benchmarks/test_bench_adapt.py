@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from devices import load_model
+from flashsim.commands.adapt_train import held_out_states
 from sim.adapt.controllers.heuristic import Heuristic
 from sim.adapt.controllers.learned import (
     LearnedController,
@@ -36,12 +37,11 @@ from sim.adapt.controllers.learned import (
     single_thread_blas,
 )
 from sim.adapt.controllers.learned_obs import pass_context
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
 from sim.blocks import BlockMemory
-from sim.cli.adapt_train import held_out_states
 
 STEPS = DqnConfig().steps
 CHECKS = 30
@@ -139,9 +139,9 @@ def test_bench_training_time_to_beat_the_heuristic(trained) -> None:  # type: ig
 
 def test_bench_episodes_and_decision_cost(trained) -> None:  # type: ignore[no-untyped-def]
     from devices import load_profile
+    from flashsim.commands.adapt_eval import DEFAULT_DEVICE, DEFAULT_TIMELINES
     from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, run_episode
     from sim.adapt.timelines import parse_budgets, parse_timelines
-    from sim.cli.adapt_eval import DEFAULT_DEVICE, DEFAULT_TIMELINES
     from sim.policies.presets import preset_config
     from traces.data import shipped_trace_path
     from traces.format import open_trace
@@ -203,10 +203,10 @@ def test_bench_real_perplexity_of_the_plans(trained) -> None:  # type: ignore[no
     """The estimate is exact only on GSI prefixes; a controller that departs from the GSI order (the
     learned one, the per-byte heuristic) is scored partly by one-shot increments, which ignore how
     removals interact. So measure: the real SmolLM2's perplexity on the GSI file's calibration text
-    with each controller's dropped set skipped (real/pruning.py), on 30 held-out decision points."""
+    with each controller's dropped set skipped (real/studies/pruning.py), on 30 held-out decision points."""
     pytest.importorskip("torch")
-    from real.gsi import BUILTIN_TEXT, perplexity, tokenize_text
-    from real.pruning import skipped_blocks
+    from real.studies.gsi import BUILTIN_TEXT, perplexity, tokenize_text
+    from real.studies.pruning import skipped_blocks
     from sim.blocks import format_blocks
     from traces.capture.models import load_hf_model
 

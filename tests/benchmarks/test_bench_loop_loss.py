@@ -1,5 +1,5 @@
 """What a prefetch's read batches cost the real decoder loop, by the model's shape, next to the
-simulator's terms for that loop (sim/components/compute.py `HostCpu.at`). The loop runs shape mode's decode step (`real.shape_mode.decode_step`: attention stand-in,
+simulator's terms for that loop (sim/components/compute.py `HostCpu.at`). The loop runs shape mode's decode step (`real.runtime.shape_mode.decode_step`: attention stand-in,
 the backend's FFN step, lm_head) with every neuron resident (`hybrid`, fraction 1.0: no reads of
 its own) while batches of 64 reads run back to back at the profile's depth on a background thread
 (`bench flash`'s probe), and each torch call is counted; the three probes run under the same
@@ -28,11 +28,11 @@ SLICES = 8
 def _loop(tmp_path, d: int, d_ff: int, layers: int, dtype: str):  # type: ignore[no-untyped-def]
     """run(until) -> tokens of the all-resident loop (shape mode's decode step), the loop's seconds
     per torch call and its calls per layer."""
-    from real.backend import RealExecutor
-    from real.bench_host_cpu import calls_per_iteration
-    from real.convert import write_shape_store
-    from real.shape_mode import decode_step, shape_config, shape_trace_like
-    from real.store import open_store
+    from real.bench.bench_host_cpu import calls_per_iteration
+    from real.runtime.backend import RealExecutor
+    from real.runtime.shape_mode import decode_step, shape_config, shape_trace_like
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from traces.format import open_trace
 
     heads = max(2, d // 128)
@@ -70,8 +70,8 @@ def _loop(tmp_path, d: int, d_ff: int, layers: int, dtype: str):  # type: ignore
 
 
 def test_bench_loop_loss_by_shape(tmp_path):
-    from real.bench_host_cpu import PROBE_CHUNK_BYTES, probe_samples, probe_summary
-    from real.bench_io import BenchFile
+    from real.bench.bench_host_cpu import PROBE_CHUNK_BYTES, probe_samples, probe_summary
+    from real.bench.bench_io import BenchFile
 
     profile = load_profile("this-host")
     host = HostCpu.of(profile, python_loop=True)

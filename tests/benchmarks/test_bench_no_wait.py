@@ -21,7 +21,7 @@ TOKENS = 24
 
 def _phases(tokens: list) -> np.ndarray:
     """ms per token after validate's warm-up: compute, FFN, attention side, cache work."""
-    from real.validate_score import WARMUP_STEPS
+    from real.validation.validate_score import WARMUP_STEPS
 
     t = tokens[WARMUP_STEPS:]
     return 1e3 * np.array([np.mean([r.compute_s for r in t]), np.mean([r.ffn_compute_s for r in t]),
@@ -29,7 +29,7 @@ def _phases(tokens: list) -> np.ndarray:
 
 
 def _report(label: str, runs: list, spec, cfg, tmp_path) -> np.ndarray:  # type: ignore[no-untyped-def]
-    from real.records import write_executed_trace
+    from real.runtime.run_outputs import write_executed_trace
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -47,11 +47,11 @@ HEADER = "no read waits (I/O skipped), ms per token: compute, FFN, attention sid
 
 
 def test_bench_no_wait_shape(tmp_path, monkeypatch):
-    from real.convert import write_shape_store
-    from real.reader import BundleReader
-    from real.shape_mode import run_shape, shape_config, shape_trace_like
-    from real.store import open_store
-    from real.validate import GridPoint, validation_spec
+    from real.io.reader import BundleReader
+    from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
+    from real.validation.validate import GridPoint, validation_spec
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from traces.format import open_trace
 
     profile = load_profile("this-host")
@@ -72,9 +72,9 @@ def test_bench_no_wait_shape(tmp_path, monkeypatch):
 
 def test_bench_no_wait_model(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    from real.model_mode import prepare, run_prepared
-    from real.reader import BundleReader
-    from real.validate import MODEL_KEEP, GridPoint, model_setup
+    from real.io.reader import BundleReader
+    from real.runtime.model_mode import prepare, run_prepared
+    from real.validation.validate import MODEL_KEEP, GridPoint, model_setup
 
     profile = load_profile("this-host")
     model, spec, store, ids = model_setup(TOKENS, tmp_path)

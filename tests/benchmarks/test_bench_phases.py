@@ -66,11 +66,11 @@ def _sim_phases(intervals: list, n_steps: int, warmup: int) -> dict[str, float]:
 
 
 def test_bench_phases(tmp_path, monkeypatch):
-    import real.backend as backend
-    from real.model_mode import prepare, run_prepared
-    from real.records import write_executed_trace
-    from real.validate import MODEL_KEEP, GridPoint, model_setup
-    from real.validate_score import WARMUP_STEPS
+    import real.runtime.backend as backend
+    from real.runtime.model_mode import prepare, run_prepared
+    from real.runtime.run_outputs import write_executed_trace
+    from real.validation.validate import MODEL_KEEP, GridPoint, model_setup
+    from real.validation.validate_score import WARMUP_STEPS
     from sim.engine import simulate
     from traces.format import open_trace
 

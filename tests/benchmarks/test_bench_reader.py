@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
-from real.bench_io import BenchFile, random_read_bytes_per_s
-from real.cache import LayerCache
-from real.convert import write_shape_store
-from real.reader import BundleReader
-from real.store import open_store
+from real.bench.bench_io import BenchFile, random_read_bytes_per_s
+from real.io.reader import BundleReader
+from real.runtime.cache_matrices import LayerCache
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
 
 CHUNKS = (16384, 65536, 262144, 1 << 20)
 IN_FLIGHT = (1, 4, 16, 32)

@@ -23,11 +23,11 @@ import zlib
 import numpy as np
 
 from devices.model_spec import ModelSpec
-from real.cache import LayerCache
-from real.convert import write_shape_store
-from real.reader import BundleReader
-from real.store import open_store
-from real.store_integrity import record_matches
+from real.io.reader import BundleReader
+from real.runtime.cache_matrices import LayerCache
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
+from real.weights.store_integrity import record_matches
 
 TOKENS = 10
 FRACTION = 0.3

@@ -33,7 +33,7 @@ THREADS = 1   # both sides compute with one PyTorch thread (on shared cores a
 def _mmap_ffn_s(store, budget_ffn: int, tokens: int) -> float:
     import torch
 
-    from real.mmap_baseline import MmapFfnBaseline
+    from real.runtime.mmap_baseline import MmapFfnBaseline
 
     before = torch.get_num_threads()
     torch.set_num_threads(THREADS)
@@ -46,8 +46,8 @@ def _mmap_ffn_s(store, budget_ffn: int, tokens: int) -> float:
 def test_bench_validate_full_grid(tmp_path):
     import time
 
-    from real.validate import run_validation
-    from real.validate_keep import rescore
+    from real.validation.validate import run_validation
+    from real.validation.validate_keep import rescore
 
     profile = load_profile("this-host")
     r = run_validation(profile, quick=False, keep=tmp_path / "kept")
@@ -63,9 +63,9 @@ def test_bench_validate_full_grid(tmp_path):
 
 
 def test_bench_smollm2_vs_mmap(tmp_path):
-    from real.convert import convert_model
-    from real.model_mode import run_model
-    from real.store import open_store
+    from real.runtime.model_mode import run_model
+    from real.weights.convert import convert_model
+    from real.weights.store import open_store
     from traces.capture.models import load_hf_model
 
     loaded = load_hf_model("smollm2-135m")
@@ -90,9 +90,9 @@ def test_bench_smollm2_vs_mmap(tmp_path):
 @pytest.mark.skipif(not os.environ.get("FLASHSIM_BENCH_7B"), reason="set FLASHSIM_BENCH_7B=1 (writes ~13 GB)")
 def test_bench_7b_shape_vs_mmap(tmp_path):
     from devices import load_model
-    from real.convert import write_shape_store
-    from real.shape_mode import run_shape, shape_trace_like
-    from real.store import open_store
+    from real.runtime.shape_mode import run_shape, shape_trace_like
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from traces.format import open_trace
 
     spec = load_model("llama-2-7b")
@@ -112,7 +112,7 @@ def test_bench_validate_quick_wall_time(capsys):
     import json
     import time
 
-    from sim.cli.main import main
+    from flashsim.main import main
 
     t0 = time.perf_counter()
     assert main(["validate", "--quick", "--json"]) == 0
@@ -149,12 +149,12 @@ def test_bench_host_cpu_terms(tmp_path):
     full model without compute after a read wait, or without the cache index work), so real-run
     noise is the same for every variant. Quick grid; FLASHSIM_BENCH_FULL=1 for the full one."""
     from devices.schema import DeviceProfile
-    from real.convert import write_shape_store
-    from real.records import write_executed_trace
-    from real.shape_mode import run_shape, shape_config, shape_trace_like
-    from real.store import open_store
-    from real.validate import grid, validation_spec
-    from real.validate_score import compare, summarize
+    from real.runtime.run_outputs import write_executed_trace
+    from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
+    from real.validation.validate import grid, validation_spec
+    from real.validation.validate_score import compare, summarize
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from sim.engine import simulate
     from traces.format import open_trace
 

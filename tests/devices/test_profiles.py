@@ -173,6 +173,9 @@ def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
     # the fitted row moves and the framework overhead, as bench compute wrote them
     data["compute"].update(row_move_bytes_per_s=5.8e9, row_move_row_s=1.1e-6, framework_layer_s=2.8e-4,
                            framework_token_s=2.8e-4)
+    # the interference curves over a batch's reads, nested per probe, as bench flash wrote them
+    data["flash"].update(host_cpu_batch_reads=[16, 64], host_cpu_curves={
+        "kernel": {"compute_lost_s": [3e-4, 1.2e-3], "read_delay_s": [1e-4, 5e-4]}})
     p = DeviceProfile.model_validate(data)
     assert not any(hasattr(p.flash, k) for k in RETIRED_FLASH_KEYS)
     assert not any(hasattr(p.compute, k) for k in RETIRED_COMPUTE_KEYS)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from devices.model_spec import ModelSpec
-from real.convert import write_shape_store
-from real.store import WeightStore, open_store
+from real.weights.convert import write_shape_store
+from real.weights.store import WeightStore, open_store
 
 
 def tiny_spec(d_model: int = 128, d_ff: int = 256, n_layers: int = 2, ffn_kind: str = "swiglu",

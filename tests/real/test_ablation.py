@@ -56,3 +56,16 @@ def test_every_switch_changes_the_calibration_it_applies_to(A):
         fn(d)
         assert d != doc, name                    # the bundled calibration has every term
         DeviceProfile.model_validate(d)          # and stays a valid profile without it
+
+
+def test_removed_terms_are_listed_not_ablatable(A, capsys):
+    """A term the ablation removed is no longer a switch: asking for it is one line and exit 2, and
+    its profile keys are among those loading drops (devices/schema.py RETIRED_*_KEYS)."""
+    from devices.schema import RETIRED_FLASH_KEYS
+
+    assert not set(A.REMOVED) & set(A.TERMS)
+    assert {"host_cpu_batch_reads", "host_cpu_curves"} <= set(RETIRED_FLASH_KEYS)
+    assert not {"host_cpu_batch_reads", "host_cpu_curves"} & set(A.HOST_CPU_KEYS)
+    assert A.main(["--terms", "host_cpu_curves"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already removed" in err and "host_cpu_curves" in err

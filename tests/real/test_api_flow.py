@@ -1,4 +1,4 @@
-"""The flow docs/real.md shows for the next helpers: a sliding window of active sets read through
+"""The flow docs/run-real.md shows for the next helpers: a sliding window of active sets read through
 the reader into the neuron cache, and a sparse FFN over the cached rows equal to the dense FFN
 restricted to the same neurons."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from real.cache import NeuronCache
-from real.reader import BundleReader
+from real.io.reader import BundleReader
+from real.runtime.cache_matrices import NeuronCache
 
 
 @pytest.mark.parametrize("layout", ["bundled", "unbundled"])

@@ -10,11 +10,11 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
-from real.backend import store_alignment_bytes, store_config
-from real.convert import write_shape_store
-from real.records import write_executed_trace
-from real.store import open_store
-from sim.cli.main import main
+from flashsim.main import main
+from real.runtime.backend import store_alignment_bytes, store_config
+from real.runtime.run_outputs import write_executed_trace
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
 from traces.format import open_trace
@@ -29,7 +29,7 @@ ROW, BUNDLE = 128 * 4, 3 * 128 * 4
 
 @pytest.fixture(scope="module")
 def padded_setup(tmp_path_factory):
-    from real.shape_mode import shape_trace_like
+    from real.runtime.shape_mode import shape_trace_like
 
     root = tmp_path_factory.mktemp("padded")
     store = open_store(write_shape_store(tiny_spec(**SPEC), root / "store", seed=3, dtype="fp32", layout="both"))
@@ -49,7 +49,7 @@ def _cfg(*sets: str, budget: str = "64MiB") -> RunConfig:
     ("window.k=0", "bundling.bundled=false", "prefetch=none", "bundling.coalesce=false"),
 ])
 def test_padded_store_replays_with_exactly_the_bytes_read(padded_setup, sets):
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
     from sim.engine import simulate
 
     root, store, trace = padded_setup
@@ -86,10 +86,10 @@ def test_store_config_follows_the_manifest(padded_setup, tmp_path):
 
 
 def test_block_pruning_is_refused(padded_setup, capsys):
-    from real.backend import RealExecutor
+    from real.runtime.backend import RealExecutor
 
     _, store, trace = padded_setup
-    with pytest.raises(FlashsimError, match="prune.blocks='ffn:1'.*real/pruning.py"):
+    with pytest.raises(FlashsimError, match="prune.blocks='ffn:1'.*real/studies/pruning.py"):
         RealExecutor(store, trace, load_profile("this-host"), _cfg("prune.blocks=ffn:1"))
     assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path),
                  "--set", "prune.blocks=mha:0", "--dram-budget", "64MiB"]) == 2
@@ -100,7 +100,7 @@ def test_block_pruning_is_refused(padded_setup, capsys):
 def test_shape_mode_cache_too_small_is_one_line(padded_setup, capsys):
     """The budget holds the fixed weights and KV cache but a share of only a few neurons per layer,
     while the trace computes ~20% (51) of them: a one-line error, exit 2."""
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
 
     _, store, trace = padded_setup
     spec = store.spec
@@ -126,7 +126,7 @@ def test_every_plan_is_made_before_the_first_token(padded_setup, monkeypatch):
     """The policy bookkeeping is not part of the run, and a prefetch in flight must not run on
     through it: the executor plans every step when it is built, so the layer loop never plans (the
     run below fails if it does), and the sets it carries out are the plans' own."""
-    from real.backend import RealExecutor
+    from real.runtime.backend import RealExecutor
     from sim.policies.stack import PolicyStack
 
     root, store, trace = padded_setup
@@ -150,7 +150,7 @@ def test_every_plan_is_made_before_the_first_token(padded_setup, monkeypatch):
             raise AssertionError("planned inside the timed loop")
 
         monkeypatch.setattr(PolicyStack, "plan", no_plan)
-        monkeypatch.setattr(sys.modules["sim.quality"], "layer_quality", no_plan)
+        monkeypatch.setattr(sys.modules["sim.quality_proxy"], "layer_quality", no_plan)
         x = torch.ones(1, store.spec.d_model)
         for s in range(S):
             ex.begin_step(s)
@@ -171,7 +171,7 @@ def test_cache_at_its_share_replays_exactly(padded_setup, bundled):
     """A window larger than the cache share with delta prefetch: the plan evicts before its demand reads
     land and prefetches some evicted neurons back; the real run carries that out, so the prefetch bytes
     agree with the replay step by step (before: the real cache kept those rows and read less)."""
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
     from sim.engine import simulate
 
     root, store, trace = padded_setup
@@ -192,7 +192,7 @@ def test_cache_at_its_share_replays_exactly(padded_setup, bundled):
 def test_static_neurons_are_counted_once_in_the_records(padded_setup, tmp_path):
     """Hybrid keeps its static neurons in the cache rows, and the simulator counts them in its fixed
     term; the real records must count them once too, so their resident bytes equal the replay's."""
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
     from sim.engine import simulate
 
     _, store, trace = padded_setup

@@ -1,4 +1,4 @@
-"""The CUDA branches of the compute benches (real/bench_cuda.py) and of real/device.py, run on the CPU
+"""The CUDA branches of the compute benches (real/bench/bench_cuda.py) and of real/runtime/device.py, run on the CPU
 with torch.cuda replaced at the torch boundary only: is_available, get_device_properties,
 synchronize, cudart's cudaHostRegister, and Tensor.to for a CUDA target (the tensor stays on the CPU,
 the call is recorded). What is asserted: which tensors go to the GPU with which shapes and dtypes,
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from devices.schema import ComputeSpec, MemorySpec, load_profile
-from real import bench_cuda as BC
-from real.device import (
+from real.bench import bench_cuda as BC
+from real.runtime.device import (
     CUDA_HOST_REGISTER_DEFAULT,
     CUDA_HOST_REGISTER_MAPPED,
     ComputeDevice,
@@ -69,8 +69,7 @@ class FakeCuda:
 @pytest.fixture
 def small(monkeypatch):
     """Small grids and pools, so the whole CUDA bench runs on the CPU in seconds."""
-    from real import bench_dense_gemv, bench_sparse_ffn
-
+    from real.bench import bench_dense_gemv, bench_sparse_ffn
     monkeypatch.setattr(BC, "QUICK_SHAPE", (512, 256))
     monkeypatch.setattr(BC, "QUICK_MIN_POOL_BYTES", 1 << 20)
     monkeypatch.setattr(BC, "QUICK_COPY_BYTES", 1 << 20)
@@ -82,8 +81,8 @@ def small(monkeypatch):
 
 
 def test_choose_device_reads_the_gpu_and_pins_mapped_on_unified_memory(monkeypatch):
-    from real.buffers import AlignedBuffer
-    from real.device import pin_host_buffer, unpin_host_buffer
+    from real.io.buffers import AlignedBuffer
+    from real.runtime.device import pin_host_buffer, unpin_host_buffer
 
     fake = FakeCuda(monkeypatch, integrated=True, major=8)
     dev = choose_device("auto")
@@ -115,7 +114,7 @@ def test_sync_batch_times_calls_between_two_synchronizes(monkeypatch):
 
 @pytest.mark.parametrize("integrated, major", [(True, 8), (False, 7)])
 def test_cuda_bench_runs_the_backends_cuda_path(monkeypatch, small, integrated, major):
-    from real.bench_sparse_ffn import KERNELS
+    from real.bench.bench_sparse_ffn import KERNELS
 
     fake = FakeCuda(monkeypatch, integrated=integrated, major=major)
     dev = choose_device("cuda")
@@ -173,7 +172,7 @@ def test_cuda_bench_runs_the_backends_cuda_path(monkeypatch, small, integrated, 
 
 
 def test_bench_compute_device_cuda_writes_the_gpu_section(monkeypatch, small, tmp_path, capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     FakeCuda(monkeypatch, integrated=True, major=8)
     out = tmp_path / "gpu.yaml"
@@ -190,7 +189,7 @@ def test_bench_compute_device_cuda_writes_the_gpu_section(monkeypatch, small, tm
 def test_calibrate_writes_a_cuda_profile_beside_the_cpu_one(monkeypatch, small, tmp_path):
     import argparse
 
-    from sim.cli.cmd_calibrate import _cuda_profile
+    from flashsim.commands.calibrate import _cuda_profile
 
     FakeCuda(monkeypatch, integrated=True, major=8)
     dev = choose_device("cuda")
@@ -207,7 +206,7 @@ def test_calibrate_writes_a_cuda_profile_beside_the_cpu_one(monkeypatch, small, 
 
 
 def test_device_cuda_without_a_gpu_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "compute", "--device", "cuda", "--quick", "--no-write"]) == 2
@@ -230,8 +229,7 @@ def test_cpu_section_is_kept_only_when_the_cpu_bench_measured_it():
 
 def test_run_on_falls_back_to_the_cpu_bench_without_a_gpu_and_refuses_numpy_on_cuda(monkeypatch):
     from devices.errors import FlashsimError
-    from real import bench_compute
-
+    from real.bench import bench_compute
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(bench_compute, "run_compute_bench", lambda **kw: {"cpu_bench": kw})
     assert BC.run_on("auto", quick=True, threads=2) == {"cpu_bench": {"quick": True, "framework": "auto", "seed": 0,

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devices.errors import FlashsimError
-from real.buffers import HUGE_PAGE_MIN_BYTES, AlignedBuffer
-from real.cache import LayerCache, NeuronCache, layer_caches
+from real.io.buffers import HUGE_PAGE_MIN_BYTES, AlignedBuffer
+from real.runtime.cache_matrices import LayerCache, NeuronCache, layer_caches
 
 ROW = 24          # bytes of one neuron's bundle in these tests
 N = 40
@@ -136,7 +136,7 @@ def test_layer_cache_rejects_memory_of_the_wrong_kind():
 
 
 def test_rows_moved_matches_the_real_cache_on_average() -> None:
-    """real.cache.LayerCache moves exactly the deleted rows below the new end; with uniformly placed
+    """real.runtime.cache_matrices.LayerCache moves exactly the deleted rows below the new end; with uniformly placed
     deletions their mean count is the simulator's d (n - d) / n."""
     from sim.step_plans import rows_moved
 
@@ -167,7 +167,7 @@ def test_keep_only_evicts_the_resident_neurons_outside_the_mask():
 
 def test_transpose_scratch_is_the_contiguous_copy_in_reused_memory(monkeypatch):
     torch = pytest.importorskip("torch")
-    import real.cache as rc
+    import real.runtime.cache_matrices as rc
 
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(40, 3 * 24 + 16, generator=g)        # gathered rows, padded: strided segments

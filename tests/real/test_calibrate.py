@@ -8,8 +8,8 @@ import json
 import pytest
 
 from devices.schema import load_profile
-from real import validate as V
-from sim.cli.main import main
+from flashsim.main import main
+from real.validation import validate as V
 
 pytest.importorskip("torch")
 
@@ -59,9 +59,9 @@ def test_calibrate_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_calibrate_is_registered():
-    from sim.cli.main import COMMAND_MODULES
+    from flashsim.main import COMMAND_MODULES
 
-    assert "sim.cli.cmd_calibrate" in COMMAND_MODULES
+    assert "flashsim.commands.calibrate" in COMMAND_MODULES
     assert V.parse_modes("model") == ("model",)
 
 
@@ -71,9 +71,9 @@ def test_calibrate_refuses_a_bad_path_before_any_work(tmp_path, capsys, monkeypa
     import errno
     import tempfile
 
-    import real.calibration
+    import real.validation.calibration
 
-    monkeypatch.setattr(real.calibration, "calibrate", lambda *a, **k: pytest.fail("measured despite a bad --path"))
+    monkeypatch.setattr(real.validation.calibration, "calibrate", lambda *a, **k: pytest.fail("measured despite a bad --path"))
     out = tmp_path / "p.yaml"
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -104,9 +104,9 @@ def test_calibrate_refuses_an_unwritable_out_before_any_work(tmp_path, capsys, m
     import errno
     import tempfile
 
-    import real.calibration
+    import real.validation.calibration
 
-    monkeypatch.setattr(real.calibration, "calibrate", lambda *a, **k: pytest.fail("measured despite a bad --out"))
+    monkeypatch.setattr(real.validation.calibration, "calibrate", lambda *a, **k: pytest.fail("measured despite a bad --out"))
     ro = tmp_path / "ro"
     ro.mkdir()
     real_mkstemp = tempfile.mkstemp
@@ -120,7 +120,7 @@ def test_calibrate_refuses_an_unwritable_out_before_any_work(tmp_path, capsys, m
 def test_profile_notes_say_what_was_measured_and_where_the_rest_came_from(tmp_path):
     """Two writes (bench flash, then bench compute) into a new file: the notes keep naming the
     bundled base the carried-over fields came from, and list the measured sections."""
-    from real.profile_writer import MEASURED_PREFIX, measured_fields, write_profile
+    from real.validation.profile_writer import MEASURED_PREFIX, measured_fields, write_profile
 
     base = load_profile("jetson-orin-nano-8gb").model_dump(mode="json", exclude_none=True)
     here = load_profile("this-host").model_dump(mode="json", exclude_none=True)

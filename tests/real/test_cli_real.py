@@ -9,8 +9,8 @@ from collections import namedtuple
 
 import pytest
 
-from real import store_writer
-from sim.cli.main import main
+from flashsim.main import main
+from real.weights import store_writer
 
 TINY = """name: tiny
 source: test shape

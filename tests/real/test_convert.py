@@ -7,10 +7,10 @@ import pytest
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
-from real.convert import convert_state_dict
-from real.dtypes import bf16_bits, decode
-from real.store import open_store
-from sim.cli.main import main
+from flashsim.main import main
+from real.weights.convert import convert_state_dict
+from real.weights.dtypes import bf16_bits, decode
+from real.weights.store import open_store
 from traces.profiler import NeuronProfile, save_profile
 
 torch = pytest.importorskip("torch")

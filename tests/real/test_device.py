@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
-from real.buffers import AlignedBuffer
-from real.device import choose_device, pin_host_buffer, unpin_host_buffer
+from real.io.buffers import AlignedBuffer
+from real.runtime.device import choose_device, pin_host_buffer, unpin_host_buffer
 
 
 def test_cpu_is_chosen_and_needs_no_pinning():
@@ -38,7 +38,7 @@ def test_cuda_pins_an_aligned_buffer_in_place():
 
 
 def test_host_scratch_pins_on_cuda_only_and_repins_when_it_grows():
-    from real.device import ComputeDevice, HostScratch
+    from real.runtime.device import ComputeDevice, HostScratch
 
     cpu = HostScratch(ComputeDevice("cpu", "cpu", True), pin=lambda a, d: pytest.fail("pinned on the CPU"))
     a = cpu.get(4, 8256)

@@ -1,11 +1,11 @@
-"""The host's load around a timing run (real/host_load.py), by hand."""
+"""The host's load around a timing run (real/bench/host_load.py), by hand."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from real import host_load as H
+from real.bench import host_load as H
 
 
 def test_load_warning_by_hand():

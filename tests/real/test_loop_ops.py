@@ -12,7 +12,7 @@ import pytest
 
 from devices import load_profile
 from devices.model_spec import ModelSpec
-from real.bench_host_cpu import TorchCallCounter
+from real.bench.bench_host_cpu import TorchCallCounter
 from sim.components.compute import LOOP_ATTENTION_OPS, LOOP_FFN_OPS
 from sim.config import RunConfig
 from tests.real.conftest import tiny_spec
@@ -26,7 +26,7 @@ CFG = ["residency=window", "window.k=2", "predictor=oracle", "prefetch=delta", "
 def _count(fn, monkeypatch) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(torch calls inside the steps, those inside RealExecutor.ffn) while fn() runs: counted from
     each step's begin_step to its end_step, so building the model and the run is not."""
-    from real.backend import RealExecutor
+    from real.runtime.backend import RealExecutor
 
     counter, seen = TorchCallCounter(torch), {"step": 0, "ffn": 0, "open": None}
     begin, end, ffn = RealExecutor.begin_step, RealExecutor.end_step, RealExecutor.ffn
@@ -59,9 +59,9 @@ def _per_layer(runs: dict[int, tuple[int, int]], steps: int) -> tuple[float, flo
 
 
 def test_shape_mode_loop(tmp_path, monkeypatch):
-    from real.convert import write_shape_store
-    from real.shape_mode import run_shape, shape_trace_like
-    from real.store import open_store
+    from real.runtime.shape_mode import run_shape, shape_trace_like
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from traces.format import open_trace
 
     steps, runs = 6, {}
@@ -78,9 +78,9 @@ def test_shape_mode_loop(tmp_path, monkeypatch):
 
 def test_model_mode_loop(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
-    from real.convert import convert_state_dict
-    from real.model_mode import prepare, run_prepared
-    from real.store import open_store
+    from real.runtime.model_mode import prepare, run_prepared
+    from real.weights.convert import convert_state_dict
+    from real.weights.store import open_store
 
     steps, runs = 8, {}
     ids = np.random.default_rng(0).integers(0, 200, steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from real.mmap_baseline import PAGE_BYTES, MmapFfnBaseline
+from real.runtime.mmap_baseline import PAGE_BYTES, MmapFfnBaseline
 from tests.real.conftest import tiny_spec
 
 

@@ -21,8 +21,8 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from real.convert import convert_state_dict
-    from real.store import open_store
+    from real.weights.convert import convert_state_dict
+    from real.weights.store import open_store
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -43,7 +43,7 @@ def _cfg(k: int, prefetch: str = "delta", bundled: bool = True, budget: str = "6
 
 @pytest.mark.parametrize("k,prefetch,bundled", [(0, "none", True), (4, "delta", False)])
 def test_every_neuron_kept_matches_the_dense_forward(tiny_llama, tmp_path, k, prefetch, bundled):
-    from real.model_mode import run_model
+    from real.runtime.model_mode import run_model
 
     model, spec, store, ids, _ = tiny_llama
     run, q = run_model(model, spec, store, ids, load_profile("this-host"), _cfg(k, prefetch, bundled),
@@ -65,13 +65,13 @@ def test_contiguous_rows_are_computed_in_place(tiny_llama, tmp_path, monkeypatch
     read in neuron order, dense's whole FFN) the backend computes on the cache's rows without a
     gather; a window, or dense under a sparser predictor, gathers. Every neuron kept, the logits
     still match the dense forward (the down GEMV on the row layout: another summation order)."""
-    import real.backend
-    from real.model_mode import run_model
+    import real.runtime.backend
+    from real.runtime.model_mode import run_model
 
     model, spec, store, ids, _ = tiny_llama
     calls = []
-    gather = real.backend.gather_rows
-    monkeypatch.setattr(real.backend, "gather_rows", lambda *a: calls.append(1) or gather(*a))
+    gather = real.runtime.backend.gather_rows
+    monkeypatch.setattr(real.runtime.backend, "gather_rows", lambda *a: calls.append(1) or gather(*a))
     sets = [f"residency={residency}", "predictor=oracle", "prefetch=none", "workload.prompt_tokens=0",
             "memory.dram_budget_bytes=64MiB"]
     run, q = run_model(model, spec, store, ids, load_profile("this-host"), RunConfig().with_overrides(sets),
@@ -83,8 +83,8 @@ def test_contiguous_rows_are_computed_in_place(tiny_llama, tmp_path, monkeypatch
 
 
 def test_sparse_run_quality_and_records(tiny_llama, tmp_path):
-    from real.model_mode import run_model
-    from real.records import write_executed_trace
+    from real.runtime.model_mode import run_model
+    from real.runtime.run_outputs import write_executed_trace
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -103,7 +103,7 @@ def test_sparse_run_quality_and_records(tiny_llama, tmp_path):
 
 
 def test_wrong_model_for_the_store(tiny_llama):
-    from real.model_mode import check_store_matches
+    from real.runtime.model_mode import check_store_matches
 
     _, spec, store, _, _ = tiny_llama
     other = spec.model_copy(update={"d_ff": spec.d_ff * 2})
@@ -112,7 +112,7 @@ def test_wrong_model_for_the_store(tiny_llama):
 
 
 def test_cli_model_mode_bad_input_exits_2(tiny_llama, tmp_path, capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     _, _, store, _, _ = tiny_llama
     assert main(["real", "run", "--store", str(tmp_path / "missing"), "--model", "smollm2-135m",
@@ -125,9 +125,9 @@ def test_cli_model_mode_bad_input_exits_2(tiny_llama, tmp_path, capsys):
 @pytest.mark.slow
 def test_smollm2_dense_equivalence(tmp_path):
     """SmolLM2-135M from its store: every neuron kept -> the HF logits (<= 1e-4)."""
-    from real.convert import convert_model
-    from real.model_mode import run_model
-    from real.store import open_store
+    from real.runtime.model_mode import run_model
+    from real.weights.convert import convert_model
+    from real.weights.store import open_store
     from traces.capture.models import load_hf_model
 
     loaded = load_hf_model("smollm2-135m")
@@ -140,7 +140,7 @@ def test_smollm2_dense_equivalence(tmp_path):
 
 # ---- predictors ------------------------------------------------------------------------------------
 def test_previous_predictor_computes_the_previous_tokens_set(tiny_llama, tmp_path):
-    from real.model_mode import prepare, run_prepared
+    from real.runtime.model_mode import prepare, run_prepared
     from sim import bitsets
 
     model, spec, store, ids, _ = tiny_llama
@@ -169,9 +169,9 @@ def test_previous_predictor_computes_the_previous_tokens_set(tiny_llama, tmp_pat
 
 
 def test_lowrank_predictor_in_model_mode(tiny_llama, tmp_path):
-    from real import predictor_train as PT
-    from real.model_mode import prepare, run_prepared
-    from real.records import write_executed_trace
+    from real.runtime.model_mode import prepare, run_prepared
+    from real.runtime.run_outputs import write_executed_trace
+    from real.studies import predictor_train as PT
     from sim import bitsets
     from sim.engine import simulate
     from traces.format import open_trace
@@ -205,8 +205,8 @@ def test_lowrank_predictor_in_model_mode(tiny_llama, tmp_path):
 def test_cli_compares_predictors(tmp_path, capsys):
     import json
 
-    from real.convert import convert_model
-    from sim.cli.main import main
+    from flashsim.main import main
+    from real.weights.convert import convert_model
     from tests.real.test_predictor_train import make_tiny_folder
 
     folder = make_tiny_folder(tmp_path / "tiny")

@@ -1,4 +1,4 @@
-"""Predictor error persistence (real.predictor_errors): the transition counts by hand, scopes, the
+"""Predictor error persistence (real.studies.predictor_errors): the transition counts by hand, scopes, the
 `noisy` model's curve, and the CLI on a tiny llama folder: held-out prompts, a captured trace, the
 recorded trace replayed by the simulator with the recall measured here, bad input."""
 
@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from real import predictor_errors as PE
-from sim.cli.main import main
+from flashsim.main import main
+from real.studies import predictor_error_stats as PS
+from real.studies import predictor_errors as PE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,18 +27,18 @@ def hand_case() -> tuple[np.ndarray, np.ndarray]:
 
 def test_transition_counts_by_hand() -> None:
     pred, truth = hand_case()
-    c = PE.transition_counts(pred, truth, np.zeros(4, int), np.ones(4, bool), 2)
+    c = PS.transition_counts(pred, truth, np.zeros(4, int), np.ones(4, bool), 2)
     assert (c["inactive"], c["active"], c["fp"], c["fn"], c["tp"]) == (3, 5, 2, 3, 2)
     assert c["fp_then_inactive"] == [1, 1] and c["fp_repeat"] == [1, 0]      # t0 -> t1 repeats, t1 -> t3 not
     assert c["fp_then_active"] == [1, 1] and c["fp_then_active_hit"] == [1, 1]
     assert c["fn_then_active"] == [2, 2] and c["fn_repeat"] == [1, 1]        # t0->t1, t1->t2 / t0->t2, t1->t3
-    f = PE.figures(c)
+    f = PS.figures(c)
     assert f["fp_rate"] == pytest.approx(2 / 3) and f["fn_rate"] == pytest.approx(0.6)
     assert f["fp_persistence"] == [1.0, 0.0] and f["fn_persistence"] == [0.5, 0.5]
     assert f["fn_lift"] == pytest.approx((0.5 - 0.6) / 0.4)
     assert f["recall"] == pytest.approx(0.4) and f["precision"] == pytest.approx(0.5)
     # pairs never cross a sequence boundary
-    c2 = PE.transition_counts(pred, truth, np.array([0, 0, 1, 1]), np.ones(4, bool), 1)
+    c2 = PS.transition_counts(pred, truth, np.array([0, 0, 1, 1]), np.ones(4, bool), 1)
     assert c2["fp_then_inactive"] == [1] and c2["fn_then_active"] == [1] and c2["fn_repeat"] == [1]
 
 
@@ -48,7 +49,7 @@ def test_model_curve_is_the_simulators() -> None:
     c = {"inactive": 100, "active": 100, "fp": 20, "fn": 30, "tp": 70, "fp_then_inactive": [100, 100, 100],
          "fp_repeat": [60, 50, 46], "fn_then_active": [10, 10, 10], "fn_repeat": [7, 7, 7], "fp_then_active": [1, 1, 1],
          "fp_then_active_hit": [1, 1, 1]}
-    f = PE.figures(c)
+    f = PS.figures(c)
     assert f["fp_memory"] == pytest.approx(0.5) and f["fp_memory_far"] == pytest.approx(0.325)
     a, lam = mixture(0.5, 0.325)
     for k in (1, 2, 3):
@@ -61,9 +62,9 @@ def test_model_curve_is_the_simulators() -> None:
 
 def test_measure_scopes() -> None:
     pred, truth = hand_case()
-    t = PE.Tokens(pred[None], truth[None], np.zeros(4, int), np.array([False, True, True, True]),
+    t = PS.Tokens(pred[None], truth[None], np.zeros(4, int), np.array([False, True, True, True]),
                   np.zeros(4, bool))
-    m = PE.measure(t, 1)
+    m = PS.measure(t, 1)
     assert m["all"]["tokens"] == 4 and m["own"]["tokens"] == 3 and m["decode"] is None
     assert m["own"]["overall"]["counts"]["fp_then_inactive"] == [0]         # t1 -> t2: active
     assert m["all"]["per_layer"][0]["fp_persistence"] == [1.0]
@@ -83,7 +84,7 @@ def tiny_setup(tmp_path_factory):
 
 
 def test_cli_heldout_prompts_and_recorded_replay(tiny_setup, capsys) -> None:
-    from real.predictor_train import load_predictor
+    from real.studies.predictor_train import load_predictor
     from traces.format import open_trace
 
     folder, root = tiny_setup
@@ -123,7 +124,7 @@ def test_cli_heldout_prompts_and_recorded_replay(tiny_setup, capsys) -> None:
     dec = np.asarray(t.phase) == 1
     assert s["recall"] == pytest.approx((pred & truth)[:, dec].sum() / truth[:, dec].sum(), abs=1e-6)
     # the same figure from the two traces alone (what scripts/recorded_vs_noisy.py matches noisy to)
-    o3 = PE.measure(PE.tokens_from_traces(t, r), 1)["decode"]["overall"]
+    o3 = PS.measure(PE.tokens_from_traces(t, r), 1)["decode"]["overall"]
     assert o3["recall"] == pytest.approx(s["recall"], abs=1e-6)
 
 

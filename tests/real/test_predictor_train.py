@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
-from real import predictor_train as PT
-from sim.cli.main import main
+from flashsim.main import main
+from real.studies import predictor_train as PT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""real/profile_merge.py and `flashsim bench merge`: several calibrations of one host -> their mean
+"""real/validation/profile_merge.py and `flashsim bench merge`: several calibrations of one host -> their mean
 (rates harmonic, other floats arithmetic, integers and axes equal), hand-computed."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import yaml
 
 from devices.errors import FlashsimError
 from devices.schema import load_profile
-from real.profile_merge import merge_profile_data, merge_profiles
-from sim.cli.main import main
+from flashsim.main import main
+from real.validation.profile_merge import merge_profile_data, merge_profiles
 
 
 def _doc(**changes):

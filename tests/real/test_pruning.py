@@ -1,4 +1,4 @@
-"""Block skipping on a tiny random-weight llama model: nothing dropped = dense, skipping = real/gsi.py's
+"""Block skipping on a tiny random-weight llama model: nothing dropped = dense, skipping = real/studies/gsi.py's
 zero-output hooks, the skipped modules really do not run, the model is restored (also on errors), and
 measure_drop_sets / gsi_prefixes."""
 
@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from devices.errors import FlashsimError  # noqa: E402
-from real.gsi import dropped_blocks, perplexity  # noqa: E402
-from real.pruning import gsi_prefixes, measure_drop_sets, skipped_blocks  # noqa: E402
+from real.studies.gsi import dropped_blocks, perplexity  # noqa: E402
+from real.studies.pruning import gsi_prefixes, measure_drop_sets, skipped_blocks  # noqa: E402
 from tests.real.conftest import TINY_WORDS, save_tiny_llama_folder, tiny_llama  # noqa: E402
 
 N_LAYERS = 3
@@ -145,7 +145,7 @@ def model_dir(tmp_path_factory, model):
 
 
 def _main(argv):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     return main(argv)
 

@@ -1,4 +1,4 @@
-"""Quantization quality (real/quant_quality.py, `flashsim real quant-quality`): the Q8_0 / Q4_0 rules on
+"""Quantization quality (real/studies/quant_quality.py, `flashsim real quant-quality`): the Q8_0 / Q4_0 rules on
 hand-computed groups, the weight swap and its restore, the oracle top-k FFN mask, the measurement and the
 CLI on a tiny random llama model."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from analysis.quality_table import load_quality_table  # noqa: E402
-from real.quant_quality import (  # noqa: E402
+from real.studies.quant_quality import (  # noqa: E402
     Config,
     OracleTopK,
     default_configs,
@@ -156,7 +156,7 @@ def model_dir(tmp_path_factory, model):
 
 
 def _main(argv):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     return main(argv)
 

@@ -1,4 +1,4 @@
-"""RAPL counters (real/rapl.py) on a fake powercap tree: joules per zone, a wrapped counter, the
+"""RAPL counters (real/bench/rapl.py) on a fake powercap tree: joules per zone, a wrapped counter, the
 psys zone counted alone, and the one-line reason where the counters are absent (issue 46)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from real.rapl import RaplMeter, measured_energy
+from real.bench.rapl import RaplMeter, measured_energy
 
 
 def zone(root: Path, name: str, label: str, uj: int, max_uj: int = 10**9) -> Path:
@@ -56,10 +56,10 @@ def test_real_run_reports_energy(tmp_path: Path, capsys) -> None:
     import json
 
     pytest.importorskip("torch")
-    from real.convert import write_shape_store
-    from real.shape_mode import shape_trace_like
-    from real.store import open_store
-    from sim.cli.main import main
+    from flashsim.main import main
+    from real.runtime.shape_mode import shape_trace_like
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from tests.real.conftest import tiny_spec
     from traces.format import open_trace
 

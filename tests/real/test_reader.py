@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
-from real.buffers import AlignedBuffer
-from real.reader import BundleReader
+from real.io.buffers import AlignedBuffer
+from real.io.reader import BundleReader
 from tests.real.conftest import tiny_spec
 
 
@@ -167,20 +167,3 @@ def test_bad_arguments(make_store):
         assert stats.reads_issued == 0 and stats.bytes_read == 0
     with pytest.raises(ValueError):
         BundleReader(st, in_flight=0)
-
-
-def test_transfer_off_plans_and_counts_but_moves_no_bytes(make_store):
-    """BundleReader(transfer=False), the FFN-step probe's reader: the same plan and counts as a real
-    read, the destination untouched."""
-    st = make_store(layout="both")
-    ids = np.array([0, 1, 2, 7, 30])
-    with BundleReader(st, in_flight=2) as real, BundleReader(st, in_flight=2, transfer=False) as dry:
-        keep, dest = _dest(len(ids), real.dest_row_bytes)
-        a = real.read(1, ids, dest)
-        keep2, dest2 = _dest(len(ids), dry.dest_row_bytes)
-        dest2[:] = 0xAB
-        b = dry.read(1, ids, dest2)
-        assert (b.reads_issued, b.bytes_read, b.bytes_useful) == (a.reads_issued, a.bytes_read, a.bytes_useful)
-        assert a.reads_issued > 0 and a.bytes_read > 0
-        assert b.bytes_copied == 0 and bool(np.all(dest2 == 0xAB))
-        assert not np.all(dest == 0xAB)

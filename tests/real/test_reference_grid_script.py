@@ -12,7 +12,7 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
-from real import validate_keep as K
+from real.validation import validate_keep as K
 from tests.real.test_validate_keep import _sim_grid
 from traces.format import open_trace
 

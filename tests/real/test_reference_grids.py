@@ -1,5 +1,5 @@
 """The simulator against stored real runs: the reference grids in tests/real/data/grids/, each a whole
-kept grid (`flashsim validate --keep`, real/validate_keep.py: 40 configurations per mode, shape and
+kept grid (`flashsim validate --keep`, real/validation/validate_keep.py: 40 configurations per mode, shape and
 model, 24 steps) made right after calibrating the host, with that calibration as its profile.yaml
 (scripts/reference_grid.py makes one on any host):
 
@@ -36,8 +36,8 @@ import numpy as np
 import pytest
 
 from devices import load_profile
-from real.validate_keep import RUNS_FILE, load_kept_grid, rescore
-from real.validate_score import WARMUP_STEPS
+from real.validation.validate_keep import RUNS_FILE, load_kept_grid, rescore
+from real.validation.validate_score import WARMUP_STEPS
 
 GRIDS = Path(__file__).resolve().parent / "data" / "grids"
 REFERENCE = ("25a", "29b", "31a")

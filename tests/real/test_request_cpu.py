@@ -1,4 +1,4 @@
-"""The CPU cost of one read request (real/bench_request_cpu.py): the weighted fit of per-read CPU time
+"""The CPU cost of one read request (real/bench/bench_request_cpu.py): the weighted fit of per-read CPU time
 over the read grid, on synthetic timings with hand-computed answers, and its way into the profile."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from devices.errors import FlashsimError
 from devices.schema import FlashSpec
-from real.bench_request_cpu import request_cpu_fit, request_cpu_source
+from real.bench.bench_request_cpu import request_cpu_fit, request_cpu_source
 
 CHUNKS = [4096, 65536, 1 << 20]
 DEPTHS = [1, 4]
@@ -97,7 +97,7 @@ def test_fit_is_the_best_nonnegative_line(a, b, noise, reads):
 
 
 def test_flash_section_writes_request_cpu_s_with_its_source():
-    from real.bench_flash import flash_section
+    from real.bench.bench_flash import flash_section
 
     cpu = [[20e-6 + 0.5e-9 * c] * 2 for c in CHUNKS]
     fit = request_cpu_fit(CHUNKS, DEPTHS, cpu, [[1000, 4000], [500, 2000], [50, 100]])

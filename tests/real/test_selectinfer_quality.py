@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from devices.errors import FlashsimError  # noqa: E402
-from real.selectinfer_quality import (  # noqa: E402
+from real.studies.selectinfer_quality import (  # noqa: E402
     FfnMask,
     HeldOut,
     answer_sequences,
@@ -201,7 +201,7 @@ def cli_setup(tmp_path_factory, model):
 
 
 def _main(argv):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     return main(argv)
 
@@ -250,7 +250,7 @@ def test_cli_selectinfer_bad_input(argv, needle, cli_setup, capsys):
 
 @pytest.mark.slow
 def test_smollm2_ranked_beats_random_at_small_gamma():
-    from real.selectinfer_quality import answer_sequences as answers
+    from real.studies.selectinfer_quality import answer_sequences as answers
     from traces.capture.generate import encode_prompt, eos_token_ids
     from traces.capture.models import load_hf_model
     from traces.capture.prompts import load_prompts

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from devices import load_profile
-from real.convert import write_shape_store
-from real.records import write_executed_trace, write_records
-from real.store import open_store
-from sim.cli.main import main
+from flashsim.main import main
+from real.runtime.run_outputs import write_executed_trace, write_records
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
 from sim.config import RunConfig
 from sim.records import TOKEN_COLUMNS, TokenRecord
 from tests.real.conftest import tiny_spec
@@ -28,7 +28,7 @@ ALIGNED = dict(d_model=1024, d_ff=256, n_layers=2)
 
 @pytest.fixture(scope="module")
 def shape_setup(tmp_path_factory):
-    from real.shape_mode import shape_trace_like
+    from real.runtime.shape_mode import shape_trace_like
 
     root = tmp_path_factory.mktemp("shape")
     spec = tiny_spec(**ALIGNED)
@@ -46,7 +46,7 @@ def _cfg(k: int, bundled: bool, prefetch: str, budget: str = "64MiB") -> RunConf
 
 @pytest.mark.parametrize("k,bundled,prefetch", [(0, True, "none"), (2, False, "delta"), (8, True, "delta")])
 def test_real_run_replays_exactly_in_the_simulator(shape_setup, k, bundled, prefetch):
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
     from sim.engine import simulate
 
     root, spec, store, trace = shape_setup
@@ -72,7 +72,7 @@ def test_real_run_replays_exactly_in_the_simulator(shape_setup, k, bundled, pref
 def test_records_schema_and_parquet(shape_setup, tmp_path):
     import pandas as pd
 
-    from real.shape_mode import run_shape
+    from real.runtime.shape_mode import run_shape
 
     _, _, store, trace = shape_setup
     run = run_shape(store, trace, load_profile("this-host"), _cfg(1, True, "none"))
@@ -109,8 +109,8 @@ def test_cli_bad_inputs_exit_2(shape_setup, tmp_path, capsys):
 def test_attention_sets_by_hand():
     """A distinct attention set per layer up to ATTN_DISTINCT_BYTES, then as many as fit (>= 2)."""
     from devices.model_spec import load_model
-    from real import validate as V
-    from real.shape_mode import ATTN_DISTINCT_BYTES, attention_sets
+    from real.runtime.shape_mode import ATTN_DISTINCT_BYTES, attention_sets
+    from real.validation import validate as V
 
     assert ATTN_DISTINCT_BYTES == 512 << 20
     # validation shape: q 8 x 128, kv 4 x 128 over d_model 1024: (2 x 1024 x 1024 + 2 x 512 x 1024) x 4 B
@@ -132,8 +132,8 @@ def test_cuda_code_path_on_a_stand_in_device_matches_the_cpu(shape_setup, monkey
     and every page-locked buffer is unlocked at close. The GPU itself: scripts/device_cuda_check.sh."""
     import torch
 
-    import real.device as D
-    from real.shape_mode import run_shape
+    import real.runtime.device as D
+    from real.runtime.shape_mode import run_shape
 
     class StandIn(D.ComputeDevice):
         def torch_device(self):

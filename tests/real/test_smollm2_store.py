@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from real.convert import convert_state_dict, load_model_for_store
-from real.dtypes import decode
-from real.store import open_store
+from real.weights.convert import convert_state_dict, load_model_for_store
+from real.weights.dtypes import decode
+from real.weights.store import open_store
 
 
 @pytest.mark.slow

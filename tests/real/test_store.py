@@ -11,10 +11,10 @@ import pytest
 
 from devices.errors import FlashsimError
 from devices.model_spec import load_model
-from real import store_writer
-from real.convert import write_shape_store
-from real.dtypes import decode
-from real.store import open_store, plan_layout
+from real.weights import store_writer
+from real.weights.convert import write_shape_store
+from real.weights.dtypes import decode
+from real.weights.store import open_store, plan_layout
 from tests.real.conftest import tiny_spec
 from traces.profiler import NeuronProfile, save_profile
 
@@ -65,7 +65,7 @@ def test_shape_store_is_deterministic_and_seeded(tmp_path):
 def test_shape_store_bf16_and_biases(make_store):
     st = make_store(spec=tiny_spec(ffn_kind="relu", ffn_bias=True), dtype="bf16")
     assert st.segments == ["up", "down"] and st.bundle_bytes == 2 * 128 * 2
-    from real.safetensors_io import read_safetensors
+    from real.weights.safetensors_io import read_safetensors
 
     tensors, _ = read_safetensors(st.resident_path())
     assert tensors["model.layers.1.mlp.up_proj.bias"][1].shape == (256,)

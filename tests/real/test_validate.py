@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
-from real import validate as V
-from real import validate_score as S
-from sim.cli.main import main
+from flashsim.main import main
+from real.validation import validate as V
+from real.validation import validate_score as S
 
 pytest.importorskip("torch")
 
@@ -29,8 +29,8 @@ def tiny_grids(monkeypatch, tmp_path):
     import numpy as np
     import transformers
 
-    from real.convert import convert_state_dict
-    from real.store import open_store
+    from real.weights.convert import convert_state_dict
+    from real.weights.store import open_store
 
     tiny = ModelSpec(name="validate-tiny", family="llama", n_layers=2, d_model=1024, d_ff=256, n_heads=8,
                      n_kv_heads=4, head_dim=128, vocab_size=512, ffn_kind="swiglu", dtype="fp32")
@@ -81,7 +81,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     for key in ("load_avg_start", "load_avg_end"):
         assert len(out[key]) == 3 and all(x >= 0 for x in out[key])
     assert 0.0 <= out["latency_error_median"] <= out["latency_error_max"]
-    # the host against the profile, before and after the grid (real/drift.py)
+    # the host against the profile, before and after the grid (real/validation/drift.py)
     assert set(out["drift"]) == {"start", "end"} and "drift_warning" in out
     for check in out["drift"].values():
         assert check["disk"] > 0 and (check["cpu"] is None or check["cpu"] > 0) and check["t_s"] >= 0
@@ -162,7 +162,7 @@ def test_store_cache_key_follows_the_source_and_settings(tmp_path, monkeypatch):
 
 def test_cached_store_converts_once(tmp_path, monkeypatch):
     """The store cache: converted on first use, reused after, converted again when damaged."""
-    import real.convert as C
+    import real.weights.convert as C
 
     monkeypatch.setenv("FLASHSIM_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "weights.gguf"
@@ -170,7 +170,7 @@ def test_cached_store_converts_once(tmp_path, monkeypatch):
     conversions = []
 
     def fake_convert(model, out, **kw):
-        from real.convert import write_shape_store
+        from real.weights.convert import write_shape_store
         from tests.real.conftest import tiny_spec
 
         conversions.append(kw)
@@ -235,17 +235,17 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
 
 def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_path):
     """SmolLM2's FFN rows (d_model 576 fp32): a bundle is 3 x 2304 = 6912 B, held by the real cache
-    (real/cache.py, rows of BundleReader.dest_row_bytes) in 8192 B rows in BOTH layouts. The replay's memory
+    (real/runtime/cache_matrices.py, rows of BundleReader.dest_row_bytes) in 8192 B rows in BOTH layouts. The replay's memory
     model (bundling.align_bytes from the manifest) charges the same 8192 B per cached neuron, so its cache
     share is exactly what the real per-layer matrices take, and a real run's cache bytes are the simulated
     ones (before: 6912 B per neuron, the real cache held 1.19x the simulated bytes)."""
     from devices import load_profile
-    from real.backend import RealExecutor, store_config
-    from real.cache import LayerCache
-    from real.convert import write_shape_store
-    from real.records import write_executed_trace
-    from real.shape_mode import run_shape, shape_trace_like
-    from real.store import open_store
+    from real.runtime.backend import RealExecutor, store_config
+    from real.runtime.cache_matrices import LayerCache
+    from real.runtime.run_outputs import write_executed_trace
+    from real.runtime.shape_mode import run_shape, shape_trace_like
+    from real.weights.convert import write_shape_store
+    from real.weights.store import open_store
     from sim.config import RunConfig
     from sim.engine import build, simulate
     from tests.real.conftest import tiny_spec
@@ -294,7 +294,7 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
 
 
 def test_cli_threads_below_one_is_one_line(capsys):
-    from sim.cli.main import main
+    from flashsim.main import main
 
     assert main(["validate", "--quick", "--threads", "0"]) == 2
     err = capsys.readouterr().err
@@ -302,7 +302,7 @@ def test_cli_threads_below_one_is_one_line(capsys):
 
 
 def test_drift_warning_by_hand():
-    from real.drift import drift_warning
+    from real.validation.drift import drift_warning
 
     assert drift_warning({"start": {"disk": 1.1, "cpu": 0.9}, "end": {"disk": 0.86, "cpu": None}}) is None
     w = drift_warning({"start": {"disk": 1.0, "cpu": 1.2}, "at 30 s": {"disk": 1.0, "after_io": 0.7},
@@ -318,7 +318,7 @@ def test_drift_warning_by_hand():
 
 def test_a_missing_workdir_is_one_line_error_exit_2(tmp_path, capsys):
     """--workdir that does not exist: exit 2 with one line naming it, before anything is measured."""
-    from sim.cli.main import main
+    from flashsim.main import main
 
     missing = tmp_path / "nope"
     assert main(["validate", "--quick", "--workdir", str(missing)]) == 2
@@ -330,7 +330,7 @@ def test_profile_at_drift_scales_what_the_check_measured():
     """Read table throughputs / disk and batch overhead x disk; GEMV rates / cpu and row cost x cpu;
     the terms timed right after an I/O wait x after_io; nothing else."""
     from devices import load_profile
-    from real.drift import profile_at_drift
+    from real.validation.drift import profile_at_drift
 
     p = load_profile("this-host")
     p = p.model_copy(update={"flash": p.flash.model_copy(update={"segment_s": 2e-6})})
@@ -393,7 +393,7 @@ def test_profile_at_drift_scales_what_the_check_measured():
 def test_drift_log_interpolates_its_checks_in_time(monkeypatch, tmp_path):
     """ratios_at: linear between checks, the nearest check's outside them, 1.0 for a ratio no check
     measured, None without a disk ratio; maybe_check checks only once CHECK_EVERY_S have passed."""
-    import real.drift as D
+    import real.validation.drift as D
 
     seq = iter([{"disk": 1.0, "after_io": None, "cpu": 2.0, "t_s": 10.0},
                 {"disk": 2.0, "after_io": None, "cpu": float("nan"), "t_s": 20.0}])
@@ -428,7 +428,7 @@ def test_host_check_measures_each_read_size(tmp_path):
     """A check on a real folder: the reader-batch ratios and one read ratio per READ_CHECK_CHUNKS
     size, each finite and positive; on a RAM filesystem (nothing of the disk) no read ratios."""
     from devices import load_profile
-    from real.drift import READ_KEYS, WIDTH_KEYS, host_drift, read_ratios
+    from real.validation.drift import READ_KEYS, WIDTH_KEYS, host_drift, read_ratios
 
     profile = load_profile("this-host")   # outside the timed span: only the check's own time is bracketed
     before = time.perf_counter()
@@ -452,7 +452,7 @@ def test_the_cpu_check_is_predicted_from_the_dense_gemv_table_where_the_profile_
     import yaml
 
     from devices.schema import BUNDLED_DIR, DeviceProfile
-    from real.drift import DRIFT_GEMV_SHAPE, cpu_check_predicted_s
+    from real.validation.drift import DRIFT_GEMV_SHAPE, cpu_check_predicted_s
 
     assert DRIFT_GEMV_SHAPE == (4096, 4096)
     data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
@@ -468,15 +468,15 @@ def test_the_cpu_check_is_predicted_from_the_dense_gemv_table_where_the_profile_
 
 def test_recalibrated_validation_scores_against_the_calibrations_mean(monkeypatch, tmp_path, capsys):
     """--recalibrate-every: calibrations at the start, between runs when due, at the end; the rows
-    scored against their mean (real.profile_merge), the given profile's errors reported too, and
+    scored against their mean (real.validation.profile_merge), the given profile's errors reported too, and
     the kept grid rescores to both. The calibration itself is faked (each call writes the base
     profile with its read table at a known speed): the real benches are test_calibrate.py's."""
     import yaml
 
     from devices import load_profile
-    from real import calibration as C
-    from real.profile_writer import write_profile_text
-    from real.validate_keep import rescore
+    from real.validation import calibration as C
+    from real.validation.profile_writer import write_profile_text
+    from real.validation.validate_keep import rescore
 
     tiny_grids(monkeypatch, tmp_path)
     speeds = iter([1.0, 0.5, 0.5, 0.5, 0.5, 0.5])   # the first calibration as profiled, the others half as fast

@@ -11,8 +11,8 @@ import pytest
 
 from devices import load_profile
 from devices.errors import FlashsimError
-from real import validate_keep as K
-from sim.cli.main import main
+from flashsim.main import main
+from real.validation import validate_keep as K
 from sim.config import RunConfig
 from sim.engine import simulate
 from tests.real.conftest import tiny_spec
@@ -196,7 +196,7 @@ def test_a_version_1_grid_is_still_read(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from real.records import write_records
+    from real.runtime.run_outputs import write_records
 
     replays, sim_tokens = _sim_grid(tmp_path, (1.2, 1.3))
     (row, trace, spec, cfg, runs, _), = replays

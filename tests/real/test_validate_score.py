@@ -1,11 +1,11 @@
-"""The scoring of the simulator against real runs (real/validate_score.py), by hand: no real run,
+"""The scoring of the simulator against real runs (real/validation/validate_score.py), by hand: no real run,
 no torch."""
 
 from __future__ import annotations
 
 import pytest
 
-from real import validate_score as S
+from real.validation import validate_score as S
 
 
 def test_summary_statistics_by_hand():

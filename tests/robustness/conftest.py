@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from devices.model_spec import ModelSpec
-from sim.cli.main import main
+from flashsim.main import main
 
 
 def tiny_spec(n_layers: int = 2, d_ff: int = 64) -> ModelSpec:

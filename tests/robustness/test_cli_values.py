@@ -172,7 +172,7 @@ def test_issue47_sweep_profile_by_absolute_path(tmp_path, capsys, trace_dir):
 ])
 def test_absurd_thread_counts_are_refused_before_any_work(argv, capsys):
     """A thread count far beyond any core count crashed OpenMP (a segfault) in bench compute."""
-    from sim.cli.main import main
+    from flashsim.main import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -11,9 +11,9 @@ import pytest
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
-from real.convert import write_shape_store
-from real.store import open_store
-from real.store_integrity import RECORD, record_matches
+from real.weights.convert import write_shape_store
+from real.weights.store import open_store
+from real.weights.store_integrity import RECORD, record_matches
 from tests.robustness.conftest import assert_refused, cli, tiny_spec
 
 
@@ -69,7 +69,7 @@ def test_issue47_record_skips_the_full_check_until_a_change(tmp_path, clean_stor
     open_store(store, verify="record")
     names = list(open_store(store).manifest.files)
     assert record_matches(store, names)
-    import real.store_integrity as si
+    import real.weights.store_integrity as si
 
     calls = []
     monkeypatch.setattr(si, "hash_file", lambda p: calls.append(p) or (_ for _ in ()).throw(AssertionError))
@@ -85,7 +85,7 @@ def test_issue47_record_skips_the_full_check_until_a_change(tmp_path, clean_stor
 def test_issue47_read_only_store_records_in_the_cache(tmp_path, clean_store, monkeypatch):
     store = _copy(clean_store, tmp_path / "s")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    import real.store_integrity as si
+    import real.weights.store_integrity as si
 
     monkeypatch.setattr(si, "_record_paths", lambda p: [tmp_path / "nope" / "x" / RECORD, si._cache_record(p)])
     (tmp_path / "nope").write_text("a file, so the folder cannot be made")
@@ -96,8 +96,8 @@ def test_issue47_read_only_store_records_in_the_cache(tmp_path, clean_store, mon
 def test_issue47_model_mode_runs_from_the_store_resident_tensors(tmp_path):
     """The HF model's own attention/embedding weights are replaced by the store's bytes."""
     torch = pytest.importorskip("torch")
-    from real.convert import convert_state_dict
-    from real.model_mode import load_resident
+    from real.runtime.model_mode import load_resident
+    from real.weights.convert import convert_state_dict
     from tests.real.conftest import tiny_llama
 
     model = tiny_llama(2)

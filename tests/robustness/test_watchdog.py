@@ -23,7 +23,7 @@ def _limits() -> None:
 
 def run_cli(*argv: object, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "sim.cli.main", *map(str, argv)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "flashsim", *map(str, argv)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limits)
 
 

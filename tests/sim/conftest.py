@@ -61,6 +61,6 @@ def base_profile() -> DeviceProfile:
               "segment_s",
               "framework_probe_op_s", "kernel_probe_op_s", "long_kernel_probe_op_s", "long_kernel_compute_lost_s_per_read",
               "long_kernel_compute_lost_s_per_batch", "long_kernel_read_delay_s_per_read",
-              "long_kernel_read_delay_s_per_batch", "host_cpu_batch_reads", "host_cpu_curves"):
+              "long_kernel_read_delay_s_per_batch"):
         data["flash"].pop(k, None)
     return DeviceProfile.model_validate(data)

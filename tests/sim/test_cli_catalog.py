@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sim.cli.main import main
+from flashsim.main import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -68,13 +68,13 @@ def test_debug_shows_the_traceback() -> None:
 
 
 def test_console_script_usage_error_exit_2() -> None:
-    r = subprocess.run([sys.executable, "-m", "sim.cli.main", "devices", "--bogus"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "flashsim", "devices", "--bogus"], capture_output=True, text=True)
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
 
 
 def test_demo_first_order_section(capsys) -> None:
     # the foundation's fit table is one section of `flashsim demo` (the whole demo: tests/analysis/test_demo.py)
-    from sim.cli.cmd_demo import first_order, first_order_table
+    from flashsim.commands.demo import first_order, first_order_table
 
     estimates = first_order(1024)
     first_order_table(estimates, 1024)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from sim.cli.main import main
+from flashsim.main import main
 from sim.results import SUMMARY_KEYS
 
 

@@ -112,7 +112,7 @@ def test_compute_phases_hand_computed() -> None:
     assert ffn.gather_s[0, 1] == 0.0                                  # dense: no gather
     assert ffn.ovh_s[0, 0] == pytest.approx((3 + 3 + 1) * op) and ffn.ovh_s[0, 1] == pytest.approx(6 * op)
     assert cm.ffn(np.array([1.0]), np.array([[1000.0]]), gathers=False).gather_s[0, 0] == 0.0
-    # a gathering cache gathers every neuron too when it computes them all (real.backend does)
+    # a gathering cache gathers every neuron too when it computes them all (real.runtime.backend does)
     full = cm.ffn(np.array([1.0]), np.array([[float(spec.d_ff)]]))
     assert full.gather_s[0, 0] == pytest.approx(spec.d_ff * spec.ffn_neuron_bytes / 2.0e11)
     att = cm.attention(np.array([1]), np.array([100]), np.array([100]), np.array([True]))
@@ -145,7 +145,7 @@ def test_compute_row_transpose_and_padded_row_terms() -> None:
     att1 = b.attention(n, np.array([10]), np.array([10]), np.array([True]))
     assert att1.ovh_s[0] - att0.ovh_s[0] == pytest.approx((576 + 2 * 192 + 576) * 4e-8)
     assert b.head(1, n).ovh_s[0] - a.head(1, n).ovh_s[0] == pytest.approx(49152 * 4e-8)
-    # a row move copies the bundle (6912 B), not the padded row: real.cache's deletion copies each
+    # a row move copies the bundle (6912 B), not the padded row: real.runtime.cache_matrices's deletion copies each
     # row's data part, where the gather copies whole padded rows; each move reads and writes it at the
     # gather's rate (scattered rows)
     assert spec.ffn_neuron_bytes == 3 * 576 * 4

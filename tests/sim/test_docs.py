@@ -1,4 +1,4 @@
-"""The Python examples in docs/simulator.md run as written."""
+"""The Python examples in docs/replay.md run as written."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "replay.md"
 
 
 def _blocks() -> list[str]:

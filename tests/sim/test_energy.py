@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from devices import load_profile
 from devices.energy import ENERGY_FIELDS, SOURCE_KINDS, EnergySpec
 from devices.schema import DeviceProfile, list_profiles
-from sim.cli.main import main
+from flashsim.main import main
 from sim.energy import COMPONENTS, StepTraffic, energy_summary
 from sim.engine import build
 from sim.policies.presets import preset_config

@@ -135,29 +135,6 @@ def test_staged_reads_priced_per_read(gated_trace, base_profile, bundled, align,
         assert tb.reads_issued == ta.reads_issued
 
 
-def test_framework_constants_mix_by_the_phase_share(m1) -> None:
-    """Framework-code compute (holding the interpreter lock) has its own interference constants,
-    mixed linearly by the framework share; they default to the kernel ones."""
-    h = HostCpu(1e-5, 2e-5, 5e-6, 1e-4, 2e-4, fw_lost_s_per_read=6e-5, fw_lost_s_per_batch=3e-4,
-                fw_delay_s_per_read=1.5e-5, fw_delay_s_per_batch=4e-4)
-    assert h.cpu_share(100, 0.01) == pytest.approx(1 - (100 * 2e-5 + 1e-4) / 0.01)            # kernels: 0.79
-    assert h.cpu_share(100, 0.01, 1.0) == pytest.approx(1 - (100 * 6e-5 + 3e-4) / 0.01)       # framework: 0.37
-    assert h.cpu_share(100, 0.01, 0.5) == pytest.approx(1 - (0.0021 + 0.0063) / 2 / 0.01)     # half and half
-    assert h.delay_s(100) == pytest.approx(100 * 5e-6 + 2e-4)
-    assert h.delay_s(100, 0.25) == pytest.approx(0.75 * (100 * 5e-6 + 2e-4) + 0.25 * (100 * 1.5e-5 + 4e-4))
-    plain = HostCpu(1e-5, 2e-5, 5e-6, 1e-4, 2e-4)
-    assert plain.cpu_share(100, 0.01, 1.0) == plain.cpu_share(100, 0.01)
-    flash = FlashDevice()
-    flash.enable_host_cpu(h)
-    end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, framework=1.0)
-    assert end == pytest.approx(0.01 + 100 * 1.5e-5 + 4e-4)
-    (a, b, share), = flash.cpu_segments_after(0.0, 0.5)
-    assert (a, b) == (0.0, end)
-    assert share == pytest.approx(0.5 * h.cpu_share(100, end) + 0.5 * h.cpu_share(100, end, 1.0))
-    p = HostCpu.of(_with_host(m1, host_cpu_s_per_read=1e-5, framework_compute_lost_s_per_read=7e-5))
-    assert p.fw_lost_s_per_read == 7e-5 and p.fw_delay_s_per_read == p.delay_s_per_read == 1e-5
-
-
 def test_framework_share_slows_prefetch_overlap_more(small_trace, base_profile) -> None:
     """A Python loop (the default decoder, no probes in the profile) contends as framework code:
     larger framework interference constants cost more compute and io than the kernel ones alone."""
@@ -186,7 +163,8 @@ def test_python_loop_uses_the_framework_constants_in_every_phase(m1) -> None:
     assert (native.lost_s_per_read, native.delay_s_per_batch) == (2e-5, 0.0)
     # the framework values where the profile has them, the kernel ones where it does not
     assert (py.lost_s_per_read, py.lost_s_per_batch, py.delay_s_per_read, py.delay_s_per_batch) == (7e-5, 1e-4, 3e-6, 4e-4)
-    assert py.cpu_share(100, 0.02) == py.cpu_share(100, 0.02, 1.0) == native.cpu_share(100, 0.02, 1.0)
+    assert py.cpu_share(100, 0.02) == pytest.approx(1 - (100 * 7e-5 + 1e-4) / 0.02)
+    assert native.cpu_share(100, 0.02) == pytest.approx(1 - (100 * 2e-5 + 1e-4) / 0.02)
 
 
 @pytest.mark.parametrize("fast", [False, True])
@@ -280,7 +258,7 @@ HOST = dict(host_cpu_s_per_read=1e-5, compute_lost_s_per_read=2e-5, compute_lost
 
 def test_python_loop_terms_follow_its_seconds_per_torch_call(m1) -> None:
     """With the three probes, a Python loop's terms are the probes' linear in log(seconds per call),
-    the nearest probe's outside them; the framework share no longer applies."""
+    the nearest probe's outside them."""
     prof = _with_host(m1, **HOST, **PROBES)
     assert prof.flash.probe_points() == [(4e-6, 3e-5, 4e-4, 8e-6, 3e-4), (3e-5, 2e-5, 0.0, 3e-6, 1e-4),
                                          (1e-3, 5e-6, 1e-4, 0.0, 0.0)]
@@ -293,15 +271,14 @@ def test_python_loop_terms_follow_its_seconds_per_torch_call(m1) -> None:
     assert py.at((4e-6 * 3e-5) ** 0.5) == pytest.approx((2.5e-5, 2e-4, 5.5e-6, 2e-4))
     assert py.at((3e-5 * 1e-3) ** 0.5) == pytest.approx((1.25e-5, 5e-5, 1.5e-6, 5e-5))
     op = (3e-5 * 1e-3) ** 0.5
-    assert py.cpu_share(100, 0.01, 0.0, op) == pytest.approx(1 - (100 * 1.25e-5 + 5e-5) / 0.01)     # 0.87
-    assert py.cpu_share(100, 0.01, 1.0, op) == py.cpu_share(100, 0.01, 0.0, op)
-    assert py.delay_s(100, 0.0, op) == pytest.approx(100 * 1.5e-6 + 5e-5)
+    assert py.cpu_share(100, 0.01, op) == pytest.approx(1 - (100 * 1.25e-5 + 5e-5) / 0.01)     # 0.87
+    assert py.delay_s(100, op) == pytest.approx(100 * 1.5e-6 + 5e-5)
     assert py.cpu_share(100, 0.01) == native.cpu_share(100, 0.01)          # no seconds per call: the kernels'
     flash = FlashDevice()
     flash.enable_host_cpu(py)
     end = flash.submit(0.0, 0.01, 1e6, 100, "prefetch", step=0, op_s=op)
     assert end == pytest.approx(0.01 + 100 * 1.5e-6 + 5e-5)
-    (a, b, share), = flash.cpu_segments_after(0.0, 0.0, 4e-6)
+    (a, b, share), = flash.cpu_segments_after(0.0, 4e-6)
     assert share == pytest.approx(1 - (100 * 3e-5 + 4e-4) / end)
 
 
@@ -375,9 +352,9 @@ def test_each_phase_of_a_python_loop_takes_its_own_seconds_per_call(small_trace,
     seen: list[float] = []
     orig = FlashDevice.cpu_segments_after
 
-    def spy(self, t_s, framework=0.0, op_s=0.0, ffn=0.0):  # type: ignore[no-untyped-def]
+    def spy(self, t_s, op_s=0.0):  # type: ignore[no-untyped-def]
         seen.append(op_s)
-        return orig(self, t_s, framework, op_s, ffn)
+        return orig(self, t_s, op_s)
 
     monkeypatch.setattr(FlashDevice, "cpu_segments_after", spy)
     # a lookahead prefetch is issued at the FFN's start: it overlaps the FFN and the next attention

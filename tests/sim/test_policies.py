@@ -255,7 +255,7 @@ def test_bundling_alignment_scales_bytes_read_exactly(gated_trace, host) -> None
 
 def test_bundling_alignment_pads_cached_neurons_in_dram_by_hand(gated_trace, host) -> None:
     """A cached neuron takes its bundle padded to align_bytes of DRAM in BOTH layouts, as in the real cache
-    (real/cache.py: one bundle row of round_up(bundle, 4 KiB)), not one padded stride per flash row.
+    (real/runtime/cache_matrices.py: one bundle row of round_up(bundle, 4 KiB)), not one padded stride per flash row.
     gated_trace: 3 layers x 192 SwiGLU neurons, d_model 64 fp16: bundle 3 x 128 = 384 B -> 4096 B (unbundled:
     three 128 B rows, 4096 B each on flash, still 4096 B in DRAM). Fixed: non-FFN 355,200 B + the oracle
     predictor 3 x (64 x 128 + 128 x 192) x 2 = 196,608 B; KV 768 B per token (768 at step 0, 18,432 at the
@@ -299,7 +299,7 @@ def test_bundling_alignment_must_not_be_negative(gated_trace, host) -> None:
 
 def test_every_neuron_computed_is_gathered_by_a_window_and_run_in_place_by_dense(small_trace, host) -> None:
     """A window step computing every neuron gathers them all out of its cache (rows in arrival
-    order, as real.backend does); dense holds the whole FFN in neuron order and runs it in place,
+    order, as real.runtime.backend does); dense holds the whole FFN in neuron order and runs it in place,
     and gathers only a sparser predictor's subset."""
     N, L = small_trace.n_neurons, small_trace.n_layers
     win, w = run(small_trace, host, "llm-in-a-flash", "predictor=none", "prefetch=none")

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from devices import load_profile
 from devices.errors import FlashsimError
+from flashsim.main import main
 from sim.blocks import format_blocks
-from sim.cli.main import main
 from sim.components.memory import load_budget_timeline
 from sim.config import PruneParams
 from sim.engine import SetAlgebraCache, build, simulate

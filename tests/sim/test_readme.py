@@ -11,7 +11,7 @@ import re
 import shlex
 from pathlib import Path
 
-from sim.cli.main import main
+from flashsim.main import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

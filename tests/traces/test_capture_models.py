@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from devices.errors import FlashsimError  # noqa: E402
-from sim.cli.main import main  # noqa: E402
+from flashsim.main import main  # noqa: E402
 from traces.capture import capture_trace, load_hf_model  # noqa: E402
 from traces.capture.generate import Decoder  # noqa: E402
 from traces.capture.hooks import FfnRecorder  # noqa: E402

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from devices.errors import FlashsimError
-from sim.cli.main import main
+from flashsim.main import main
 from traces.capture.prompts import BUILTIN_PROMPTS, load_prompts
 
 

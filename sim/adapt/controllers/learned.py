@@ -16,7 +16,7 @@ budget buys nothing and costs quality; with nothing to drop the network is not r
 controller is stateless: each decision point plans from scratch, so blocks come back by themselves
 when memory returns.
 
-Safety rule (documented in docs/adaptation-learned.md): if the plan still exceeds `available_bytes`
+Safety rule (documented in docs/adapt.md): if the plan still exceeds `available_bytes`
 after the pass, the controller drops the kept blocks in ascending importance until it fits (or
 nothing is left to drop). `LearnedController.safety_fired` counts the decisions where it acted.
 

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from flashsim.main import main
 from sim.adapt.importance import block_names, make_gsi_document, write_gsi_file
-from sim.cli.main import main
 
 SMALL = ["--batch", "4", "--prompt-tokens", "16", "--tokens", "24", "--decide-every", "4"]
 

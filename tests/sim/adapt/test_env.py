@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from devices import load_model
 from sim.adapt.controllers.base import AdaptState
 from sim.adapt.controllers.learned_obs import OBS_DIM, OBS_NAMES, visiting_order
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv, quality_kept
 from sim.adapt.importance import importance_vector, make_gsi_document
-from sim.adapt.quality import GsiPerplexity
 from sim.blocks import BlockMemory, block_names
 from tests.sim.adapt.conftest import tiny_blocks, tiny_doc
 

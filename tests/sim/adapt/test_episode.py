@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.adapt.controllers.heuristic import Heuristic
+from sim.adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
 from sim.adapt.episode import EpisodeSetup, Workload, requality, run_episode
 from sim.adapt.importance import importance_vector
-from sim.adapt.quality import GsiPerplexity, MeasuredPerplexity
 from sim.adapt.timelines import parse_timeline
 from sim.blocks import BlockMemory, block_names
 from sim.components.memory import BudgetTimeline

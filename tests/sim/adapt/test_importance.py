@@ -31,7 +31,7 @@ def test_round_trip_is_atomic_and_byte_identical(tmp_path, doc):
 
 def test_real_gsi_reexports_the_same_functions():
     pytest.importorskip("torch")
-    import real.gsi as rg
+    import real.studies.gsi as rg
     import sim.adapt.importance as imp
 
     assert rg.read_gsi_file is imp.read_gsi_file and rg.write_gsi_file is imp.write_gsi_file

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from devices import load_model
 from devices.errors import FlashsimError
+from flashsim.main import main
 from sim.adapt.controllers.base import AdaptState, Controller
 from sim.adapt.controllers.learned import (
     LearnedController,
@@ -24,12 +25,11 @@ from sim.adapt.controllers.learned import (
     n_params,
 )
 from sim.adapt.controllers.learned_obs import OBS_DIM, observations, pass_context
+from sim.adapt.drop_quality import GsiPerplexity
 from sim.adapt.env import RapEnv
 from sim.adapt.importance import importance_vector
-from sim.adapt.quality import GsiPerplexity
 from sim.adapt.train import DqnConfig, init_params, save_policy, train_dqn
 from sim.blocks import BlockMemory
-from sim.cli.main import main
 from tests.sim.adapt.test_env import synthetic_doc
 
 SMOL = BlockMemory.from_spec(load_model("smollm2-135m"))
@@ -152,15 +152,15 @@ def test_controller_protocol_and_safety_rule(tmp_path):
 
 
 def test_training_is_deterministic_and_writes_identical_files(tmp_path):
-    cfg = DqnConfig(steps=700, seed=3, learning_starts=200, buffer_size=1000)
+    cfg = DqnConfig(steps=400, seed=3, learning_starts=200, buffer_size=1000)
     a, b = train_dqn(_env(), cfg), train_dqn(_env(), cfg)
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
-    assert a.updates == b.updates > 0 and a.episodes == b.episodes > 700 // 60   # episodes end on a fit
+    assert a.updates == b.updates > 0 and a.episodes == b.episodes > 400 // 60   # episodes end on a fit
     save_policy(tmp_path / "a.safetensors", a.params, {"format": "x"})
     save_policy(tmp_path / "b.safetensors", b.params, {"format": "x"})
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
-    c = train_dqn(_env(), DqnConfig(steps=700, seed=4, learning_starts=200, buffer_size=1000))
+    c = train_dqn(_env(), DqnConfig(steps=400, seed=4, learning_starts=200, buffer_size=1000))
     assert not np.array_equal(a.params["w0"], c.params["w0"])
 
 

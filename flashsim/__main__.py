@@ -1,0 +1,7 @@
+"""`python -m flashsim ...`: the same as the `flashsim` console script."""
+
+import sys
+
+from flashsim.main import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""`flashsim plan`: the what-if planner (analysis.planner) on the command line: feasibility of every
+preset and parameter grid point, the recommended configuration, the Pareto front, the smallest DRAM
+that meets a tok/s target (and an energy limit, --max-joules-per-token) and the binding constraint. Human output: tok/s, GiB, ms; --json: one object."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
+from analysis.planner import Plan
+from devices.errors import FlashsimError
+from devices.units import format_bytes, parse_bytes
+from flashsim.output import print_json, print_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="what-if: feasibility, best policy, minimum DRAM for a target")
+    p.add_argument("--model", required=True, help="bundled model name or a local HF model folder / config.json")
+    p.add_argument("--device", required=True, help="device profile name or file")
+    p.add_argument("--dram-free", default=None, help="DRAM the model may use, e.g. 3GiB (default: the device's "
+                   "capacity minus its reserved memory)")
+    p.add_argument("--target-tps", type=float, default=None, help="required decode tokens per second")
+    p.add_argument("--min-quality", type=float, default=None,
+                   help="required activation mass kept, 0..1 (the quality proxy)")
+    p.add_argument("--max-joules-per-token", type=float, default=None, dest="max_jpt",
+                   help="energy limit: joules per decode token (from the device profile's energy numbers)")
+    p.add_argument("--min-agreement", type=float, default=None,
+                   help="required next-token agreement with the native model, 0..1 (measured on the embedded model: "
+                   "analysis/data/quant_quality.json)")
+    p.add_argument("--trace", default=None, help="trace to replay (default: synthesize one of the model's shape)")
+    p.add_argument("--tokens", type=int, default=DEFAULT_PLAN_TOKENS,
+                   help=f"decode tokens of the synthetic trace (default {DEFAULT_PLAN_TOKENS})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and noisy predictors")
+    p.add_argument("--native-only", action="store_true",
+                   help="leave out quantized configurations (a filter: their quality is measured like the others')")
+    p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
+                   help="device numbers: achievable (published/measured, the default; each speed is shown with its "
+                        "peak-bound figure beside it) or peak (datasheet ceiling only)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_plan)
+
+
+def run_plan(args: argparse.Namespace) -> Plan:
+    """Parse the sizes and plan, with a progress bar on stderr."""
+    budget = None
+    if args.dram_free is not None:
+        if str(args.dram_free).strip().startswith("-"):
+            raise FlashsimError(f"--dram-free {args.dram_free}: must be a positive size such as 3GiB")
+        budget = parse_bytes(args.dram_free, "--dram-free")
+        if budget <= 0:
+            raise FlashsimError(f"--dram-free {args.dram_free}: must be > 0 bytes")
+    from tqdm import tqdm
+
+    with tqdm(total=None, unit="run", file=sys.stderr, leave=False, disable=None) as bar:
+        def progress(stage: str | None) -> None:
+            if stage is None:
+                bar.update(1)
+            else:
+                bar.set_description(stage)
+
+        return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
+                          min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
+                          native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
+                          min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    result = run_plan(args)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print_plan(result)
+    return 0
+
+
+def _tps(v: float | None) -> str:
+    return "inf" if v is None else f"{v:.2f}"
+
+
+def _mj(j: float | None) -> str:
+    return "?" if j is None else f"{1e3 * j:.2f}"
+
+
+def _gib(v: int | None) -> str:
+    return "" if v is None else f"{v / 2**30:.2f}"
+
+
+def _q(v: float | None, bound: bool | None, digits: int = 3, mark: str = "<=") -> str:
+    """A measured quality figure; `mark` flags a bound (less mass kept than any measured row: agreement
+    at most, perplexity ratio at least the lowest row's)."""
+    return "" if v is None else (mark if bound else "") + f"{v:.{digits}f}"
+
+
+def print_plan(p: Plan, *, full: bool = True) -> None:
+    """The plan as text: trace, constraints, table, best, Pareto front, minimum DRAM."""
+    targets = []
+    if p.target_tps is not None:
+        targets.append(f">= {p.target_tps:g} tok/s")
+    if p.min_quality is not None:
+        targets.append(f"activation mass kept >= {p.min_quality:g}")
+    if p.max_jpt is not None:
+        targets.append(f"<= {p.max_jpt:g} J/token")
+    if p.min_agreement is not None:
+        targets.append(f"measured agreement >= {p.min_agreement:g}")
+    mode = f" in power mode {p.power_mode}" if p.power_mode else ""
+    print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
+          + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
+    print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
+    if full:
+        rows = []
+        peaks = (p.peak_bound or {}).get("configurations", {})
+        for r in p.rows:
+            status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
+            rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-",
+                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r["dram_peak_bytes"]),
+                         "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
+                         _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
+                         _mj(r.get("joules_per_token")), r["binding_constraint"], status])
+        print()
+        print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token",
+                     "binding", "feasible"], rows, align="lrrrrrrrll")
+    print()
+    if p.best is not None:
+        b = p.best
+        pb = (p.peak_bound or {}).get("best")
+        beside = f" expected ({_tps(pb)} peak-bound)" if pb is not None else ""
+        print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s{beside}, DRAM {format_bytes(b['dram_peak_bytes'])}, "
+              f"mass kept {b['activation_mass_kept']:.3f}, energy {_mj(b.get('joules_per_token'))} mJ/token; "
+              f"bound by {b['binding_constraint']} "
+              f"(per token: flash stall {b['stall_ms_per_token']:.1f} ms, compute {b['compute_ms_per_token']:.1f} ms, "
+              f"memory mgmt {b['memory_mgmt_ms_per_token']:.1f} ms)")
+    else:
+        why = f"closest: {p.closest['label']} ({'; '.join(p.closest['reasons'])})" if p.closest else \
+            "nothing fits the budget"
+        print(f"infeasible: no configuration meets the constraints; {why}; bound by {p.binding}")
+    qk = (p.quality or {}).get("axis", "activation_mass_kept")
+    front = ", ".join(f"{r['label']} ({_tps(r['tokens_per_s'])} tok/s, {_gib(r['dram_peak_bytes'])} GiB, "
+                      f"{r[qk]:.2f}, {_mj(r.get('joules_per_token'))} mJ)" for r in p.pareto)
+    axis = "measured agreement" if qk == "agreement" else "mass kept"
+    axes = f"tok/s x DRAM x {axis}" + (" x energy" if any(r.get("joules_per_token") is not None for r in p.rows) else "")
+    print(f"Pareto front ({axes}): {front or 'empty'}")
+    for c in p.comparisons:
+        print(f"{c['name']}: " + "; ".join(
+            f"{r['label']}: {_tps(r['tokens_per_s']) if r['fits'] else 'does not fit'}"
+            + (f" tok/s, {_gib(r['dram_peak_bytes'])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound'))}, "
+               f"ppl x{_q(r.get('ppl_ratio'), r.get('quality_bound'), 3, '>=')}" if r["fits"] else "") for r in c["rows"]))
+    m = p.min_dram
+    what = "the target" if p.target_tps is not None else "the constraints (best configuration only: no --target-tps)"
+    if m.get("bytes") is not None:
+        print(f"smallest DRAM meeting {what}: {format_bytes(m['bytes'])} with {m['configuration']} "
+              f"(bisection to {format_bytes(m['tolerance_bytes'])}; families tried: "
+              + ", ".join(f"{f['label']} -> {format_bytes(f['min_dram_bytes']) if f['min_dram_bytes'] else 'none'}"
+                          for f in m["families"]) + ")")
+    else:
+        print(f"smallest DRAM meeting {what}: none ({m.get('reason', 'no budget up to the device DRAM works')})")
+    if p.device_inputs:
+        from flashsim.commands.replay import inputs_line
+
+        print(inputs_line(p.device_inputs))
+    for n in p.notes:
+        print(f"note: {n}")
+    print(f"({len(p.rows)} configurations, {p.runs} simulated runs with the bisection, {p.seconds:.1f} s)")
