@@ -23,7 +23,7 @@ in turn, the drift checks and recalibrations between real runs, `--keep`) and as
 (the summaries, the drift-corrected errors, the host's load, provenance).
 
 Nothing is fitted: the simulator runs with the profile as written. The replay uses the store's layout
-alignment (`real.runtime.backend.store_config`: `bundling.align_bytes` = 4096 for the padded
+alignment (`real.runtime.executor_plan.store_config`: `bundling.align_bytes` = 4096 for the padded
 stores used here), so bytes read agree exactly in both modes.
 
 The run records the host's load at start and end (real/bench/host_load.py); other work keeping cores

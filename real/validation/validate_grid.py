@@ -73,8 +73,8 @@ class GridPoint:
     def run_config(self, store: Any, n_steps: int, seed: int) -> tuple[int, Any]:
         """(DRAM budget in bytes, RunConfig) of this point on `store` for a run of n_steps: the
         budget from `budget_for` at the store's alignment, the layout set from its manifest
-        (real.runtime.backend.store_config). Shape mode runs it under `shape_config`."""
-        from real.runtime.backend import store_alignment_bytes, store_config
+        (real.runtime.executor_plan.store_config). Shape mode runs it under `shape_config`."""
+        from real.runtime.executor_plan import store_alignment_bytes, store_config
         from sim.config import RunConfig
 
         budget = budget_for(store.spec, n_steps, self.budget_fraction, store_alignment_bytes(store))

@@ -242,8 +242,9 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
     share is exactly what the real per-layer matrices take, and a real run's cache bytes are the simulated
     ones (before: 6912 B per neuron, the real cache held 1.19x the simulated bytes)."""
     from devices import load_profile
-    from real.runtime.backend import RealExecutor, store_config
+    from real.runtime.backend import RealExecutor
     from real.runtime.cache_matrices import LayerCache
+    from real.runtime.executor_plan import store_config
     from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_trace_like
     from real.weights.convert import write_shape_store
