@@ -10,8 +10,8 @@ How a field finds its range (first match wins): `FIELD_LIMITS` is an ordered lis
 needs another range gets one line above them. `tests/robustness/test_limits.py` checks that every
 numeric field of DeviceProfile and ModelSpec has a range other than the finite-only fallback.
 
-Hooks: `check_field(owner, name, value)` is a pydantic field validator (devices/schema.py `_Strict`,
-devices/model_spec.py `ModelSpec`); `check_param(where, value)` covers run parameters
+Hooks: `check_field(owner, name, value)` is a pydantic field validator (devices/section_base.py
+`Strict`, devices/model_spec.py `ModelSpec`); `check_param(where, value)` covers run parameters
 (sim/params.py `build_params`); `check_size(what, size, limit, remedy)` refuses a work size before
 anything is allocated.
 """

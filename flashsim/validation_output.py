@@ -142,7 +142,7 @@ def print_floor(floor: dict | None) -> None:
 
 def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
     """The validate report: JSON, or one error table over all configurations and one per mode."""
-    from real.validation.validate import scatter_plot
+    from real.validation.validate_plot import scatter_plot
 
     if plot:
         report["plots"] = [str(p) for p in scatter_plot(report, plot)]

@@ -66,7 +66,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from flashsim.validation_output import print_validation, validate_progress
     from real.validation.calibration import calibrate
     from real.validation.profile_writer import default_path
-    from real.validation.validate import parse_modes, run_validation
+    from real.validation.validate import run_validation
+    from real.validation.validate_grid import parse_modes
 
     if args.threads < 1:
         raise FlashsimError(f"--threads {args.threads}: must be >= 1")

@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---- validate -------------------------------------------------------------------------------------
 def _validate(args: argparse.Namespace) -> int:
     from devices import load_profile
-    from real.validation.validate import parse_modes, run_validation
+    from real.validation.validate import run_validation
+    from real.validation.validate_grid import parse_modes
 
     if args.tokens is not None and args.tokens < 4:
         raise FlashsimError(f"--tokens {args.tokens}: need at least 4 steps (2 are warm-up)")

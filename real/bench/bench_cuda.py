@@ -1,6 +1,6 @@
 """`flashsim bench compute --device cuda`: the compute benches on a CUDA GPU (a desktop GPU or a
-Jetson), through the same path the real backend's CUDA branch takes (real/runtime/backend.py
-`_sparse_ffn`, real/runtime/device.py): seconds, bytes/s, FLOP/s.
+Jetson), through the same path the real backend's CUDA branch takes (real/runtime/sparse_ffn.py
+`SparseFFN.compute`, real/runtime/device.py): seconds, bytes/s, FLOP/s.
 
 * Dense GEMV per dtype: y = W x for one token, W [M, K] resident in GPU memory (DENSE_SHAPE, a
   Llama-2-7B FFN matrix; --quick QUICK_SHAPE), each call on the next of enough distinct copies that

@@ -2,7 +2,7 @@
 input-side GEMV (gate or up), the down rows' transposed copy and the down GEMV, per dtype, over a
 grid of model widths (d_model) and computed neurons (k).
 
-Why a table, not one rate per kernel. The real backend's sparse FFN (real.runtime.backend `_sparse_ffn`)
+Why a table, not one rate per kernel. The real backend's sparse FFN (real.runtime.sparse_ffn `SparseFFN.compute`)
 gathers k whole cache rows (gate | up | down, a padded store's stride) into a scratch, runs the
 gate and up GEMVs on strided views of it, copies the down segment transposed ([k, d] -> [d, k]) and
 runs the down GEMV on that copy. What each kernel costs per byte depends on its size and dtype far

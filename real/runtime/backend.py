@@ -10,38 +10,27 @@ and layer l, the plan `stack.plan(l, s, s + 1, cap)` (ranges of length 1, policy
    nor computes now, and what the plan evicted to make room although it prefetches it back (rows
    moved: memory management);
 3. read the demand set (`BundleReader`, direct I/O, coalesced) into rows appended to the cache;
-4. compute the sparse FFN: gather the computed rows (gate | up | down) out of the cache, SwiGLU
-   (or the model's activation) on them only. Where the residency's rows are contiguous
-   (`Residency.gathers_at` False: naive's rows read in neuron order, dense's whole FFN) and the
-   cache holds them so, on the cache's own rows without a gather, the down GEMV on the row layout
-   (a SmolLM2 naive run keeping every neuron: FFN 139.6 -> 35.4 ms per token, logits 1.07e-4 from
-   HF's, greedy tokens identical; the gathering path's transposed copy keeps <= 1e-4);
+4. compute the sparse FFN on the computed rows (`real.runtime.sparse_ffn.SparseFFN`: gathered out of
+   the cache, or in place where the residency keeps them contiguous; CPU or CUDA);
 5. drop computed-but-not-kept neurons, then issue the prefetch of the neurons the policy keeps for
    step s + 1 that are not resident (its own reader, one background thread, overlapping the
    remaining layers' compute).
 
-The store decides the flash layout's alignment: `store_config` sets `bundling.align_bytes` from the
-manifest (4096 for a padded store, 0 for packed), so the simulator built here, and any replay of the
-run, count the padded strides the reads really move. Block pruning (`prune.blocks`) is refused: the
-executor plans and runs every layer (block pruning on the real model: real/studies/pruning.py).
+Before the first token the executor settles the run (real/runtime/executor_plan.py): the layout's
+alignment from the store (`store_config`), every step's plan as bitset arrays (`plan_steps`: the
+policy's bookkeeping is the simulator's planning, not work the device does, so it stays out of the
+records; `plan_s` says how long it took) and each layer's cache rows (`cache_rows`). Block pruning
+(`prune.blocks`) is refused: the executor plans and runs every layer (block pruning on the real
+model: real/studies/pruning.py).
 
-The policy's own bookkeeping (set algebra in Python) is NOT part of the run: it is the simulator's
-planning, not work the device does. The plans depend only on the trace, the budget and the
-policies (never on a timing), so the executor makes every step's plan when it is built, step by
-step as above, before the first token (`plan_s`: how long that took). Planning inside the timed
-loop and subtracting its time is not the same: a prefetch in flight runs on through the
-subtracted time, so its reads would get free time and their CPU work would land outside the
-records (measured: a shape-mode delta run planned 4.5 ms per token inline against 2.0 ms without
-prefetch, the difference being the prefetch thread's work).
-Every step yields one
-`sim.records.TokenRecord` in the simulator's schema; `executed` keeps the computed set of every
-step and layer so the run can be written as a trace (`real.runtime.run_outputs`) and replayed exactly.
+Every step yields one `sim.records.TokenRecord` in the simulator's schema; `executed` keeps the
+computed set of every step and layer so the run can be written as a trace (`real.runtime.run_outputs`)
+and replayed exactly.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,14 +39,13 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
-from real.runtime.cache_matrices import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
+from real.runtime.cache_matrices import layer_caches
+from real.runtime.executor_plan import cache_rows, check_threads, plan_steps, store_config
+from real.runtime.sparse_ffn import TORCH_DTYPES, SparseFFN
 from sim import bitsets
 from sim.config import RunConfig
-from sim.policies.base import CapacityError
 from sim.records import TokenRecord
 from traces.format import Trace
-
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -120,8 +108,10 @@ class RealExecutor:
         if stack.precision.name != "native":
             raise FlashsimError(f"precision {stack.precision.name!r}: the real backend computes the store's own dtype")
         self.n_steps = self.sim.steps.n
-        self.executed = np.zeros((self.spec.n_layers, self.n_steps, bitsets.n_words(self.spec.d_ff)), bitsets.WORD)
-        self._plan_all()     # before any file, thread or buffer is opened: a budget too small raises here
+        # every step's plan before any file, thread or buffer is opened: a budget too small raises here
+        plans = plan_steps(self.sim, self.spec.n_layers, self.n_steps, self.spec.d_ff)
+        self.executed, self._survive, self._keep = plans.executed, plans.survive, plans.keep
+        self._quality_sums, self.plan_total_s = plans.quality_sums, plans.plan_s
         self.dev = choose_device(device)
         self.tdev = self.dev.torch_device()
         self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
@@ -147,18 +137,11 @@ class RealExecutor:
         self.pf_reader = BundleReader(store, layout=layout, in_flight=self.in_flight, max_chunk_bytes=max_chunk)
         self.pf_pool = ThreadPoolExecutor(1, thread_name_prefix="flashsim-prefetch")
         self.pending: dict[int, Future] = {}
-        self.caches = self._make_caches()
-        from real.runtime.device import pin_host_buffer
-
-        # on CUDA the cache rows are page-locked in place, so in-place FFNs copy them asynchronously
-        self._arena_pin = pin_host_buffer(self.caches[0]._buf.array, self.dev) if self.caches else None
-        self.seg_bytes = store.segment_bytes
-        self.n_seg = len(store.segments)
+        self.share_rows, rows = cache_rows(self.sim, self.spec.n_layers, self.n_steps, self.spec.d_ff)
+        self.caches = layer_caches(rows, self.spec.d_ff, store.bundle_bytes, self.reader.dest_row_bytes)
+        self.sparse = SparseFFN(torch, self.dev, self.tdtype, self.spec, store.segment_bytes, len(store.segments),
+                                arena=self.caches[0]._buf.array if self.caches else None)
         self.records: list[TokenRecord] = []
-        from real.runtime.device import HostScratch
-
-        self._gather = HostScratch(self.dev)   # the gathered rows (pinned on CUDA)
-        self._down_t = TransposeScratch(self.torch, self.tdev)   # the down rows, transposed
         self.times = StepTimes()
         self.step = -1
         self.t_clock = 0.0
@@ -166,51 +149,6 @@ class RealExecutor:
         self._preload_static()
 
     # ---- setup ------------------------------------------------------------------------------------
-    def _plan_all(self) -> None:
-        """Every (step, layer) plan, in the order the run executes them, before the run (module doc).
-
-        Keeps per layer and step, as words: `executed` (the computed set), `_survive` (what the
-        cache keeps before the demand reads: kept or computed, less what the plan prefetches back)
-        and `_keep` (what it keeps after the FFN, static neurons included); per step the quality
-        proxy's sums (3 x layers x steps x words of memory: 0.12 GiB for a 7B shape over 1000 steps).
-        Raises RealCapacityError when a step does not fit the budget."""
-        sim, L, N, S = self.sim, self.spec.n_layers, self.spec.d_ff, self.n_steps
-        W = bitsets.n_words(N)
-        self._survive = np.zeros((L, S, W), bitsets.WORD)
-        self._keep = np.zeros((L, S, W), bitsets.WORD)
-        self._quality_sums = np.zeros((S, 4))     # activation mass kept (num, den), recall (num, den)
-        static = [sim.stack.static_mask(layer) for layer in range(L)]
-        t0 = time.perf_counter()
-        for s in range(S):
-            cap = sim.memory.layer_caps(sim.budget_bytes, s, s + 1, L)   # [2, L]: the simulator's shares
-            for layer in range(L):
-                try:
-                    plan = sim.stack.plan(layer, s, s + 1, cap[:, layer])
-                except CapacityError as e:
-                    raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
-                computed = plan.computed[0]
-                keep = self._kept(layer) | static[layer]
-                self.executed[layer, s] = computed
-                self._keep[layer, s] = keep
-                self._survive[layer, s] = (keep | computed) & ~plan.prefetch_next[0]
-                self._quality_sums[s] += self._quality(layer, s, plan)
-        self.plan_total_s = time.perf_counter() - t0
-
-    def _make_caches(self) -> list[Any]:
-        from real.runtime.cache_matrices import layer_caches
-
-        sim, L, N = self.sim, self.spec.n_layers, self.spec.d_ff
-        # each layer's share of the cache, the simulator's own (MemoryModel.layer_caps: equal, or the
-        # run's memory.cache_split), at its largest over the run
-        self.share_rows = sim.memory.layer_caps(sim.budget_bytes, 0, self.n_steps, L).max(axis=0)
-        view = sim.view
-        peak = max(int(bitsets.count(view.needed(layer, 0, self.n_steps)).max()) for layer in range(L))
-        static = max(int(bitsets.count(self.sim.stack.static_mask(layer))) for layer in range(L))
-        # the policy keeps at most its share of dynamic neurons across steps and computes at most `peak`
-        # more (a recorded trace's predictor cannot compute more than the union it is given)
-        rows = [int(min(N, int(c) + peak + static)) for c in self.share_rows]
-        return layer_caches(rows, N, self.store.bundle_bytes, self.reader.dest_row_bytes)
-
     def _preload_static(self) -> None:
         # The static neurons live in the cache rows but the simulator counts them in its fixed term;
         # records subtract them from the cache so they are counted once (as the simulator does).
@@ -269,7 +207,7 @@ class RealExecutor:
         # 4. sparse compute on the gathered rows; in place where the residency keeps its computed
         #    rows contiguous (Residency.gathers_at) and they are: rows [0, k) in neuron order
         c0 = time.perf_counter()
-        y = self._sparse_ffn(cache, comp_ids, x, in_place=self._in_place(cache, comp_ids))
+        y = self.sparse.compute(cache, comp_ids, x, in_place=self._in_place(cache, comp_ids))
         c1 = time.perf_counter()
         T.compute_s += c1 - c0
         # 5. drop computed-not-kept, prefetch what the next step keeps and is not resident
@@ -326,34 +264,14 @@ class RealExecutor:
     def close(self) -> None:
         self.torch.set_num_threads(self._threads_before)
         self.pf_pool.shutdown(wait=True)
-        self._gather.close()
-        from real.runtime.device import unpin_host_buffer
-
-        unpin_host_buffer(self._arena_pin)
-        self._arena_pin = None
+        self.sparse.close()
         self.reader.close()
         self.pf_reader.close()
 
     # ---- helpers ------------------------------------------------------------------------------------
-    def _kept(self, layer: int) -> np.ndarray:
-        """words [W]: the dynamic set the residency keeps after this step (prefetch included)."""
-        st = self.sim.stack.residency.state.get("cache")
-        if st is None or layer not in st.layers:
-            raise FlashsimError(f"residency {self.sim.stack.residency.name!r} keeps no neuron cache the real "
-                                "backend can follow; use window, naive, hybrid, dense or selective")
-        return st.layers[layer]["res"]
-
     def _cache_bytes(self) -> int:
         """DRAM of the neuron caches' dynamic rows (the static neurons are in the fixed term)."""
         return sum(c.resident_bytes for c in self.caches) - self._static_bytes
-
-    def _quality(self, layer: int, step: int, plan: Any) -> np.ndarray:
-        """The simulator's own quality proxy (sim.quality_proxy.layer_quality) on a step's sets: [mass kept
-        num, den, recall num, den]."""
-        from sim.quality_proxy import layer_quality
-
-        mn, md, rn, rd = layer_quality(self.sim.view, layer, step, step + 1, plan.computed, plan.needed)
-        return np.array([mn.sum(), md.sum(), rn.sum(), rd.sum()], dtype=np.float64)
 
     def _in_place(self, cache: Any, comp_ids: np.ndarray) -> bool:
         """True where the simulator prices this step's FFN on contiguous rows (the residency's
@@ -363,117 +281,3 @@ class RealExecutor:
         if k == 0 or bool(self.sim.stack.residency.gathers_at(np.array([k]))[0]):
             return False
         return bool(np.array_equal(cache.slot_of[comp_ids], np.arange(k)))
-
-    def _sparse_ffn(self, cache: Any, comp_ids: np.ndarray, x: Any, in_place: bool = False) -> Any:
-        torch = self.torch
-        F = torch.nn.functional
-        if len(comp_ids) == 0:
-            return torch.zeros_like(x)
-        k = len(comp_ids)
-        if in_place:    # the cache's own rows [0, k): no gather, and the down GEMV on the row layout
-            rows_t = torch.from_numpy(cache.rows[:k]).view(self.tdtype)
-        else:
-            # gather: whole cache rows into the preallocated scratch (real.runtime.cache_matrices.gather_rows), then
-            # the segments are views of it. The scratch's rows are GATHER_ROW_PAD_BYTES wider than
-            # the cache's: see real.runtime.cache_matrices.GATHER_ROW_PAD_BYTES
-            scratch = self._gather.get(max(k, cache.capacity), cache.row_stride_bytes + GATHER_ROW_PAD_BYTES)
-            rows_t = gather_rows(cache.rows, cache.slot_of[comp_ids], scratch, self.tdtype)
-        es = rows_t.element_size()
-        w = self.seg_bytes // es
-        xs = x.to(self.tdtype)
-        if self.dev.kind != "cpu":
-            # one host-to-device copy of the whole [k, stride] block, from page-locked memory (the
-            # pinned gather scratch, or the cache arena pinned in __init__), then the segments are
-            # views on the device. A column slice of the host rows is not contiguous: `.to()` of it
-            # first copies it into pageable memory on the CPU, and the transfer is then synchronous.
-            rows_t = rows_t.to(self.tdev, non_blocking=True)
-            xs = xs.to(self.tdev)
-        segs = [rows_t[:, i * w:(i + 1) * w] for i in range(self.n_seg)]
-        if self.spec.gated:
-            gate, up, down = segs
-            h = _act(torch, self.spec.ffn_kind, F.linear(xs, gate)) * F.linear(xs, up)
-        else:
-            up, down = segs
-            h = _act(torch, self.spec.ffn_kind, F.linear(xs, up))
-        # down: one contiguous [d, k] copy (from 8 MiB on a preallocated one: real.runtime.cache_matrices.TransposeScratch),
-        # then the same GEMV kernel (F.linear) HF's dense down_proj uses; `h @ down` on the row
-        # layout accumulates in another order (SmolLM2 logits then differ from HF by ~1.4e-4
-        # instead of <= 1e-4). The copy is k*d elements. In place, the copy would read the cache's
-        # 4 KiB-strided rows (the thrashing GATHER_ROW_PAD_BYTES avoids): the row layout instead
-        if in_place:
-            y = h @ down
-        else:
-            y = F.linear(h, self._down_t.transposed(down, k, w, es))
-        y = y.to(x.dtype).to(x.device)
-        if self.dev.kind == "cuda":
-            # the step's compute time includes the GPU's, and the host may rewrite the cache rows
-            # (reads, keep_only's moves) only after their asynchronous copy has finished
-            torch.cuda.current_stream().synchronize()
-        return y
-
-
-class RealCapacityError(CapacityError, FlashsimError):
-    """A step's computed set does not fit the layer's cache share, raised by `RealExecutor.ffn`.
-
-    A `CapacityError` (model mode catches it and names its predictor) and a `FlashsimError` (shape
-    mode lets it reach the CLI: one line, exit 2)."""
-
-    def __init__(self, layer: int, step: int, need_neurons: int, cap_neurons: int):
-        super().__init__(layer, step, need_neurons, cap_neurons)
-        self.args = (f"DRAM budget too small at step {step}: layer {layer} computes {need_neurons} neurons but its "
-                     f"share of the cache holds {cap_neurons}; raise --dram-budget or use a sparser policy or trace",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-def store_alignment_bytes(store: Any) -> int:
-    """Bytes each unit occupies on flash is rounded up to: the store's `align_bytes` when its units are
-    padded, 0 when packed (a packed store's reads are widened to 4 KiB per read instead, which the
-    layout does not model)."""
-    return int(store.manifest.align_bytes) if store.manifest.alignment == "padded" else 0
-
-
-def store_config(config: RunConfig, store: Any) -> tuple[RunConfig, str | None]:
-    """`config` with the bundling layout's `align_bytes` taken from the store's manifest, and a note
-    when that replaced a different value the run asked for (None otherwise). The window's
-    `insert_copy` is set false: the reader writes new neurons straight into the cache's rows (a
-    packed store's staging copy is part of the read), so no insert copy is made."""
-    if config.residency.name == "window" and getattr(config.residency.params, "insert_copy", False):
-        config = config.with_overrides(["window.insert_copy=false"])
-    if config.layout.name != "bundling":
-        return config, None
-    want = store_alignment_bytes(store)
-    had = int(config.layout.params.align_bytes)
-    if had == want:
-        return config, None
-    note = None
-    if had != 0:
-        note = (f"bundling.align_bytes={had} replaced by {want}: the store {store.path} is {store.manifest.alignment} "
-                "and its layout is what the reads move")
-    return config.with_overrides([f"bundling.align_bytes={want}"]), note
-
-
-def check_threads(threads: int | None, profile: DeviceProfile) -> str | None:
-    """Compute threads of a real run vs. the profile's measurement: FlashsimError for < 1; a loud
-    warning (returned, and issued with `warnings.warn`) when they differ, since the simulator then
-    times the compute with rates measured at another thread count."""
-    if threads is not None and threads < 1:
-        raise FlashsimError(f"--threads {threads}: must be >= 1")
-    measured = profile.compute.threads
-    if threads is None or measured is None or threads == measured:
-        return None
-    msg = (f"WARNING: the real run computes with {threads} thread(s) but profile {profile.name!r} measured its "
-           f"compute rates with {measured}; simulated compute times will not match: re-run `flashsim bench "
-           f"compute --threads {threads}` or run with --threads {measured}")
-    warnings.warn(msg, stacklevel=3)
-    return msg
-
-
-def _act(torch: Any, kind: str, g: Any) -> Any:
-    if kind in ("swiglu", "silu"):
-        return torch.nn.functional.silu(g)
-    if kind in ("geglu", "gelu"):
-        return torch.nn.functional.gelu(g)
-    return torch.relu(g)
-

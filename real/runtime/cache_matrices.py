@@ -222,7 +222,7 @@ class NeuronCache:
 
 
 # Extra bytes per row of the gather scratch. A padded store makes every cache row a multiple of
-# 4 KiB; with that row stride the down segment's transposed copy (real.runtime.backend's sparse FFN) reads one element per
+# 4 KiB; with that row stride the down segment's transposed copy (real.runtime.sparse_ffn) reads one element per
 # row from addresses 4 KiB apart, which all map to the same L1/L2 cache sets, so the copy thrashes.
 # Measured here (1 thread, fp32 unless noted), gather + transpose per layer, 4 KiB-multiple stride vs
 # the same stride + 64 B: SmolLM2 384 x 576 (8 KiB rows) 556 vs 246 us; d 1024 x 205 rows (12 KiB)

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from traces.capture.hooks import FfnPreHooks, ffn_input_modules
 from traces.profiler import NeuronProfile
 
 DEFAULT_GAMMAS = (0.1, 0.25, 0.5)
@@ -132,14 +133,12 @@ def check_settings(gammas: Sequence[float], ratios: Sequence[float], static_shar
 
 
 # ---- masking hooks -------------------------------------------------------------------------------------
-class FfnMask:
+class FfnMask(FfnPreHooks):
     """Context manager: multiplies each layer's FFN intermediate activation by `masks[layer]`
     (torch float [T, N] or [N]; None = no mask) and, when `record` is set, keeps |a| (before the
     mask) of the last pass per layer as float32 numpy [T, N]."""
 
     def __init__(self, model: Any):
-        from traces.capture.hooks import ffn_input_modules
-
         self.modules = ffn_input_modules(model)
         self.masks: list[Any] = [None] * len(self.modules)
         self.record = False
@@ -157,14 +156,6 @@ class FfnMask:
             return (a * mask.to(a.dtype),) + tuple(args[1:])
         return pre_hook
 
-    def __enter__(self) -> FfnMask:
-        self._handles = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(self.modules)]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 # ---- evaluation ----------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ GRID_FILE = "grid.json"
 RUNS_FILE = "runs.parquet"
 PROFILE_FILE = "profile.yaml"
 TRACES_DIR = "traces"
-# the fields of a validate report row (real.validation.validate._row) a kept configuration carries
+# the fields of a validate report row (real.validation.validate_runs._row) a kept configuration carries
 ROW_KEYS = ("mode", "config", "k", "bundled", "prefetch", "budget_fraction", "budget_bytes", "direct_io")
 
 

@@ -49,7 +49,7 @@ HEADER = "no read waits (I/O skipped), ms per token: compute, FFN, attention sid
 def test_bench_no_wait_shape(tmp_path, monkeypatch):
     from real.io.reader import BundleReader
     from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
-    from real.validation.validate import GridPoint, validation_spec
+    from real.validation.validate_grid import GridPoint, validation_spec
     from real.weights.convert import write_shape_store
     from real.weights.store import open_store
     from traces.format import open_trace
@@ -74,7 +74,8 @@ def test_bench_no_wait_model(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from real.io.reader import BundleReader
     from real.runtime.model_mode import prepare, run_prepared
-    from real.validation.validate import MODEL_KEEP, GridPoint, model_setup
+    from real.validation.validate_grid import MODEL_KEEP, GridPoint
+    from real.validation.validate_runs import model_setup
 
     profile = load_profile("this-host")
     model, spec, store, ids = model_setup(TOKENS, tmp_path)

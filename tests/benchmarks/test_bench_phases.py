@@ -69,7 +69,8 @@ def test_bench_phases(tmp_path, monkeypatch):
     import real.runtime.backend as backend
     from real.runtime.model_mode import prepare, run_prepared
     from real.runtime.run_outputs import write_executed_trace
-    from real.validation.validate import MODEL_KEEP, GridPoint, model_setup
+    from real.validation.validate_grid import MODEL_KEEP, GridPoint
+    from real.validation.validate_runs import model_setup
     from real.validation.validate_score import WARMUP_STEPS
     from sim.engine import simulate
     from traces.format import open_trace

@@ -151,7 +151,7 @@ def test_bench_host_cpu_terms(tmp_path):
     from devices.schema import DeviceProfile
     from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_config, shape_trace_like
-    from real.validation.validate import grid, validation_spec
+    from real.validation.validate_grid import grid, validation_spec
     from real.validation.validate_score import compare, summarize
     from real.weights.convert import write_shape_store
     from real.weights.store import open_store

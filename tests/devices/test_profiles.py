@@ -151,3 +151,15 @@ def test_retired_keys_of_removed_terms_still_load_and_are_dropped() -> None:
     data["compute"]["evict_layer_sec"] = [1.0]
     with pytest.raises(ValidationError, match="evict_layer_sec"):
         DeviceProfile.model_validate(data)
+
+
+def test_a_batch_overhead_by_reads_per_thread_loads_as_its_median_per_depth() -> None:
+    """A profile that has only the retired by-ratio table keeps a batch overhead: per depth, the
+    median over its reads-per-thread columns (what bench flash writes now)."""
+    data = yaml.safe_load((BUNDLED_DIR / "this-host.yaml").read_text())
+    depths = data["flash"]["read_table"]["in_flight"]
+    data["flash"].pop("batch_overhead_s", None)
+    data["flash"].update(batch_overhead_reads_per_thread=[1.0, 2.0, 4.0],
+                         batch_overhead_by_ratio_s=[[3e-4, 2e-4, 1e-5]] * len(depths))
+    p = DeviceProfile.model_validate(data)
+    assert p.flash.batch_overhead_s == [2e-4] * len(depths)

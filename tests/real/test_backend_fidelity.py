@@ -11,7 +11,7 @@ import pytest
 from devices import load_profile
 from devices.errors import FlashsimError
 from flashsim.main import main
-from real.runtime.backend import store_alignment_bytes, store_config
+from real.runtime.executor_plan import store_alignment_bytes, store_config
 from real.runtime.run_outputs import write_executed_trace
 from real.weights.convert import write_shape_store
 from real.weights.store import open_store

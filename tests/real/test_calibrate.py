@@ -9,7 +9,7 @@ import pytest
 
 from devices.schema import load_profile
 from flashsim.main import main
-from real.validation import validate as V
+from real.validation import validate_grid as G
 
 pytest.importorskip("torch")
 
@@ -62,7 +62,7 @@ def test_calibrate_is_registered():
     from flashsim.main import COMMAND_MODULES
 
     assert "flashsim.commands.calibrate" in COMMAND_MODULES
-    assert V.parse_modes("model") == ("model",)
+    assert G.parse_modes("model") == ("model",)
 
 
 def test_calibrate_refuses_a_bad_path_before_any_work(tmp_path, capsys, monkeypatch):

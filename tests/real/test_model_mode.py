@@ -65,13 +65,13 @@ def test_contiguous_rows_are_computed_in_place(tiny_llama, tmp_path, monkeypatch
     read in neuron order, dense's whole FFN) the backend computes on the cache's rows without a
     gather; a window, or dense under a sparser predictor, gathers. Every neuron kept, the logits
     still match the dense forward (the down GEMV on the row layout: another summation order)."""
-    import real.runtime.backend
+    import real.runtime.sparse_ffn
     from real.runtime.model_mode import run_model
 
     model, spec, store, ids, _ = tiny_llama
     calls = []
-    gather = real.runtime.backend.gather_rows
-    monkeypatch.setattr(real.runtime.backend, "gather_rows", lambda *a: calls.append(1) or gather(*a))
+    gather = real.runtime.sparse_ffn.gather_rows
+    monkeypatch.setattr(real.runtime.sparse_ffn, "gather_rows", lambda *a: calls.append(1) or gather(*a))
     sets = [f"residency={residency}", "predictor=oracle", "prefetch=none", "workload.prompt_tokens=0",
             "memory.dram_budget_bytes=64MiB"]
     run, q = run_model(model, spec, store, ids, load_profile("this-host"), RunConfig().with_overrides(sets),

@@ -110,12 +110,12 @@ def test_attention_sets_by_hand():
     """A distinct attention set per layer up to ATTN_DISTINCT_BYTES, then as many as fit (>= 2)."""
     from devices.model_spec import load_model
     from real.runtime.shape_mode import ATTN_DISTINCT_BYTES, attention_sets
-    from real.validation import validate as V
+    from real.validation import validate_grid as G
 
     assert ATTN_DISTINCT_BYTES == 512 << 20
     # validation shape: q 8 x 128, kv 4 x 128 over d_model 1024: (2 x 1024 x 1024 + 2 x 512 x 1024) x 4 B
     # = 12 MiB per set, 42 fit in 512 MiB: all 8 layers get their own
-    assert attention_sets(V.validation_spec(False), 4) == 8
+    assert attention_sets(G.validation_spec(False), 4) == 8
     # Llama-2-7B: 4 x 4096 x 4096 per set, 128 MiB in fp16 (4 fit), 256 MiB in fp32 (2 fit)
     seven = load_model("llama-2-7b")
     assert attention_sets(seven, 2) == 4 and attention_sets(seven, 4) == 2

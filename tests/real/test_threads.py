@@ -6,7 +6,7 @@ import pytest
 
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile, load_profile
-from real.runtime.backend import check_threads
+from real.runtime.executor_plan import check_threads
 
 
 def _profile(threads: int | None) -> DeviceProfile:

@@ -13,15 +13,17 @@ import pytest
 from devices.model_spec import ModelSpec
 from flashsim.main import main
 from real.validation import validate as V
+from real.validation import validate_grid as G
+from real.validation import validate_runs as R
 from real.validation import validate_score as S
 
 pytest.importorskip("torch")
 
 
 def test_full_grid_has_at_least_24_configurations():
-    assert len(V.grid(quick=False)) >= 24
-    assert {p.k for p in V.grid(False)} == {0, 1, 2, 4, 8}
-    assert len({p.budget_fraction for p in V.grid(False)}) == 2
+    assert len(G.grid(quick=False)) >= 24
+    assert {p.k for p in G.grid(False)} == {0, 1, 2, 4, 8}
+    assert len({p.budget_fraction for p in G.grid(False)}) == 2
 
 
 def tiny_grids(monkeypatch, tmp_path):
@@ -35,8 +37,8 @@ def tiny_grids(monkeypatch, tmp_path):
     tiny = ModelSpec(name="validate-tiny", family="llama", n_layers=2, d_model=1024, d_ff=256, n_heads=8,
                      n_kv_heads=4, head_dim=128, vocab_size=512, ffn_kind="swiglu", dtype="fp32")
     monkeypatch.setattr(V, "validation_spec", lambda quick: tiny)
-    monkeypatch.setattr(V, "grid", lambda quick: [V.GridPoint(0, True, "none", 0.5), V.GridPoint(2, False, "delta", 0.25)])
-    monkeypatch.setattr(V, "model_grid", lambda quick: [V.GridPoint(0, True, "none", 0.5), V.GridPoint(2, True, "delta", 0.5)])
+    monkeypatch.setattr(V, "grid", lambda quick: [G.GridPoint(0, True, "none", 0.5), G.GridPoint(2, False, "delta", 0.25)])
+    monkeypatch.setattr(V, "model_grid", lambda quick: [G.GridPoint(0, True, "none", 0.5), G.GridPoint(2, True, "delta", 0.5)])
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=200, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -50,7 +52,7 @@ def tiny_grids(monkeypatch, tmp_path):
         calls.append(n_tokens)
         return model, mspec, store, np.random.default_rng(0).integers(0, 200, n_tokens)
 
-    monkeypatch.setattr(V, "model_setup", setup)
+    monkeypatch.setattr(R, "model_setup", setup)
     return calls
 
 
@@ -150,13 +152,13 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
 def test_store_cache_key_follows_the_source_and_settings(tmp_path, monkeypatch):
     f = tmp_path / "w.gguf"
     f.write_bytes(b"x" * 10)
-    k1 = V.store_cache_key("m", str(f))
-    assert V.store_cache_key("m", str(f)) == k1 and V.store_cache_key("other", str(f)) != k1
+    k1 = R.store_cache_key("m", str(f))
+    assert R.store_cache_key("m", str(f)) == k1 and R.store_cache_key("other", str(f)) != k1
     f.write_bytes(b"x" * 11)
-    k2 = V.store_cache_key("m", str(f))
+    k2 = R.store_cache_key("m", str(f))
     assert k2 != k1
-    monkeypatch.setitem(V.STORE_SETTINGS, "dtype", "fp16")
-    assert V.store_cache_key("m", str(f)) != k2
+    monkeypatch.setitem(G.STORE_SETTINGS, "dtype", "fp16")
+    assert R.store_cache_key("m", str(f)) != k2
 
 
 def test_cached_store_converts_once(tmp_path, monkeypatch):
@@ -176,12 +178,12 @@ def test_cached_store_converts_once(tmp_path, monkeypatch):
         return write_shape_store(tiny_spec(), out, seed=0, dtype=kw["dtype"], layout=kw["layout"], overwrite=True)
 
     monkeypatch.setattr(C, "convert_model", fake_convert)
-    p1 = V.cached_store("m", str(src))
+    p1 = R.cached_store("m", str(src))
     assert p1.parent == tmp_path / "cache" / "stores" and len(conversions) == 1
     assert conversions[0]["dtype"] == "fp32" and conversions[0]["layout"] == "both"
-    assert V.cached_store("m", str(src)) == p1 and len(conversions) == 1
+    assert R.cached_store("m", str(src)) == p1 and len(conversions) == 1
     (p1 / "manifest.json").write_text("{}")                      # damaged: converted again
-    assert V.cached_store("m", str(src)) == p1 and len(conversions) == 2
+    assert R.cached_store("m", str(src)) == p1 and len(conversions) == 2
 
 
 def test_validate_bad_input_exits_2(capsys):
@@ -204,11 +206,11 @@ def test_validate_quick_end_to_end(capsys):
 def test_model_grid_budgets_hold_more_than_the_computed_set():
     """Model mode computes MODEL_KEEP of every layer: its lower budget must exceed that (at 25% the full grid
     failed: k=0 with delta prefetch keeps every layer's next set plus the layer being computed)."""
-    full = V.model_grid(quick=False)
+    full = G.model_grid(quick=False)
     assert len(full) == 40 and {p.k for p in full} == {0, 1, 2, 4, 8}
-    assert {p.budget_fraction for p in full} == set(V.MODEL_BUDGET_FRACTIONS) == {0.375, 0.5}
-    assert min(V.MODEL_BUDGET_FRACTIONS) > V.MODEL_KEEP
-    quick = V.model_grid(quick=True)
+    assert {p.budget_fraction for p in full} == set(G.MODEL_BUDGET_FRACTIONS) == {0.375, 0.5}
+    assert min(G.MODEL_BUDGET_FRACTIONS) > G.MODEL_KEEP
+    quick = G.model_grid(quick=True)
     assert len(quick) == 8 and {p.budget_fraction for p in quick} == {0.5} and {p.k for p in quick} == {0, 4}
 
 
@@ -218,8 +220,8 @@ def test_threads_default_to_the_profile(monkeypatch, tmp_path, capsys):
     from devices import load_profile
 
     seen = []
-    monkeypatch.setattr(V, "_shape_rows", lambda profile, quick, n, seed, root, threads, rows, prog, tot, reps=1, replays=None, drift=None:
-                        seen.append(threads) or {"model": "x"})
+    monkeypatch.setattr(V, "shape_rows", lambda profile, spec, grid, n, seed, root, threads, rows, prog, tot, reps=1,
+                        replays=None, drift=None: seen.append(threads) or {"model": "x"})
     prof = load_profile("this-host")
     monkeypatch.setattr(V, "host_load", lambda: {"load_avg": [9.0, 1.0, 1.0], "cores": 2})
     rep = V.run_validation(prof.model_copy(update={"compute": prof.compute.model_copy(update={"threads": 3})}),
@@ -239,8 +241,9 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
     share is exactly what the real per-layer matrices take, and a real run's cache bytes are the simulated
     ones (before: 6912 B per neuron, the real cache held 1.19x the simulated bytes)."""
     from devices import load_profile
-    from real.runtime.backend import RealExecutor, store_config
+    from real.runtime.backend import RealExecutor
     from real.runtime.cache_matrices import LayerCache
+    from real.runtime.executor_plan import store_config
     from real.runtime.run_outputs import write_executed_trace
     from real.runtime.shape_mode import run_shape, shape_trace_like
     from real.weights.convert import write_shape_store
@@ -259,7 +262,7 @@ def test_simulated_dram_of_a_padded_store_is_what_the_real_cache_allocates(tmp_p
     # the largest KV cache, then 100 padded neurons per layer (118 at the packed size)
     budget = probe.memory.fixed_bytes + int(probe.memory.kv_bytes.max()) + 2 * 8192 * 100
     # validate's budgets are fractions of the FFN as the caches hold it: 2 layers x 128 neurons x 8192 B
-    assert V.budget_for(store.spec, 8, 0.5, 4096) - V.budget_for(store.spec, 8, 0.5) == 0.5 * 256 * (8192 - 6912)
+    assert G.budget_for(store.spec, 8, 0.5, 4096) - G.budget_for(store.spec, 8, 0.5) == 0.5 * 256 * (8192 - 6912)
     for bundled, sets in ((True, ["window.k=2", "prefetch=delta"]), (False, ["window.k=1", "prefetch=none"])):
         base = RunConfig().with_overrides(["residency=window", "predictor=oracle", "workload.prompt_tokens=0",
                                            f"memory.dram_budget_bytes={budget}",

@@ -49,7 +49,27 @@ def ffn_input_modules(model: Any) -> list[Any]:
     return out
 
 
-class FfnRecorder:
+class FfnPreHooks:
+    """Base of the context managers that put one forward pre-hook on each layer's FFN input module
+    (`ffn_input_modules`): `_hook(layer)` makes the hook; entering registers them, leaving removes
+    them."""
+
+    modules: list[Any]
+
+    def _hook(self, layer: int) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> FfnPreHooks:
+        self._handles = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(self.modules)]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class FfnRecorder(FfnPreHooks):
     """Context manager: while active, every forward pass appends its FFN activations to `buffer`.
 
         rec = FfnRecorder(model, n_neurons)
@@ -90,11 +110,3 @@ class FfnRecorder:
 
         return pre_hook
 
-    def __enter__(self) -> FfnRecorder:
-        self._handles = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(self.modules)]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
