@@ -281,7 +281,9 @@ def test_bench_flash_measures_the_batch_overhead_per_depth(tmp_path, capsys):
     b = res["batches"]
     assert b["in_flight"] == [1, 4] and b["bundle_bytes"] == 3072 and b["reads_per_thread"] == [1, 2, 4, 8]
     assert b["batch_neurons"] == [[1, 2, 4, 8], [4, 8, 16, 32]]
-    assert all(len(t) == 4 and 0 < t[0] < t[3] for t in b["batch_s"])          # 8x the neurons take longer
+    # measured times: positive (their order is the disk's and the host's, not the code's: on a
+    # loaded host one preempted small batch outlasts a larger one)
+    assert all(len(t) == 4 and all(x > 0 for x in t) for t in b["batch_s"])
     assert all(len(t) == 4 and 0 < t[0] < t[1] < t[2] < t[3] for t in b["table_s"])
     assert all(len(row) == 4 and all(x >= 0 for x in row) for row in b["overhead_s"])
     prof = load_profile(out)
