@@ -32,7 +32,7 @@ def emit(folder: Path, depth: int, out: list[str]) -> None:
         indent = " " * (4 + 2 * depth)
         wrapped = textwrap.wrap(text, 100, initial_indent=indent, subsequent_indent=indent)
         out.extend(w.replace("\u00a0", " ") for w in wrapped)
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and any(p.rglob("*.py"))):
         emit(sub, depth + 1, out)
 
 
