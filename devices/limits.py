@@ -90,7 +90,7 @@ FIELD_LIMITS: list[tuple[str, Limit]] = [
     ("ComputeSpec.*efficiency", Limit(0.0, 1.0, "", "a share of a rate: a kernel cannot beat the bandwidth it streams at")),
     # a power mode's values are checked again against their own field's range once applied
     ("PowerMode.set", Limit(0.0, 1e17, "", "the widest range of any field a mode sets (FLOP/s); each field's own range applies after")),
-    # energy numbers (devices/energy.py): watts, joules per byte or per FLOP, all far below this
+    # energy numbers (devices/section_energy.py): watts, joules per byte or per FLOP, all far below this
     ("SourcedValue.value", Limit(0.0, 1e5, "", "no device of this kind draws 100 kW; energy per byte or FLOP is far smaller")),
     ("MemorySpec.*_bytes", DRAM_SIZE),
     ("SparseFfnTable.d_model", WIDTH),

@@ -10,7 +10,7 @@ This module owns the top level (DeviceProfile, its power modes) and finding and 
 files (`load_profile`, `list_profiles`). The sections live by area and are re-exported here:
 devices/section_base.py (the strict base, provenance, retired keys), devices/section_compute.py
 (memory, compute and its kernel tables), devices/section_flash.py (flash and its read curves,
-host-CPU terms), devices/energy.py (energy).
+host-CPU terms), devices/section_energy.py (energy).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from devices.energy import EnergySpec
 from devices.errors import FlashsimError, unknown_name
 from devices.loading import validate_file
 from devices.power_modes import with_power_mode
@@ -41,6 +40,7 @@ from devices.section_compute import (
     SparseFfnSpec,
     SparseFfnTable,
 )
+from devices.section_energy import EnergySpec
 from devices.section_flash import FlashSpec, ReadTable
 
 __all__ = [

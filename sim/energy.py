@@ -5,7 +5,7 @@ service time of the step's read batches), the bytes read from flash, the compute
 (`compute_s + mem_mgmt_s`), the step's duration (`latency_s`); from the plan, the FLOPs (each
 phase's `flop_s` x the FLOP rate it was priced at, so exactly the FLOPs the timing model counted)
 and the DRAM bytes moved (`step_traffic`). The device's numbers come from its profile's `energy:`
-section (devices/energy.py), each with a source.
+section (devices/section_energy.py), each with a source.
 
 Per decode step s (decode tokens: batch x decode steps), in joules:
     flash[s]   = (flash_read_active_w - flash_idle_w) * io_s[s]
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.energy import EnergySpec
+from devices.section_energy import EnergySpec
 from sim.records import TokenRecord
 
 COMPONENTS = ("flash", "dram", "compute", "static")

@@ -1,4 +1,4 @@
-"""Energy per token (sim/energy.py, devices/energy.py): the formula by hand on made-up records, a
+"""Energy per token (sim/energy.py, devices/section_energy.py): the formula by hand on made-up records, a
 tiny naive run's FLOPs and DRAM bytes by hand, the summary's keys, and every bundled profile's
 energy section with its sources (issue 46)."""
 
@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from devices import load_profile
-from devices.energy import ENERGY_FIELDS, SOURCE_KINDS, EnergySpec
 from devices.schema import DeviceProfile, list_profiles
+from devices.section_energy import ENERGY_FIELDS, SOURCE_KINDS, EnergySpec
 from flashsim.main import main
 from sim.energy import COMPONENTS, StepTraffic, energy_summary
 from sim.engine import build
