@@ -154,8 +154,8 @@ def _sparse_table(torch: Any, device: ComputeDevice, dtypes: dict[str, Any], qui
         NEURONS,
         QUICK_D_MODEL,
         QUICK_NEURONS,
+        bench_cache_rows,
     )
-    from real.io.buffers import AlignedBuffer
     from real.runtime.cache_matrices import GATHER_ROW_PAD_BYTES, TransposeScratch, gather_rows
 
     F = torch.nn.functional
@@ -172,11 +172,7 @@ def _sparse_table(torch: Any, device: ComputeDevice, dtypes: dict[str, Any], qui
                 row_bytes = table_row_bytes(d, es)
                 w = d                         # elements per segment (gate | up | down, 4 KiB-aligned rows)
                 for j, k in enumerate(ks):
-                    n = int(k * CACHE_SLACK)
-                    mem = AlignedBuffer(n * row_bytes)
-                    rows = mem.array[: n * row_bytes].reshape(n, row_bytes)
-                    one = (torch.randn(row_bytes // es, generator=torch.Generator().manual_seed(seed)) * 0.02).to(tdt)
-                    rows[:] = one.view(torch.uint8).numpy()[None, :]
+                    mem, rows = bench_cache_rows(torch, k, row_bytes, tdt, seed)
                     buf = scratch.get(k, row_bytes + GATHER_ROW_PAD_BYTES)
                     down_t = TransposeScratch(torch, dev)
                     x = torch.randn(1, d).to(tdt).to(dev)
@@ -184,7 +180,7 @@ def _sparse_table(torch: Any, device: ComputeDevice, dtypes: dict[str, Any], qui
                     t_all = time.perf_counter()
                     with torch.no_grad():
                         while len(times) < MIN_REPS + 1 or time.perf_counter() - t_all < min_time_s:
-                            slots = np.sort(rng.choice(n, k, replace=False))
+                            slots = np.sort(rng.choice(len(rows), k, replace=False))
                             torch.cuda.synchronize()
                             t0 = time.perf_counter()
                             g = gather_rows(rows, slots, buf, tdt)

@@ -54,6 +54,19 @@ EVICT_BYTES = 64 << 20
 KERNELS = ("gather_s", "input_gemv_s", "transpose_s", "down_gemv_s")
 
 
+def bench_cache_rows(torch: Any, k: int, row_bytes: int, tdt: Any, seed: int) -> tuple[AlignedBuffer, np.ndarray]:
+    """A neuron cache of CACHE_SLACK x k rows of `row_bytes` in an AlignedBuffer, as the backend's:
+    (the buffer, its uint8 [rows, row_bytes] view). Real values (no denormals): one random row of
+    `tdt`, repeated."""
+    n = int(k * CACHE_SLACK)
+    mem = AlignedBuffer(n * row_bytes)
+    rows = mem.array[: n * row_bytes].reshape(n, row_bytes)
+    es = torch.empty((), dtype=tdt).element_size()
+    one = (torch.randn(row_bytes // es, generator=torch.Generator().manual_seed(seed)) * 0.02).to(tdt)
+    rows[:] = one.view(torch.uint8).numpy()[None, :]
+    return mem, rows
+
+
 def sparse_ffn_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, seed: int = 0,
                      min_time_s: float = 0.2) -> dict[str, Any]:
     """{dtype: {d_model, neurons, gather_s, input_gemv_s, transpose_s, down_gemv_s ([i][j] at
@@ -69,12 +82,7 @@ def sparse_ffn_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
         for i, d in enumerate(ds):
             row_bytes = table_row_bytes(d, es)
             for j, k in enumerate(ks):
-                n = int(k * CACHE_SLACK)
-                mem = AlignedBuffer(n * row_bytes)
-                rows = mem.array[: n * row_bytes].reshape(n, row_bytes)
-                # real values (no denormals): one random row, repeated
-                one = (torch.randn(row_bytes // es, generator=torch.Generator().manual_seed(seed)) * 0.02).to(tdt)
-                rows[:] = one.view(torch.uint8).numpy()[None, :]
+                mem, rows = bench_cache_rows(torch, k, row_bytes, tdt, seed)
                 scratch = gather_scratch(k, row_bytes)
                 down_scratch = TransposeScratch(torch)
                 x = (torch.randn(1, d, generator=torch.Generator().manual_seed(seed + 1))).to(tdt)
@@ -83,7 +91,7 @@ def sparse_ffn_table(torch: Any, dtypes: dict[str, Any], quick: bool = False, se
                 t_all = time.perf_counter()
                 with torch.no_grad():
                     while len(times) < MIN_REPS + 1 or time.perf_counter() - t_all < min_time_s:
-                        slots = np.sort(rng.choice(n, k, replace=False))
+                        slots = np.sort(rng.choice(len(rows), k, replace=False))
                         sweep[::64] += 1
                         t0 = time.perf_counter()
                         g = gather_rows(rows, slots, scratch, tdt)
