@@ -11,7 +11,7 @@ compute sections drop on loading.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -70,3 +70,11 @@ def needs_source(value: object, source: Provenance | None, name: str) -> None:
     """An achievable number `name` given without its `<name>_source` is an error."""
     if value is not None and source is None:
         raise ValueError(f"{name} needs {name.split('.')[-1]}_source (kind and citation)")
+
+
+def drop_retired(data: Any, retired: tuple[str, ...]) -> Any:
+    """A section's raw mapping without the keys of retired terms (so profiles and kept grids
+    written with them still load); anything else unchanged."""
+    if isinstance(data, dict) and any(k in data for k in retired):
+        return {k: v for k, v in data.items() if k not in retired}
+    return data

@@ -15,7 +15,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from devices.kernel_table import KernelTable
-from devices.section_base import RETIRED_COMPUTE_KEYS, Provenance, Strict, needs_source
+from devices.section_base import (
+    RETIRED_COMPUTE_KEYS,
+    Provenance,
+    Strict,
+    drop_retired,
+    needs_source,
+)
 
 
 class MemorySpec(Strict):
@@ -155,9 +161,7 @@ class ComputeSpec(Strict):
     def _retired(cls, data: Any) -> Any:
         """Keys of terms the simulator no longer models (RETIRED_COMPUTE_KEYS) are dropped, so profiles
         and kept grids written with them still load."""
-        if isinstance(data, dict) and any(k in data for k in RETIRED_COMPUTE_KEYS):
-            data = {k: v for k, v in data.items() if k not in RETIRED_COMPUTE_KEYS}
-        return data
+        return drop_retired(data, RETIRED_COMPUTE_KEYS)
 
     @model_validator(mode="after")
     def _achievable(self) -> ComputeSpec:

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from devices.curves import ClosedFormReadCurve, CpuBoundReadCurve, ReadCurve, TableReadCurve
-from devices.section_base import RETIRED_FLASH_KEYS, Provenance, Strict, needs_source
+from devices.section_base import RETIRED_FLASH_KEYS, Provenance, Strict, drop_retired, needs_source
 
 
 class ReadTable(Strict):
@@ -123,11 +123,10 @@ class FlashSpec(Strict):
         """Keys of terms the simulator no longer models (RETIRED_FLASH_KEYS) are dropped, so profiles
         and kept grids written with them still load. A batch overhead measured per reads per thread
         (`batch_overhead_by_ratio_s`) becomes the per-depth median that bench flash writes now."""
-        if isinstance(data, dict) and any(k in data for k in RETIRED_FLASH_KEYS):
-            by_ratio = data.get("batch_overhead_by_ratio_s")
-            data = {k: v for k, v in data.items() if k not in RETIRED_FLASH_KEYS}
-            if by_ratio is not None and data.get("batch_overhead_s") is None:
-                data["batch_overhead_s"] = [float(np.median(row)) for row in by_ratio]
+        by_ratio = data.get("batch_overhead_by_ratio_s") if isinstance(data, dict) else None
+        data = drop_retired(data, RETIRED_FLASH_KEYS)
+        if by_ratio is not None and data.get("batch_overhead_s") is None:
+            data = {**data, "batch_overhead_s": [float(np.median(row)) for row in by_ratio]}
         return data
 
     @model_validator(mode="after")

@@ -96,18 +96,24 @@ def _copies(torch: Any, tdt: Any, m: int, k: int, pool_bytes: int, dev: Any) -> 
     return [torch.full((m, k), 0.02, dtype=tdt).to(dev) for _ in range(n)]
 
 
+def _gemv_s(torch: Any, mats: list[Any], x: Any, min_time_s: float) -> float:
+    """Seconds per y = W x on the GPU, W cycling over `mats` (so the L2 holds none of them)."""
+    F = torch.nn.functional
+
+    def call(r: int) -> Any:
+        return F.linear(x, mats[r % len(mats)])
+    with torch.no_grad():
+        return sync_batch_s(torch, call, _reps_for(torch, call, min_time_s))
+
+
 def _dense(torch: Any, dev: Any, dtypes: dict[str, Any], shape: tuple[int, int], pool_bytes: int,
            min_time_s: float) -> dict[str, dict[str, float]]:
     M, K = shape
-    F = torch.nn.functional
     out: dict[str, dict[str, float]] = {}
     for name, tdt in dtypes.items():
         ws = _copies(torch, tdt, M, K, pool_bytes, dev)
         x = torch.randn(1, K).to(tdt).to(dev)
-        with torch.no_grad():
-            def call(r: int, ws: list[Any] = ws, x: Any = x) -> Any:
-                return F.linear(x, ws[r % len(ws)])
-            t = sync_batch_s(torch, call, _reps_for(torch, call, min_time_s))
+        t = _gemv_s(torch, ws, x, min_time_s)
         out[name] = {"dense_gemv_s": t, "dense_gemv_flops_per_s": 2.0 * M * K / t, "pool_matrices": len(ws)}
         del ws
     return out
@@ -123,7 +129,6 @@ def _dense_table(torch: Any, dev: Any, dtypes: dict[str, Any], quick: bool, pool
     )
 
     ks, ms = (QUICK_IN_FEATURES, QUICK_OUT_FEATURES) if quick else (IN_FEATURES, OUT_FEATURES)
-    F = torch.nn.functional
     out = {}
     for name, tdt in dtypes.items():
         es = torch.empty((), dtype=tdt).element_size()
@@ -135,10 +140,7 @@ def _dense_table(torch: Any, dev: Any, dtypes: dict[str, Any], quick: bool, pool
                 n = max(1, flat.numel() // (m * k))
                 mats = ([flat[q * m * k:(q + 1) * m * k].view(m, k) for q in range(n)] if m * k <= flat.numel()
                         else [torch.full((m, k), 0.02, dtype=tdt).to(dev)])
-                with torch.no_grad():
-                    def call(r: int, mats: list[Any] = mats, x: Any = x) -> Any:
-                        return F.linear(x, mats[r % len(mats)])
-                    table[i][j] = sync_batch_s(torch, call, _reps_for(torch, call, min_time_s))
+                table[i][j] = _gemv_s(torch, mats, x, min_time_s)
         out[name] = {"in_features": list(ks), "out_features": list(ms), "gemv_s": table}
         del flat
     return out
