@@ -179,11 +179,17 @@ def proportional_rows(weights: np.ndarray, floors: np.ndarray, ceil: int, total_
         free = total_rows - val[fixed].sum()
         wsum = w[~fixed].sum()
         val[~fixed] = free * w[~fixed] / wsum if wsum > 0 else free / max(int((~fixed).sum()), 1)
+        # floors first: raising a layer to its floor leaves less for the others, which may undo an
+        # overshoot of the ceiling; capping at the ceiling only gives the others more
         low, high = (~fixed) & (val < lo), (~fixed) & (val > ceil)
-        if not (low.any() or high.any()):
+        if low.any():
+            val[low] = lo[low]
+            fixed |= low
+        elif high.any():
+            val[high] = ceil
+            fixed |= high
+        else:
             break
-        val[low], val[high] = lo[low], ceil
-        fixed |= low | high
     rows = np.floor(val).astype(np.int64)
     rest = int(total_rows - rows.sum())
     if rest > 0:

@@ -20,6 +20,7 @@ from sim.policies.cache_shares import (
     equal_rows,
     greedy_rows,
     hit_curve,
+    proportional_rows,
     saved,
 )
 
@@ -204,3 +205,11 @@ def test_cli_replay_prints_the_split(small_trace, capsys) -> None:  # type: igno
                "--set", "window.k=inf", "--set", "memory.cache_split=by_bytes_needed", "--engine", "fast"])
     out = capsys.readouterr().out
     assert rc == 0 and "cache split: by_bytes_needed," in out
+
+
+def test_proportional_rows_raise_floors_before_capping_at_the_ceiling() -> None:
+    """Weights 1 : 0.6 : 2 over 8 rows, floors 2, 3, 3, at most 4 each: the third layer's first share
+    (4.4) overshoots the ceiling only until the floors below it are met; by hand the split is 2, 3, 3
+    (capping it at 4 first gave 2, 3, 4 = 9 rows, one more than there are)."""
+    rows = proportional_rows(np.array([1.0, 0.6, 2.0]), np.array([2, 3, 3]), 4, 8)
+    assert rows.tolist() == [2, 3, 3]
