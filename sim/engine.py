@@ -33,7 +33,7 @@ import numpy as np
 import simpy
 
 from devices.achievable import resolved
-from devices.errors import FlashsimError
+from devices.errors import BudgetError, FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
@@ -196,7 +196,7 @@ class Simulation:
             s = current["step"]
             need = memory.fixed_bytes + int(memory.kv_bytes[s])
             if need > b:
-                raise FlashsimError(
+                raise BudgetError(
                     f"budget timeline: at t={t_s:.6f} s (step {s}) only {format_bytes(b)} is available but "
                     f"{format_bytes(need)} must stay resident (weights {format_bytes(memory.fixed_bytes)} + KV "
                     f"cache {format_bytes(int(memory.kv_bytes[s]))}), {need - b:,} bytes short; this policy "
@@ -214,7 +214,7 @@ class Simulation:
                 held = stack.residency.dynamic_bytes(memory.neuron_bytes)  # type: ignore[call-arg]
             resident = need + held
             if resident > b:
-                raise FlashsimError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
+                raise BudgetError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
                                     f"{format_bytes(b)} ({resident - b:,} bytes over)")
             return resident
 

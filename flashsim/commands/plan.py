@@ -1,17 +1,24 @@
 """`flashsim plan`: the what-if planner (analysis.planner) on the command line: feasibility of every
 preset and parameter grid point, the recommended configuration, the Pareto front, the smallest DRAM
-that meets a tok/s target (and an energy limit, --max-joules-per-token) and the binding constraint. Human output: tok/s, GiB, ms; --json: one object."""
+that meets a tok/s target (and an energy limit, --max-joules-per-token) and the binding constraint. Human output: tok/s, GiB, ms; --json: one object.
+
+Every row gives three speeds: expected (the presets' realistic predictors and prefetch, achievable device
+numbers), the device peak-bound (datasheet ceiling) and the ideal-policy bound (oracle predictor, perfect
+prefetch). Progress goes to stderr: a bar on a terminal, one line per stage otherwise. The printed time is
+the whole command, interpreter start included. Heavy modules are imported when the command runs, so
+`flashsim plan --help` stays fast."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from typing import TYPE_CHECKING, Any
 
-from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
-from analysis.planner import Plan
-from devices.errors import FlashsimError
-from devices.units import format_bytes, parse_bytes
-from flashsim.output import print_json, print_table
+if TYPE_CHECKING:
+    from analysis.planner import Plan
+
+DEFAULT_PLAN_TOKENS = 128   # analysis.plan_setup.DEFAULT_PLAN_TOKENS (tests/analysis/test_planner.py checks they agree)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,8 +48,59 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_plan)
 
 
+def command_seconds() -> float:
+    """Wall seconds since this process started (Linux: /proc; elsewhere since flashsim.main was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+        import os
+
+        return max(uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        from flashsim.main import STARTED_S
+
+        return time.perf_counter() - STARTED_S
+
+
+class StageProgress:
+    """Progress on stderr: a bar on a terminal; otherwise one line per stage (with the runs of the
+    stage before it), so logs show where the time goes."""
+
+    def __init__(self, stream: Any = None):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.stage, self.runs, self.t0 = "", 0, time.perf_counter()
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None, unit="run", file=self.stream, leave=False)
+
+    def __call__(self, stage: str | None) -> None:
+        if stage is None:
+            self.runs += 1
+            if self.bar is not None:
+                self.bar.update(1)
+            return
+        if self.bar is not None:
+            self.bar.set_description(stage)
+            return
+        print(f"plan: {stage} ({self.runs} runs, {time.perf_counter() - self.t0:.1f} s so far)",
+              file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def run_plan(args: argparse.Namespace) -> Plan:
-    """Parse the sizes and plan, with a progress bar on stderr."""
+    """Parse the sizes and plan, with progress on stderr."""
+    from analysis.plan_setup import plan_model
+    from devices.errors import FlashsimError
+    from devices.units import parse_bytes
+
     budget = None
     if args.dram_free is not None:
         if str(args.dram_free).strip().startswith("-"):
@@ -50,23 +108,21 @@ def run_plan(args: argparse.Namespace) -> Plan:
         budget = parse_bytes(args.dram_free, "--dram-free")
         if budget <= 0:
             raise FlashsimError(f"--dram-free {args.dram_free}: must be > 0 bytes")
-    from tqdm import tqdm
-
-    with tqdm(total=None, unit="run", file=sys.stderr, leave=False, disable=None) as bar:
-        def progress(stage: str | None) -> None:
-            if stage is None:
-                bar.update(1)
-            else:
-                bar.set_description(stage)
-
+    progress = StageProgress()
+    try:
         return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
                           min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
                           native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
                           min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"))
+    finally:
+        progress.close()
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from flashsim.output import print_json
+
     result = run_plan(args)
+    result.seconds = command_seconds()     # the whole command
     if args.json:
         print_json(result.to_json())
     else:
@@ -94,6 +150,8 @@ def _q(v: float | None, bound: bool | None, digits: int = 3, mark: str = "<=") -
 
 def print_plan(p: Plan, *, full: bool = True) -> None:
     """The plan as text: trace, constraints, table, best, Pareto front, minimum DRAM."""
+    from devices.units import format_bytes
+    from flashsim.output import print_table
     targets = []
     if p.target_tps is not None:
         targets.append(f">= {p.target_tps:g} tok/s")
@@ -112,19 +170,27 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         peaks = (p.peak_bound or {}).get("configurations", {})
         for r in p.rows:
             status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
+            ideal = r.get("ideal_policy_tokens_per_s")
             rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-",
-                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r["dram_peak_bytes"]),
+                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-",
+                         _tps(ideal) if ideal is not None or r["fits"] else "-", _gib(r["dram_peak_bytes"]),
                          "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
                          _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
                          _mj(r.get("joules_per_token")), r["binding_constraint"], status])
         print()
-        print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token",
-                     "binding", "feasible"], rows, align="lrrrrrrrll")
+        print_table(["configuration", "tok/s", "peak-bound", "ideal-policy", "DRAM GiB", "mass kept", "agree", "ppl x",
+                     "mJ/token", "binding", "feasible"], rows, align="lrrrrrrrrll")
+        print("(tok/s: expected, the presets' realistic predictors and prefetch on achievable device numbers; "
+              "peak-bound: the same at the datasheet ceiling; ideal-policy: an oracle predictor and perfect "
+              "prefetch on the achievable numbers)")
     print()
     if p.best is not None:
         b = p.best
         pb = (p.peak_bound or {}).get("best")
-        beside = f" expected ({_tps(pb)} peak-bound)" if pb is not None else ""
+        ib = b.get("ideal_policy_tokens_per_s")
+        bounds = ([f"{_tps(pb)} peak-bound"] if pb is not None else []) + \
+            ([f"{_tps(ib)} ideal-policy bound"] if ib is not None else [])
+        beside = f" expected ({', '.join(bounds)})" if bounds else ""
         print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s{beside}, DRAM {format_bytes(b['dram_peak_bytes'])}, "
               f"mass kept {b['activation_mass_kept']:.3f}, energy {_mj(b.get('joules_per_token'))} mJ/token; "
               f"bound by {b['binding_constraint']} "
@@ -160,4 +226,5 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         print(inputs_line(p.device_inputs))
     for n in p.notes:
         print(f"note: {n}")
-    print(f"({len(p.rows)} configurations, {p.runs} simulated runs with the bisection, {p.seconds:.1f} s)")
+    print(f"({len(p.rows)} configurations, {p.runs} simulated runs with the bisection and bounds, {p.seconds:.1f} s "
+          f"in all: {p.run_seconds:.1f} s in simulated runs, {max(p.seconds - p.run_seconds, 0.0):.1f} s outside them)")

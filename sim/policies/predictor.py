@@ -152,8 +152,8 @@ class NoisyPredictor(_RankedPredictor):
         p = self.params
         if st is None:
             view = self.ctx.view
-            n_max = bitsets.count(view.needed(layer, 0, view.steps.n)).max(initial=0)
-            q_cap = float(false_positive_rate(np.array([n_max]), self.ctx.n_neurons, p.recall, p.precision)[0])
+            n_true = bitsets.count(view.needed(layer, 0, view.steps.n))
+            q_cap = float(false_positive_rate(n_true, self.ctx.n_neurons, p.recall, p.precision).max(initial=0.0))
             st = self.state[layer] = (self.ctx.rng.fresh(f"predictor/noisy/layer{layer}"),
                                       self.ctx.rng.fresh(f"predictor/noisy-memory/layer{layer}"), ErrorMemory(), q_cap)
         return persistent_noisy_sets(st[0], st[1], needed, self.ctx.n_neurons, p.recall, p.precision,

@@ -45,8 +45,8 @@ def draw(truth: np.ndarray, recall: float, precision: float, p: Persistence, see
 
 
 def cap(truth: np.ndarray, recall: float, precision: float) -> float:
-    """The false-positive rate of the fullest row: an upper bound over the run."""
-    return float(false_positive_rate(np.array([truth.sum(axis=1).max()]), truth.shape[1], recall, precision)[0])
+    """The largest false-positive rate of any row: an upper bound over the run."""
+    return float(false_positive_rate(truth.sum(axis=1), truth.shape[1], recall, precision).max())
 
 
 def repeat(err: np.ndarray, cond: np.ndarray, k: int) -> float:
