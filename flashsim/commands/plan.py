@@ -65,8 +65,8 @@ def command_seconds() -> float:
 
 
 class StageProgress:
-    """Progress on stderr: a bar on a terminal; otherwise one line per stage (with the runs of the
-    stage before it), so logs show where the time goes."""
+    """Progress on stderr: a bar on a terminal; otherwise one line per stage as it ends (its seconds
+    and simulated runs), so logs show where the time goes and bad input still prints one line."""
 
     def __init__(self, stream: Any = None):
         self.stream = stream or sys.stderr
@@ -87,8 +87,11 @@ class StageProgress:
         if self.bar is not None:
             self.bar.set_description(stage)
             return
-        print(f"plan: {stage} ({self.runs} runs, {time.perf_counter() - self.t0:.1f} s so far)",
-              file=self.stream, flush=True)
+        now = time.perf_counter()
+        if self.stage:
+            print(f"plan: {self.stage}: {now - self.t0:.1f} s" + (f", {self.runs} simulated runs" if self.runs else ""),
+                  file=self.stream, flush=True)
+        self.stage, self.runs, self.t0 = stage, 0, now
 
     def close(self) -> None:
         if self.bar is not None:
