@@ -23,9 +23,10 @@ from devices.units import format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 
 ENGINES = ("auto", "des", "fast")
-# the figures repeated at the datasheet ceiling (`peak_bound` in --json) beside the expected ones
+# the figures repeated at the datasheet ceiling (`peak_bound` in --json) and with perfect policies
+# (`ideal_policy_bound`) beside the expected ones
 PEAK_KEYS = ("tokens_per_s", "ms_per_token", "io_ms_per_token", "compute_ms_per_token", "stall_ms_per_token",
-             "flash_throughput_bytes_per_s")
+             "flash_throughput_bytes_per_s", "flash_bytes_per_token")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
