@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from devices.errors import FlashsimError
 from devices.limits import check_param
+from devices.suggest import hint
 from devices.units import parse_bytes
 
 
@@ -114,8 +115,8 @@ def build_params(cls: type, mapping: Mapping[str, Any] | None, where: str) -> An
     names = [f.name for f in fields_of(cls)]
     unknown = sorted(set(mapping) - set(names))
     if unknown:
-        valid = ", ".join(names) if names else "(none)"
-        raise FlashsimError(f"{where}: unknown parameter {unknown[0]!r}; valid parameters: {valid}")
+        raise FlashsimError(f"{where}: unknown parameter {unknown[0]!r}; "
+                            f"{hint(unknown[0], names, 'valid parameters')}")
     kwargs = {}
     for f in fields_of(cls):
         if f.name in mapping:
