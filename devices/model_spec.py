@@ -31,7 +31,7 @@ from pydantic import (
 from devices.errors import FlashsimError, unknown_name
 from devices.limits import MAX_PARAMS, check_field
 from devices.loading import validate_file, validation_message
-from devices.suggest import looks_like_path
+from devices.suggest import hint, looks_like_path
 
 BUNDLED_DIR = Path(__file__).parent / "models"
 
@@ -90,7 +90,7 @@ class ModelSpec(BaseModel):
     def with_dtype(self, dtype: str) -> ModelSpec:
         """The same architecture stored at another weight dtype."""
         if dtype not in DTYPE_BITS:
-            raise FlashsimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BITS)}")
+            raise FlashsimError(f"unknown dtype {dtype!r}; {hint(dtype, DTYPE_BITS, 'choose one of')}")
         return self.model_copy(update={"dtype": dtype})
 
     # ---- per-element sizes -------------------------------------------------------------------

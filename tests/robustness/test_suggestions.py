@@ -24,11 +24,22 @@ REPLAY = ["replay", "--trace", str(SHIPPED), "--device", "jetson-orin-nano-8gb",
     ([*REPLAY, "--set", "windw.k=3"], "did you mean 'window'?"),
     ([*REPLAY, "--set", "residncy=window"], "unknown setting 'residncy'; did you mean 'residency'?"),
     ([*REPLAY, "--set", "window.kk=3"], "unknown parameter 'kk'; did you mean 'k'? valid parameters: k,"),
+    ([*REPLAY, "--set", "bundling.order=hotfirst"], "is not one of 'original', 'hot-first', 'coactivation'; "
+                                                    "did you mean 'hot-first'?"),
+    (["replay", "--trace", str(SHIPPED), "--device", "jetson-orin-nano-8gb@25W", "--preset", "naive"],
+     "unknown power mode '25W'; did you mean '25w'?"),
+    # verbs and option choices (argparse)
+    (["replai"], "invalid choice: 'replai'; did you mean 'replay'"),
+    (["models", "show", "llama-3.2-3b", "--dtype", "fp61"], "did you mean 'fp16'?"),
+    (["adapt", "eval", "--timelines", "stepp:t=30%"], "unknown timeline kind 'stepp'; did you mean 'step'?"),
     # the trace folder beside the one given
     (["replay", "--trace", str(SHIPPED.parent / "smollm2-135m"), "--device", "jetson-orin-nano-8gb"],
      f"did you mean '{SHIPPED}'?"),
 ])
 def test_issue55_unknown_names_suggest(capsys, argv, expected) -> None:
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:          # argparse's own usage errors exit from inside parse_args
+        rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and expected in err and len(err.strip().splitlines()) == 1, err
