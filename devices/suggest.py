@@ -1,8 +1,9 @@
-""""Did you mean" for an unknown name: the close matches of a name among the valid ones.
+"""`did you mean` for an unknown name: the close matches of a name among the valid ones.
 
 One rule for every name a user types (model, device, preset, policy slot, parameter, profile key,
 trace folder): a name that differs from a valid one only in case is that name; otherwise the valid
-names most similar to it (difflib's ratio, compared in lower case, at least `cutoff`), best first.
+names it starts, then those most similar to it (difflib's ratio, compared in lower case, at least
+`cutoff`), best first.
 The helpers return text for an error message and raise nothing, so any layer can use them.
 """
 
@@ -12,6 +13,7 @@ import difflib
 from collections.abc import Iterable
 
 CUTOFF = 0.6   # difflib's similarity ratio: 'windw' vs 'window' is 0.91, 'cache' vs 'window' 0.18
+MIN_PREFIX = 3  # a shorter start ('l', 'sm') is too common to mean one name
 
 
 def close_matches(name: str, valid: Iterable[str], n: int = 3, cutoff: float = CUTOFF) -> list[str]:
@@ -25,12 +27,15 @@ def close_matches(name: str, valid: Iterable[str], n: int = 3, cutoff: float = C
     by_folded: dict[str, list[str]] = {}
     for v in valid:
         by_folded.setdefault(v.casefold(), []).append(v)
+    # a name that starts a valid one is a shortening of it ('eager' for 'eager-pytorch')
+    prefixed = [f for f in by_folded if len(folded) >= MIN_PREFIX and f.startswith(folded)]
     close = difflib.get_close_matches(folded, list(by_folded), n=n, cutoff=cutoff)
-    return [v for f in close for v in by_folded[f]][:n]
+    ordered = list(dict.fromkeys([*prefixed, *close]))
+    return [v for f in ordered for v in by_folded[f]][:n]
 
 
 def did_you_mean(name: str, valid: Iterable[str], n: int = 3, cutoff: float = CUTOFF) -> str:
-    """"did you mean 'x'?" (or "'x' or 'y'") for the close matches of `name`; "" when none is close."""
+    """The text "did you mean 'x'?" (or "'x' or 'y'") for the close matches of `name`; "" when none is close."""
     close = close_matches(name, valid, n=n, cutoff=cutoff)
     if not close:
         return ""

@@ -238,7 +238,7 @@ class Trace:
 
 
 def _beside(path: Path) -> str:
-    """"; did you mean ...?" for the trace folders beside a missing one (a typo, a missing suffix)."""
+    """The '; did you mean ...?' tail for the trace folders beside a missing one (a typo, a missing suffix)."""
     parent = path.parent
     if not parent.is_dir():
         return ""

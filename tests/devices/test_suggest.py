@@ -17,6 +17,8 @@ from devices.suggest import close_matches, did_you_mean, hint, looks_like_path, 
     ("Windw", ["window"], ["window"]),                         # case and a typo together
     ("cache", ["window", "naive"], []),                        # nothing close
     ("kk", ["k", "insert_copy"], ["k"]),
+    ("eager", ["eager-pytorch", "llama.cpp"], ["eager-pytorch"]),          # a shortening
+    ("l", ["llama.cpp", "llama-2-7b"], []),                                 # too short to be one
 ])
 def test_close_matches(name, valid, expected) -> None:
     assert close_matches(name, valid) == expected
