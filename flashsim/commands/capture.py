@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import note
 from devices.units import format_bytes
 from flashsim.output import print_json, print_table
 
@@ -95,10 +95,8 @@ def _capture(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, limit=args.limit_prompts)
     resolve_model_source(args.model)
 
-    def note(msg: str) -> None:
-        print(f"flashsim: {msg}", file=sys.stderr)
-
     t0 = time.perf_counter()
+    note(f"loading {args.model}")
     loaded = load_hf_model(args.model, notify=note)
     t1 = time.perf_counter()
     capture_trace(loaded, prompts, out, max_new_tokens=args.max_new_tokens, sparsity=args.sparsity,
