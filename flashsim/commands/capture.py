@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.errors import FlashsimError
-from devices.progress import note
+from devices.progress import note, phase
 from devices.units import format_bytes
 from flashsim.output import print_json, print_table
 
@@ -96,8 +96,8 @@ def _capture(args: argparse.Namespace) -> int:
     resolve_model_source(args.model)
 
     t0 = time.perf_counter()
-    note(f"loading {args.model}")
-    loaded = load_hf_model(args.model, notify=note)
+    with phase(f"loading {args.model}"):
+        loaded = load_hf_model(args.model, notify=note)
     t1 = time.perf_counter()
     capture_trace(loaded, prompts, out, max_new_tokens=args.max_new_tokens, sparsity=args.sparsity,
                   magnitude_fraction=args.magnitude_fraction, seed=args.seed, temperature=args.temperature,

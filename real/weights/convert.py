@@ -30,7 +30,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
-from devices.progress import note, quiet_third_party, track
+from devices.progress import phase, quiet_third_party, track
 from real.weights.dtypes import SAFETENSORS_NAME, check_dtype, encode
 from real.weights.store import LAYOUTS, OrderInfo, sha256_file
 from real.weights.store_writer import BLOCK_ROWS, StoreWriter
@@ -205,9 +205,8 @@ def convert_state_dict(sd: Mapping[str, Any], spec: ModelSpec, out: str | Path, 
 
 def convert_model(model: str | Path, out: str | Path, **kw: Any) -> Path:
     """`flashsim real convert --model ...`: load (via traces.capture) and convert."""
-    if kw.get("progress"):
-        note(f"loading {model}")
-    sd, spec, where = load_model_for_store(model)
+    with phase(f"loading {model}", enabled=bool(kw.get("progress"))):
+        sd, spec, where = load_model_for_store(model)
     return convert_state_dict(sd, spec, out, source={"model": str(model), "weights": where}, **kw)
 
 
