@@ -41,3 +41,16 @@ def test_sweep_prints_one_line_and_no_progress_silences_it(write_spec, tmp_path:
     assert main(["sweep", str(spec), "--out", str(tmp_path / "quiet"), "--workers", "1", "--no-progress",
                  "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_real_convert_json_keeps_stdout_clean_and_reports_on_stderr(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "tiny.yaml").write_text(
+        "name: tiny\nsource: test shape\nconfig: {model_type: llama, hidden_size: 64, intermediate_size: 128, "
+        "num_hidden_layers: 3, num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 100}\n")
+    assert main(["real", "convert", "--shape", str(tmp_path / "tiny.yaml"), "--random", "--seed", "1",
+                 "--out", str(tmp_path / "s"), "--dtype", "fp32", "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    lines = _stderr_lines(captured.err)
+    assert len(lines) == 1 and lines[0].startswith("flashsim: write random FFN weights: 3/3 layers in "), lines
