@@ -52,7 +52,7 @@ def _panel(ax, g) -> None:
         v = np.nan_to_num(g[col].to_numpy(float))
         ax.barh(y - 0.1, v, left=left, height=0.55, color=C.COLORS[col])
         left += v
-    other = np.clip(total - left, 0, None)
+    other = np.nan_to_num(np.clip(total - left, 0, None))
     other[other < 0.005 * total] = 0  # rounding, not a component
     ax.barh(y - 0.1, other, left=left, height=0.55, color=C.COLORS["other"])
     io = np.nan_to_num(g[T.IO_MS].to_numpy(float))
