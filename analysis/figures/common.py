@@ -104,6 +104,8 @@ def describe(row: pd.Series, columns: Sequence[str]) -> str:
             parts.append(Path(str(v)).name)
         elif c == T.DEVICE:
             parts.append(Path(str(v)).stem)
+        elif c == T.MODEL and (v is None or pd.isna(v)):
+            parts.append("the trace's model")
         elif c.startswith(T.PARAM_PREFIX):
             parts.append(f"{c[len(T.PARAM_PREFIX):]}={v}")
         else:

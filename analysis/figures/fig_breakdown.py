@@ -76,4 +76,6 @@ def _short(err: object, n: int = 60) -> str:
     """A failed point's reason in a few words: 'does not fit: ...' for a budget refusal."""
     text = "" if err is None or err != err else str(err)
     head = "does not fit" if "budget" in text.lower() or "fit" in text.lower() else "did not run"
-    return head if not text else f"{head}: {text[:n]}" + ("..." if len(text) > n else "")
+    if not text or text.lower().startswith(head):
+        return text[:n] or head
+    return f"{head}: {text[:n]}" + ("..." if len(text) > n else "")

@@ -12,6 +12,7 @@ message JSON ended by a NUL byte). Standard library only; no browser download, n
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -71,10 +72,8 @@ class Chromium:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        try:
+        with contextlib.suppress(OSError, TimeoutError, RuntimeError):   # a browser that already went away
             self.send("Browser.close")
-        except Exception:  # noqa: BLE001 (closing a browser that already went away)
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
