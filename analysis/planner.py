@@ -8,7 +8,7 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
 
   * per configuration: whether it is feasible and, if not, every reason (`does not fit` with the
     simulator's shortfall message, `too slow` below --target-tps, `quality too low` below
-    --min-quality, measured agreement below --min-agreement, `too much energy` above
+    --min-quality, agreement below --min-agreement, perplexity above --max-ppl-ratio, `quality unknown`), `too much energy` above
     --max-joules-per-token), tok/s, DRAM peak (bytes), the quality proxy (activation mass kept), the
     quality measured on the embedded model (next-token agreement and perplexity ratio, from
     analysis/quality_table.py: quantized and sparse configurations on one scale), the energy per token

@@ -226,3 +226,15 @@ def test_plan_cli_3b_names_a_best_that_meets_the_printed_floor(capsys) -> None:
     out = capsys.readouterr().out
     assert "quality floor: best is the fastest configuration whose perplexity is at most 1.05x" in out
     assert "published: OpenLLaMA-3B-v2 Q8_0" in out and "none at this size" in out
+
+
+def test_plan_cli_bad_quality_options_are_one_line_errors(tmp_path, capsys) -> None:
+    from flashsim.main import main
+
+    base = ["plan", "--model", "llama-3.2-3b", "--device", "jetson-orin-nano-8gb"]
+    for extra, expect in ((["--max-ppl-ratio", "0.9"], "--max-ppl-ratio 0.9: must be a number >= 1"),
+                          (["--max-ppl-ratio", "lots"], "--max-ppl-ratio 'lots'"),
+                          (["--quality-table", str(tmp_path / "none.json")], "no quality table")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert expect in err and len(err.strip().splitlines()) == 1, err
