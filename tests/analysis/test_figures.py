@@ -302,3 +302,14 @@ def test_sim_vs_real_reads_the_json_of_flashsim_validate(tmp_path: Path) -> None
     path.write_text(json.dumps({"configs": [{"config": "x"}]}))
     with pytest.raises(FlashsimError, match=r"configs\[0\] has no 'metrics' mapping"):
         load_validation(path)
+
+
+def test_sim_vs_real_draws_one_point_per_configuration_and_metric() -> None:
+    df = pd.DataFrame({"config": ["a", "b", "c", "a", "b"], "metric": ["ms_per_token"] * 3 + ["io_ms_per_token"] * 2,
+                       "sim": [11.0, 20.0, 27.0, 5.0, 6.0], "real": [10.0, 20.0, 30.0, 4.0, 6.0]})
+    fig = draw_figure("sim-vs-real", df)
+    panels = [ax for ax in fig.axes if ax.collections]
+    assert len(panels) == 2   # one panel per metric
+    for ax, metric in zip(panels, ("ms_per_token", "io_ms_per_token")):
+        want = df[df["metric"] == metric][["real", "sim"]].to_numpy()
+        np.testing.assert_allclose(np.asarray(ax.collections[-1].get_offsets()), want)  # [0]: the ±20% band
