@@ -313,3 +313,23 @@ def test_sim_vs_real_draws_one_point_per_configuration_and_metric() -> None:
     for ax, metric in zip(panels, ("ms_per_token", "io_ms_per_token")):
         want = df[df["metric"] == metric][["real", "sim"]].to_numpy()
         np.testing.assert_allclose(np.asarray(ax.collections[-1].get_offsets()), want)  # [0]: the ±20% band
+
+
+def test_adapt_draws_budget_footprints_actions_and_overruns() -> None:
+    """Two controllers on one timeline: the budget line, one footprint line each, a drop and a restore
+    mark where the actions say, red shading where a footprint exceeds the budget."""
+    mib = 2**20
+    df = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.0, 0.1, 0.2], "controller": ["a"] * 3 + ["b"] * 3,
+                       "timeline": ["drop"] * 6, "resident_bytes": [300 * mib, 200 * mib, 250 * mib,
+                                                                    300 * mib, 300 * mib, 300 * mib],
+                       "budget_bytes": [320 * mib, 220 * mib, 320 * mib] * 2, "n_dropped": [0, 2, 1, 0, 0, 0],
+                       "action": ["", "drop ffn:2", "restore ffn:1", "", "", ""]})
+    fig = draw_figure("adapt", df)
+    ax = fig.axes[0]
+    steps = [ln for ln in ax.get_lines() if ln.get_drawstyle() == "steps-post"]
+    assert [ln.get_label() for ln in steps] == ["available", "a", "b"]
+    np.testing.assert_allclose(steps[1].get_ydata(), [300, 200, 250])   # MiB
+    marks = {ln.get_marker(): list(ln.get_xdata()) for ln in ax.get_lines()
+             if ln.get_linestyle() == "None" and len(ln.get_xdata())}
+    assert marks == {"v": [100.0], "^": [200.0]}                         # ms: drop at 0.1 s, restore at 0.2 s
+    assert len(ax.collections) == 1                                      # b over budget at 0.1 s only
