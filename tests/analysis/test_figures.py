@@ -333,3 +333,21 @@ def test_adapt_draws_budget_footprints_actions_and_overruns() -> None:
              if ln.get_linestyle() == "None" and len(ln.get_xdata())}
     assert marks == {"v": [100.0], "^": [200.0]}                         # ms: drop at 0.1 s, restore at 0.2 s
     assert len(ax.collections) == 1                                      # b over budget at 0.1 s only
+
+
+def test_trace_statistics_figures_draw_one_line_per_layer_and_the_aggregate(tiny_trace_dir: Path) -> None:
+    from analysis.figures.trace_stats import draw_hot_cdf, draw_per_layer, draw_window_coverage
+    from traces.format import open_trace
+    from traces.stats import trace_stats
+
+    stats = trace_stats(open_trace(tiny_trace_dir)).to_json()
+    n = len(stats["per_layer"])
+    cov = draw_window_coverage(stats).axes[0].get_lines()
+    assert len(cov) == n + 1 and cov[-1].get_label() == "all layers"   # thin per-layer lines, then the whole
+    ks = [int(k) for k, v in stats["window_coverage"].items() if v is not None]
+    np.testing.assert_allclose(cov[-1].get_ydata(), [stats["window_coverage"][str(k)] for k in ks])
+    hot = draw_hot_cdf(stats).axes[0]
+    assert [ln.get_label() for ln in hot.get_lines()][n:n + 2] == ["all layers", "no skew"]
+    per = draw_per_layer(stats).axes[0]
+    assert all(list(ln.get_xdata()) == list(range(n)) for ln in per.get_lines())
+    assert per.get_ylim() == (0, 1)
