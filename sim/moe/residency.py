@@ -73,7 +73,9 @@ def walk(experts: np.ndarray, n_experts: int, policy: ExpertCache, capacity: int
     T, M, K = e.shape
     if capacity < 0:
         raise FlashsimError(f"expert cache capacity must be >= 0 slots, got {capacity}")
-    scope = policy.forced_scope or scope
+    if policy.forced_scope and policy.forced_scope != scope:
+        capacity = capacity * M if policy.forced_scope == "global" else capacity // M
+        scope = policy.forced_scope
     E = n_experts
     keys_all = (e + (np.arange(M) * E)[None, :, None]).reshape(T * M, K)
     policy.bind(CacheContext(M, E, capacity, scope, keys_all))
@@ -104,7 +106,7 @@ def walk(experts: np.ndarray, n_experts: int, policy: ExpertCache, capacity: int
             hit[t, m] = h
             if prefetch is not None:
                 p = prefetch[t, m]
-                p = p[p >= 0] + m * E
+                p = np.unique(p[p >= 0]) + m * E
                 staged = p[~resident[p]]
                 pf_reads[t, m] = len(staged)
                 pf_hit[t, m] = ~h & np.isin(keys, staged)

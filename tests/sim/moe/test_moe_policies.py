@@ -31,7 +31,7 @@ def test_every_policy_walks_within_capacity(name: str) -> None:
     for scope in ("layer", "global"):
         cap = 4 if scope == "layer" else 10
         r = walk(e, 16, build_cache(name), cap, scope, weights=w)
-        assert r.resident_peak <= (cap * 3 if r.scope == "layer" else cap)
+        assert r.resident_peak <= (r.capacity * 3 if r.scope == "layer" else r.capacity)
         assert r.hit.shape == e.shape and 0 <= r.hit_rate <= 1
         if name != "cache-aware":
             assert (r.routed == e).all() and r.replaced_mass.sum() == 0
@@ -76,9 +76,9 @@ def test_pinned_holds_the_most_used_and_never_changes() -> None:
 
 def test_page_cache_is_global_lru() -> None:
     e, _ = zipf_routing(16, 2, 8, 2, seed=3)
-    pc = walk(e, 8, build_cache("page-cache"), 6, "layer")
-    lru = walk(e, 8, build_cache("lru"), 6, "global")
-    assert pc.scope == "global" and (pc.hit == lru.hit).all()
+    pc = walk(e, 8, build_cache("page-cache"), 6, "layer")      # 6 per layer = one pool of 12
+    lru = walk(e, 8, build_cache("lru"), 12, "global")
+    assert pc.scope == "global" and pc.capacity == 12 and (pc.hit == lru.hit).all()
 
 
 def test_cache_aware_routing_trades_weight_mass_for_hits() -> None:
@@ -122,7 +122,7 @@ def test_belady_bounds_every_policy(T, M, E, K, cap, scope, seed) -> None:
             continue
         pol = build_cache(name)
         if pol.forced_scope and pol.forced_scope != scope:
-            bound = walk(e, E, build_cache("belady"), cap, pol.forced_scope).hit.sum()
+            bound = walk(e, E, build_cache("belady"), cap * M, pol.forced_scope).hit.sum()
         else:
             bound = best
         assert walk(e, E, pol, cap, scope).hit.sum() <= bound, name
