@@ -106,7 +106,9 @@ def simulate(spec: MoESpec, profile: DeviceProfile, experts: np.ndarray, cfg: Mo
     res = walk(e, spec.n_experts, policy, cfg.capacity, cfg.scope, weights=weights, prefetch=pred)
     hits, pf_hits, misses = res.layer_counts()
     pf_reads = res.prefetch_reads
-    costs = layer_costs(spec, profile, cfg.dtype, cfg.context_tokens, max_batch=2 * spec.top_k)
+    all_cached = res.capacity >= (spec.n_experts if res.scope == "layer" else spec.n_experts * spec.n_moe_layers)
+    costs = layer_costs(spec, profile, cfg.dtype, cfg.context_tokens, max_batch=2 * spec.top_k,
+                        router_sync=not (all_cached or policy.page_faults))
     engine = run_des if cfg.engine == "des" else fast_path
     tl = engine(costs, hits, pf_hits, misses, pf_reads, policy.page_faults)
     rows = _decode_rows(phase, e.shape[0])
@@ -122,10 +124,10 @@ def _summary(spec: MoESpec, profile: DeviceProfile, cfg: MoERunConfig, res: Resi
     flash_bytes = (misses[rows].sum(axis=1) + pf_reads[rows].sum(axis=1)) * eb
     ms = float(lat.mean())
     used_bytes = spec.n_moe_layers * spec.top_k * eb
-    slots = slots_total(spec, cfg.capacity, res.scope)
+    slots = slots_total(spec, res.capacity, res.scope)
     out = {
         "policy": cfg.policy, "params": dict(cfg.params), "bound": profile.bound, "scope": res.scope,
-        "capacity": cfg.capacity, "cache_slots_total": slots,
+        "capacity": res.capacity, "cache_slots_total": slots,
         "cache_share_of_experts": slots / (spec.n_moe_layers * spec.n_experts),
         "dtype": cfg.dtype, "tokens": int(rows.sum()),
         "ms_per_token": ms * 1e3, "tokens_per_s": 1.0 / ms if ms > 0 else float("inf"),
@@ -136,13 +138,18 @@ def _summary(spec: MoESpec, profile: DeviceProfile, cfg: MoERunConfig, res: Resi
         "miss_rate": float(res.miss[rows].mean()),
         "flash_bytes_per_token": float(flash_bytes.mean()),
         "expert_bytes": eb, "page_faults": page_faults,
-        "router_sync_ms_per_token": (profile.moe.router_sync_s if profile.moe else 0.0) * spec.n_moe_layers * 1e3,
+        "router_sync_ms_per_token": float((costs.router_s.sum() - _router_gemv_s(spec, costs)) * 1e3),
         "dram_bytes": dram_bytes(spec, cfg, slots),
         "quality_router_mass_replaced": float(res.replaced_mass[rows].mean()),
         "prefetch_accuracy_realised": realised_accuracy(pred, e) if pred is not None else None,
     }
     out["energy_j_per_token"] = _energy(spec, profile, tl, rows, flash_bytes, costs, used_bytes)
     return out
+
+
+def _router_gemv_s(spec: MoESpec, costs: LayerCosts) -> float:
+    """The router GEMVs' own time per token (router_s less the read-back)."""
+    return float(spec.n_moe_layers * (costs.router_gemv_s))
 
 
 def _energy(spec: MoESpec, profile: DeviceProfile, tl: Timeline, rows: np.ndarray, flash_bytes: np.ndarray,
