@@ -43,6 +43,7 @@ class MoERunConfig:
     prefetch_memory: float = 0.0
     seed: int = 0
     engine: Literal["fast", "des"] = "fast"
+    router_sync: bool = True             # False: an engine that never waits on the host (no reads during decode)
 
     def __post_init__(self) -> None:
         if self.dtype not in MOE_DTYPE_BITS:
@@ -108,7 +109,7 @@ def simulate(spec: MoESpec, profile: DeviceProfile, experts: np.ndarray, cfg: Mo
     pf_reads = res.prefetch_reads
     all_cached = res.capacity >= (spec.n_experts if res.scope == "layer" else spec.n_experts * spec.n_moe_layers)
     costs = layer_costs(spec, profile, cfg.dtype, cfg.context_tokens, max_batch=2 * spec.top_k,
-                        router_sync=not (all_cached or policy.page_faults))
+                        router_sync=cfg.router_sync and not (all_cached or policy.page_faults))
     engine = run_des if cfg.engine == "des" else fast_path
     tl = engine(costs, hits, pf_hits, misses, pf_reads, policy.page_faults)
     rows = _decode_rows(phase, e.shape[0])
