@@ -13,15 +13,18 @@ The generator, per token t, stored MoE layer l and expert e (vectorised NumPy, f
 Top-K of (log-share + Gumbel) samples K experts without replacement in proportion to their shares
 (the Gumbel-top-k trick), so with sigma = 0 tokens are independent draws from the layer's popularity.
 A persistent latent z (strength sigma, memory phi) makes consecutive tokens prefer the same experts:
-local routing consistency. Coupling psi makes a token's preference at layer l predict its preference at
-l+1 through a fixed expert-to-expert map (perm_l): the cross-layer correlation. The latent runs as one
+local routing consistency over tens of tokens. Repeats (probability kappa per token and layer, the
+token reuses the previous token's routing) add the short-range reuse a latent cannot give without
+also lengthening the long-range consistency. Coupling psi makes a token's preference at layer l
+predict its preference at l+1 through a fixed expert-to-expert map (perm_l): the cross-layer correlation. The latent runs as one
 stream over the whole trace; sequences only label tokens.
 
 Fitting (`fit_like`): base[l] starts at log(popularity of layer l) and is corrected on the generated
 tokens until each layer's popularity matches (a multiplicative fixed point, 6 rounds); sigma and phi are
 chosen on a coarse grid, then a finer one around the best point, to match the source's reuse_prev,
-SRP(16) and SCH(16) (mean over layers); then psi (bisection) to match the cross-layer NMI, then beta (bisection) to match the mean top-1 weight. The fitted scalars are
-shape-free, so `synthesize` can apply them to another MoE shape: the target layer takes the popularity
+SRP(16) and SCH(16) (mean over layers), kappa at each point solved from reuse_prev; then psi
+(bisection) to match the cross-layer NMI, then beta (bisection) to match the mean top-1 weight. The
+fitted scalars are shape-free, so `synthesize` can apply them to another MoE shape: the target layer takes the popularity
 of the proportionally placed source layer, its share curve (shares sorted, as a function of rank / E)
 resampled to the target's expert count, assigned to experts in a seeded random order.
 """
@@ -37,7 +40,7 @@ import numpy as np
 from devices.errors import FlashsimError
 from devices.limits import check_memory
 from traces.routing import RoutingTrace, order_by_weight, write_routing_trace
-from traces.routing_stats import RoutingView, popularity, routing_stats, scalar
+from traces.routing_stats import RoutingView, popularity, reuse_prev, routing_stats, scalar
 
 SIGMAS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 PHIS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
@@ -55,6 +58,7 @@ class SynthParams:
     phi: float = 0.8
     psi: float = 0.3
     beta: float = 1.0
+    kappa: float = 0.0
 
 
 def _ar1(a: np.ndarray, phi: float) -> np.ndarray:
@@ -104,6 +108,19 @@ def _topk(score: np.ndarray, K: int, beta: float) -> tuple[np.ndarray, np.ndarra
     return order_by_weight(part, w)
 
 
+def _repeat(ex: np.ndarray, w: np.ndarray, kappa: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """With probability kappa per token and layer, the token reuses the previous token's routing (a
+    chain of repeats all take the row of its first token): vectorised by a running maximum of indices."""
+    if kappa <= 0:
+        return ex, w
+    T, M, _ = ex.shape
+    copy = np.random.default_rng(np.random.SeedSequence([seed, 13])).random((T, M)) < kappa
+    copy[0] = False
+    idx = np.maximum.accumulate(np.where(copy, 0, np.arange(T)[:, None]), axis=0)
+    cols = np.arange(M)[None, :]
+    return ex[idx, cols], w[idx, cols]
+
+
 def generate(pop: np.ndarray, K: int, T: int, p: SynthParams, seed: int, calibrate: bool = True,
              noise: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(experts int64 [T, M, K], weights float32 [T, M, K]) with layer popularity `pop` [M, E]."""
@@ -119,6 +136,7 @@ def generate(pop: np.ndarray, K: int, T: int, p: SynthParams, seed: int, calibra
         got = got / got.sum(axis=1, keepdims=True)
         base += np.log(target / np.maximum(got, 0.5 / (T * K))).astype(np.float32)
     ex, w = _topk(base[None] + noisy, K, p.beta)
+    ex, w = _repeat(ex, w, p.kappa, seed)
     return ex, w.astype(np.float32)
 
 
@@ -134,20 +152,29 @@ def fit_like(v: RoutingView, seed: int = 0) -> tuple[SynthParams, dict[str, Any]
     T, M, K = v.experts.shape
     E = v.n_experts
 
-    def stats_of(p: SynthParams, calibrate: bool = False) -> dict[str, Any]:
-        ex, w = generate(pop, K, T, p, seed, calibrate=calibrate)
-        return routing_stats(RoutingView(ex, w, v.sequence, E))
+    want_reuse = target["reuse_prev"]
+
+    def point(sigma: float, phi: float, psi: float, calibrate: bool = False) -> tuple[SynthParams, dict[str, Any]]:
+        """Stats at (sigma, phi, psi) with kappa solved from reuse: repeats lift reuse r0 to
+        kappa + (1 - kappa) r0, so kappa = (target - r0) / (1 - r0) when the latent alone falls short."""
+        ex, w = generate(pop, K, T, SynthParams(sigma, phi, psi), seed, calibrate=calibrate)
+        view = RoutingView(ex, w, v.sequence, E)
+        r0 = float(np.nanmean(reuse_prev(view)))
+        kappa = 0.0 if want_reuse is None or not r0 < want_reuse else round((want_reuse - r0) / (1 - r0), 4)
+        if kappa > 0:
+            view = RoutingView(*_repeat(ex, w, kappa, seed), v.sequence, E)
+        return SynthParams(sigma, phi, psi, 1.0, kappa), routing_stats(view)
 
     coarse = [(s, f) for s in SIGMAS for f in PHIS if not (s == 0 and f > 0)]
-    s0, f0 = min(coarse, key=lambda sf: _loss(stats_of(SynthParams(sf[0], sf[1], 0.0)), target, FIT_KEYS))
+    s0, f0 = min(coarse, key=lambda sf: _loss(point(sf[0], sf[1], 0.0)[1], target, FIT_KEYS))
     fine = [(max(0.0, s0 + ds), min(0.99, max(0.0, f0 + df))) for ds in (-0.25, -0.125, 0, 0.125, 0.25)
             for df in (-0.06, -0.03, 0, 0.03, 0.06)]
-    s1, f1 = min(fine, key=lambda sf: _loss(stats_of(SynthParams(sf[0], sf[1], 0.0), True), target, FIT_KEYS))
+    s1, f1 = min(fine, key=lambda sf: _loss(point(sf[0], sf[1], 0.0, True)[1], target, FIT_KEYS))
     want_nmi, lo, hi = target["cross_layer_nmi"], 0.0, 0.99
     for _ in range(PSI_STEPS if want_nmi is not None and M > 1 else 0):     # NMI rises with psi
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if stats_of(SynthParams(s1, f1, mid))["cross_layer_nmi"] < want_nmi else (lo, mid)
-    p = SynthParams(s1, f1, round(0.5 * (lo + hi), 4) if want_nmi is not None and M > 1 else 0.0)
+        lo, hi = (mid, hi) if point(s1, f1, mid)[1]["cross_layer_nmi"] < want_nmi else (lo, mid)
+    p, _ = point(s1, f1, round(0.5 * (lo + hi), 4) if want_nmi is not None and M > 1 else 0.0, True)
     want = target["top1_weight"]
     if want is not None and K > 1:
         lo, hi = 0.0, 50.0
@@ -156,7 +183,7 @@ def fit_like(v: RoutingView, seed: int = 0) -> tuple[SynthParams, dict[str, Any]
             mid = 0.5 * (lo + hi)
             _, w = generate(pop, K, T, SynthParams(p.sigma, p.phi, p.psi, mid), seed, calibrate=False, noise=(z, g))
             lo, hi = (mid, hi) if float(w[:, :, 0].mean()) < want else (lo, mid)
-        p = SynthParams(p.sigma, p.phi, p.psi, round(0.5 * (lo + hi), 4))
+        p = SynthParams(p.sigma, p.phi, p.psi, round(0.5 * (lo + hi), 4), p.kappa)
     return p, target
 
 
