@@ -41,9 +41,9 @@ def plan_moe(args: argparse.Namespace) -> int:
         print_json(out)
         return 0
     src = out["routing_source"]
+    where = src.get("path") or f"{src.get('generator')}, Zipf skew {src.get('zipf_skew')}"
     print(f"{out['model']} on {out['device']} with {format_bytes(out['budget_bytes'])} of DRAM; routing: "
-          f"{src['kind']}" + (f" ({src.get('generator')}, Zipf skew {src.get('zipf_skew')})" if src['kind'] == 'synthetic'
-                               else ""))
+          f"{src['kind']} ({where})")
     rows = [[r["dtype"], r["policy"], f"{r['cache_slots_per_layer']:.0f}", f"{r['hit_rate']:.3f}",
              f"{r['tokens_per_s']:.2f}", f"{r['peak_bound_tokens_per_s']:.2f}",
              f"{out['ideal_policy_bound'][r['dtype']]['tokens_per_s']:.2f}", format_bytes(r["dram_bytes"]),
