@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from devices.errors import FlashsimError
+from devices.errors import FlashsimError, unknown_name
 from devices.loading import read_mapping
+from devices.runtime import DEFAULT_RUNTIME, list_runtimes
 from sim.blocks import parse_block_items
 from sim.components.memory import BudgetTimeline
 from sim.params import build_params, check, param, params_to_dict
@@ -90,6 +91,13 @@ class ComputeParams:
                   "seconds per torch call, phase by phase, between the profile's three probes (flash.*_probe_op_s; without "
                   "them the flash.framework_* constants in every phase) and it loses a prefetch's planning; "
                   "native: a compiled loop, which takes the kernel constants (flash.compute_lost_s_per_read ...)")
+    runtime: str = param(DEFAULT_RUNTIME, "the inference runtime whose kernels the device runs (devices/runtimes/: "
+                                          "kernels per layer and host dispatch per op, each with its source): "
+                                          + ", ".join(list_runtimes()))
+
+    def __post_init__(self) -> None:
+        if self.runtime not in list_runtimes():
+            raise unknown_name("runtime", self.runtime, list_runtimes())
 
 
 @dataclass(frozen=True)

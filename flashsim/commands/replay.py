@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="sequences decoded together (default 1)")
     p.add_argument("--prompt-tokens", type=int, help="prompt tokens per sequence (default: the trace's prompts)")
     p.add_argument("--seed", type=int, help="seed of the random streams (default 0)")
+    p.add_argument("--runtime", help="the inference runtime (kernels per layer, dispatch per op; devices/runtimes/): "
+                                     "llama.cpp (default) or eager-pytorch; the same as --set compute.runtime=NAME")
     p.add_argument("--rescale", action="store_true", help="allow a trace of another shape than --model (tiled)")
     p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
                    help="device numbers: achievable (published/measured, the default) or peak (datasheet ceiling); "
@@ -75,7 +77,8 @@ def _config(args: argparse.Namespace) -> Any:
     if args.dram_budget is not None:
         sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     for flag, key in (("tokens", "workload.tokens"), ("batch", "workload.batch"),
-                      ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed")):
+                      ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed"),
+                      ("runtime", "compute.runtime")):
         if getattr(args, flag) is not None:
             sets.append(f"{key}={getattr(args, flag)}")
     if args.rescale:
@@ -138,8 +141,8 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     c = s["config"]
     mode = f" in power mode {s['power_mode']}" if s.get("power_mode") else ""
     print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
-          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, {s.get('bound', 'achievable')} "
-          "device numbers")
+          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
+          f"{s.get('bound', 'achievable')} device numbers")
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
     if c.get("cache_shares"):   # memory.cache_split other than equal (sim/policies/cache_shares.py)
         sh = c["cache_shares"]
