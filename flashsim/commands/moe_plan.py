@@ -43,7 +43,7 @@ def plan_moe(args: argparse.Namespace) -> int:
     src = out["routing_source"]
     where = src.get("path") or f"{src.get('generator')}, Zipf skew {src.get('zipf_skew')}"
     print(f"{out['model']} on {out['device']} with {format_bytes(out['budget_bytes'])} of DRAM; routing: "
-          f"{src['kind']} ({where})")
+          f"{src['kind']} ({where}); the first {out['warmup_tokens']} tokens warm the caches")
     rows = [[r["dtype"], r["policy"], f"{r['cache_slots_per_layer']:.0f}", f"{r['hit_rate']:.3f}",
              f"{r['tokens_per_s']:.2f}", f"{r['peak_bound_tokens_per_s']:.2f}",
              f"{out['ideal_policy_bound'][r['dtype']]['tokens_per_s']:.2f}", format_bytes(r["dram_bytes"]),

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", type=int, default=1024, help="context tokens for the KV cache (default 1024)")
     g.add_argument("--prefetch-accuracy", type=float, help="speculative next-layer prefetch with this accuracy "
                    "(a measured or published figure); off by default")
+    g.add_argument("--warmup-tokens", type=int, default=None, help="decode tokens that only warm the cache before "
+                   "timing starts (default: a quarter of the trace's decode tokens; 0 to time a cold start)")
     g.add_argument("--prefetch-memory", type=float, default=0.0,
                    help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
 
@@ -62,6 +64,10 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     ex, w, ph = trace.experts, trace.weights, trace.phase
     if n is not None:
         ex, w, ph = ex[:n], w[:n], ph[:n]
+    from dataclasses import replace
+
+    warm = args.warmup_tokens if args.warmup_tokens is not None else int((ph == 1).sum()) // 4
+    base = replace(base, warmup_tokens=warm)
     out = compare_policies(spec, raw, ex, base, policies, weights=w, phase=ph)
     out.update({"routing_trace": str(path), "dram_budget_bytes": budget,
                 "routing_source": trace.manifest.source.get("kind")})
@@ -74,7 +80,7 @@ def run_moe_replay(args: argparse.Namespace) -> int:
 
 def _print(out: dict[str, Any], spec: Any) -> None:
     c = out["config"]
-    print(f"{out['model']} on {out['device']}: {c['dtype']} experts, "
+    print(f"{out['model']} on {out['device']}: {c['dtype']} experts, {c['warmup_tokens']} warm-up tokens, "
           f"{c['capacity']} cache slots {'per MoE layer' if c['scope'] == 'layer' else 'in all'} "
           f"({format_bytes(out['dram_budget_bytes'])} budget), routing trace {out['routing_trace']} "
           f"({out['routing_source']})")

@@ -44,12 +44,15 @@ class MoERunConfig:
     seed: int = 0
     engine: Literal["fast", "des"] = "fast"
     router_sync: bool = True             # False: an engine that never waits on the host (no reads during decode)
+    warmup_tokens: int = 0               # the first tokens warm the cache and are not timed (steady state after)
 
     def __post_init__(self) -> None:
         if self.dtype not in MOE_DTYPE_BITS:
             raise FlashsimError(f"dtype {self.dtype!r}: choose one of {', '.join(MOE_DTYPE_BITS)}")
         if self.context_tokens < 0:
             raise FlashsimError(f"context_tokens must be >= 0, got {self.context_tokens}")
+        if self.warmup_tokens < 0:
+            raise FlashsimError(f"warmup_tokens must be >= 0, got {self.warmup_tokens}")
 
 
 def dram_bytes(spec: MoESpec, cfg: MoERunConfig, slots_total: int) -> int:
@@ -83,11 +86,17 @@ class MoERun:
     summary: dict[str, Any]
 
 
-def _decode_rows(phase: np.ndarray | None, T: int) -> np.ndarray:
-    if phase is None:
-        return np.ones(T, bool)
-    dec = np.asarray(phase) == 1
-    return dec if dec.any() else np.ones(T, bool)
+def _decode_rows(phase: np.ndarray | None, T: int, warmup: int = 0) -> np.ndarray:
+    """The tokens timed: decode tokens (phase 1) after the first `warmup` of them; prefill tokens and the
+    warm-up only fill the cache. A trace too short for its warm-up times its last token."""
+    dec = np.ones(T, bool) if phase is None else np.asarray(phase) == 1
+    if not dec.any():
+        dec = np.ones(T, bool)
+    idx = np.flatnonzero(dec)
+    keep = idx[min(warmup, len(idx) - 1):]
+    out = np.zeros(T, bool)
+    out[keep] = True
+    return out
 
 
 def simulate(spec: MoESpec, profile: DeviceProfile, experts: np.ndarray, cfg: MoERunConfig, *,
@@ -112,7 +121,7 @@ def simulate(spec: MoESpec, profile: DeviceProfile, experts: np.ndarray, cfg: Mo
                         router_sync=cfg.router_sync and not (all_cached or policy.page_faults))
     engine = run_des if cfg.engine == "des" else fast_path
     tl = engine(costs, hits, pf_hits, misses, pf_reads, policy.page_faults)
-    rows = _decode_rows(phase, e.shape[0])
+    rows = _decode_rows(phase, e.shape[0], cfg.warmup_tokens)
     summary = _summary(spec, profile, cfg, res, tl, costs, rows, misses, pf_reads, pred, e, policy.page_faults)
     return MoERun(res, tl, costs, summary)
 
@@ -130,7 +139,7 @@ def _summary(spec: MoESpec, profile: DeviceProfile, cfg: MoERunConfig, res: Resi
         "policy": cfg.policy, "params": dict(cfg.params), "bound": profile.bound, "scope": res.scope,
         "capacity": res.capacity, "cache_slots_total": slots,
         "cache_share_of_experts": slots / (spec.n_moe_layers * spec.n_experts),
-        "dtype": cfg.dtype, "tokens": int(rows.sum()),
+        "dtype": cfg.dtype, "tokens": int(rows.sum()), "warmup_tokens": cfg.warmup_tokens,
         "ms_per_token": ms * 1e3, "tokens_per_s": 1.0 / ms if ms > 0 else float("inf"),
         "io_ms_per_token": float(tl.io_s[rows].mean()) * 1e3,
         "stall_ms_per_token": float(tl.stall_s[rows].mean()) * 1e3,
