@@ -78,10 +78,10 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
         raise FlashsimError(f"routing trace shape {routing['experts'].shape[1:]} does not match {spec.name} "
                             f"({spec.n_moe_layers} MoE layers, top-{spec.top_k})")
     rows, ideal, unfit = [], {}, []
-    warm = len(routing["experts"]) // 4              # steady state: the first quarter only warms the caches
+    warm = 1                                         # steady state: one untimed pass over the trace first
     for dt in dtypes:
         base = MoERunConfig(scope=scope, dtype=dt, context_tokens=context_tokens, seed=seed,  # type: ignore[arg-type]
-                            warmup_tokens=warm)
+                            warm_passes=warm)
         cap = capacity_for_budget(spec, base, budget)
         if cap < 0:
             unfit.append({"dtype": dt, "dram_needed_without_cache_bytes": dram_bytes(spec, base, 0)})
@@ -98,10 +98,10 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
     need = None
     if target_tps is not None and best is not None:
         cfg = MoERunConfig(policy=best["policy"], params=best["params"], scope=scope, dtype=best["dtype"],  # type: ignore[arg-type]
-                           context_tokens=context_tokens, seed=seed, warmup_tokens=warm)
+                           context_tokens=context_tokens, seed=seed, warm_passes=warm)
         need = dram_for_target(spec, ach, routing, cfg, target_tps)
     return {"model": spec.name, "device": raw.name, "budget_bytes": budget, "target_tps": target_tps,
-            "warmup_tokens": warm,
+            "warm_passes": warm,
             "routing_source": routing["source"], "rows": rows, "ideal_policy_bound": ideal, "best": best,
             "meets_target": None if target_tps is None or best is None else best["tokens_per_s"] >= target_tps,
             "dram_for_target": need, "does_not_fit": unfit, "resident_bytes": {d: spec.resident_bytes(d) for d in dtypes},

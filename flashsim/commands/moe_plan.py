@@ -35,7 +35,7 @@ def plan_moe(args: argparse.Namespace) -> int:
         routing = {"experts": np.asarray(t.experts), "weights": np.asarray(t.weights), "phase": np.asarray(t.phase),
                    "source": {"kind": t.manifest.source.get("kind"), "path": str(t.path)}}
     out = moe_plan(spec, raw, budget_bytes=budget, target_tps=args.target_tps, routing=routing,
-                   tokens=min(args.tokens, 256), seed=args.seed, dtypes=tuple(args.expert_dtype or PLAN_DTYPES),
+                   tokens=min(args.tokens, 64), seed=args.seed, dtypes=tuple(args.expert_dtype or PLAN_DTYPES),
                    scope=args.cache_scope)
     if args.json:
         print_json(out)
@@ -43,7 +43,7 @@ def plan_moe(args: argparse.Namespace) -> int:
     src = out["routing_source"]
     where = src.get("path") or f"{src.get('generator')}, Zipf skew {src.get('zipf_skew')}"
     print(f"{out['model']} on {out['device']} with {format_bytes(out['budget_bytes'])} of DRAM; routing: "
-          f"{src['kind']} ({where}); the first {out['warmup_tokens']} tokens warm the caches")
+          f"{src['kind']} ({where}); caches warmed by {out['warm_passes']} untimed pass over it")
     rows = [[r["dtype"], r["policy"], f"{r['cache_slots_per_layer']:.0f}", f"{r['hit_rate']:.3f}",
              f"{r['tokens_per_s']:.2f}", f"{r['peak_bound_tokens_per_s']:.2f}",
              f"{out['ideal_policy_bound'][r['dtype']]['tokens_per_s']:.2f}", format_bytes(r["dram_bytes"]),
@@ -65,7 +65,8 @@ def plan_moe(args: argparse.Namespace) -> int:
             f"{format_bytes(need['dram_bytes'])} of DRAM ({need['tokens_per_s']:.2f} tok/s)" if need
             else "not reached even with every expert cached"))
     print("tok/s: expected on the device's achievable numbers; peak: datasheet ceiling; ideal: Belady's cache with "
-          "an oracle next-layer prefetch.")
+          "an oracle next-layer prefetch, for policies that keep the router's choice (cache-aware routing trades "
+          "router-weight mass, its quality cost, to pass it).")
     return 0
 
 

@@ -83,3 +83,15 @@ def test_capacity_for_budget_fits(setup) -> None:
     budget = need0 + 10 * spec.expert_bytes("int4") * spec.n_moe_layers
     cap = capacity_for_budget(spec, cfg, budget)
     assert cap == 10 and dram_bytes(spec, cfg, cap * spec.n_moe_layers) <= budget
+
+
+def test_warm_pass_times_the_steady_state(setup) -> None:
+    """A cache that holds every expert: cold, the first reads of each expert are timed; after one
+    untimed pass over the trace no token reads anything."""
+    spec, prof, e, w = setup
+    cold = simulate(spec, prof, e, MoERunConfig(policy="lru", capacity=16), weights=w).summary
+    warm = simulate(spec, prof, e, MoERunConfig(policy="lru", capacity=16, warm_passes=1), weights=w).summary
+    assert cold["flash_bytes_per_token"] > 0 and warm["flash_bytes_per_token"] == 0
+    assert warm["hit_rate"] == 1.0 and warm["tokens"] == len(e)
+    part = simulate(spec, prof, e, MoERunConfig(policy="lru", capacity=16, warmup_tokens=4), weights=w).summary
+    assert part["tokens"] == len(e) - 4
