@@ -72,7 +72,9 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     base = replace(base, warmup_tokens=warm, warm_passes=args.warm_passes)
     out = compare_policies(spec, raw, ex, base, policies, weights=w, phase=ph)
     out.update({"routing_trace": str(path), "dram_budget_bytes": budget,
-                "routing_source": trace.manifest.source.get("kind")})
+                "routing_source": trace.manifest.source.get("kind"),
+                "router_sync_s": raw.moe.router_sync_s if raw.moe else None,
+                "router_sync_source": raw.moe.router_sync_source.model_dump() if raw.moe else None})
     if args.json:
         print_json(out)
         return 0
@@ -101,6 +103,12 @@ def _print(out: dict[str, Any], spec: Any) -> None:
                  format_bytes(i["flash_bytes_per_token"]), f"{i['io_ms_per_token']:.1f}", "0.000",
                  format_bytes(i["dram_bytes"]), "-" if i["energy_j_per_token"] is None
                  else f"{i['energy_j_per_token']['total']:.2f}"])
+    if out["router_sync_s"] is None:
+        print(f"note: {out['device']} has no moe: section: the router read-back per MoE layer is taken as 0 "
+              "(add one with its source, docs/moe.md)")
+    else:
+        print(f"router read-back: {out['router_sync_s'] * 1e6:.0f} us per MoE layer "
+              f"({out['router_sync_source']['kind']})")
     print_table(["expert cache", "tok/s", "peak tok/s", "hit rate", "prefetch hits", "flash/token", "io ms",
                  "mass replaced", "DRAM", "J/token"], rows, align="lrrrrrrrrr")
     print("tok/s: expected (achievable device numbers); peak tok/s: the same policy on datasheet peaks (a bound); "
