@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.suggest import hint
 from devices.units import format_bytes, parse_bytes, parse_seconds
 from sim.components.memory import BudgetTimeline, load_budget_timeline
 
@@ -93,8 +94,8 @@ def parse_timeline(text: str, where: str = "--timelines") -> TimelineSpec:
     kind, _, rest = raw.partition(":")
     kind = kind.strip()
     if kind not in KINDS:
-        raise FlashsimError(f"{where} {raw!r}: unknown timeline kind {kind!r}; use one of "
-                            f"{', '.join(KINDS)} (e.g. step:t=40%,from=1.0,to=0.6)")
+        raise FlashsimError(f"{where} {raw!r}: unknown timeline kind {kind!r}; "
+                            f"{hint(kind, KINDS, 'use one of')} (e.g. step:t=40%,from=1.0,to=0.6)")
     if kind == "file":
         path = rest.strip()
         if not path:
@@ -109,8 +110,8 @@ def parse_timeline(text: str, where: str = "--timelines") -> TimelineSpec:
         if not sep or not value:
             raise FlashsimError(f"{where} {raw!r}: {item!r} is not key=value")
         if key not in KINDS[kind]:
-            raise FlashsimError(f"{where} {raw!r}: unknown parameter {key!r} for {kind}; valid: "
-                                f"{', '.join(KINDS[kind])}")
+            raise FlashsimError(f"{where} {raw!r}: unknown parameter {key!r} for {kind}; "
+                                f"{hint(key, KINDS[kind])}")
         if key in params:
             raise FlashsimError(f"{where} {raw!r}: parameter {key!r} given twice")
         params[key] = value

@@ -1,6 +1,6 @@
 """The controller interface: the state a controller sees at a decision point and what it returns.
 
-An episode (sim/adapt/episode.py) calls `Controller.decide(state)` at every decision point (every
+An episode (adapt/episode.py) calls `Controller.decide(state)` at every decision point (every
 `decide_every` decode steps and at every budget change); the returned bool [2L] mask is the new
 dropped set (True = dropped), applied before the step's footprint is checked against
 `state.available_bytes`. Block i is sim.blocks' block i (2*l: "mha:l", 2*l+1: "ffn:l").
@@ -27,7 +27,7 @@ class AdaptState:
     seq_len: int                  # tokens in context per sequence now (prompt + generated)
     kv_tokens: int                # KV entries over all sequences now
     available_bytes: int          # memory available now (from the timeline)
-    importance: np.ndarray        # float64 [2L], higher = more important (sim.adapt.importance)
+    importance: np.ndarray        # float64 [2L], higher = more important (adapt.importance)
     dropped: np.ndarray           # bool [2L]: currently dropped
     blocks: BlockMemory
 

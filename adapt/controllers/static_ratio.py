@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from adapt.controllers.base import AdaptState
 from devices.errors import FlashsimError
-from sim.adapt.controllers.base import AdaptState
 
 
 class StaticRatio:

@@ -1,4 +1,4 @@
-"""Episodes (sim/adapt/episode.py): hand-computed footprints, decision points, violations, time;
+"""Episodes (adapt/episode.py): hand-computed footprints, decision points, violations, time;
 the heuristic never exceeds a feasible budget (hypothesis); determinism; the simulator's timer."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.adapt.controllers.heuristic import Heuristic
-from sim.adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
-from sim.adapt.episode import EpisodeSetup, Workload, requality, run_episode
-from sim.adapt.importance import importance_vector
-from sim.adapt.timelines import parse_timeline
+from adapt.controllers.heuristic import Heuristic
+from adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
+from adapt.episode import EpisodeSetup, Workload, requality, run_episode
+from adapt.importance import importance_vector
+from adapt.timelines import parse_timeline
 from sim.blocks import BlockMemory, block_names
 from sim.components.memory import BudgetTimeline
-from tests.sim.adapt.conftest import FakeTimer, tiny_blocks, tiny_doc
+from tests.adapt.conftest import FakeTimer, tiny_blocks, tiny_doc
 
 NAMES = block_names(2)
 
@@ -168,8 +168,8 @@ def test_requality_keeps_the_trajectory():
 def test_step_timer_matches_block_memory_and_pruning_is_faster():
     """The simulator's DRAM of the dense preset equals BlockMemory's footprint, with and without
     dropped blocks, and dropping blocks shortens the simulated step."""
+    from adapt.episode import StepTimer
     from devices import load_profile
-    from sim.adapt.episode import StepTimer
     from sim.policies.presets import preset_config
     from traces.data import shipped_trace_path
     from traces.format import open_trace

@@ -1,4 +1,4 @@
-"""GSI file format (sim/adapt/importance.py) and the importance vector, hand-computed."""
+"""GSI file format (adapt/importance.py) and the importance vector, hand-computed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from devices.errors import FlashsimError
-from sim.adapt.importance import (
+from adapt.importance import (
     block_names,
     importance_vector,
     read_gsi_file,
@@ -16,7 +15,8 @@ from sim.adapt.importance import (
     validate_gsi,
     write_gsi_file,
 )
-from tests.sim.adapt.conftest import tiny_doc
+from devices.errors import FlashsimError
+from tests.adapt.conftest import tiny_doc
 
 
 def test_round_trip_is_atomic_and_byte_identical(tmp_path, doc):
@@ -31,8 +31,8 @@ def test_round_trip_is_atomic_and_byte_identical(tmp_path, doc):
 
 def test_real_gsi_reexports_the_same_functions():
     pytest.importorskip("torch")
+    import adapt.importance as imp
     import real.studies.gsi as rg
-    import sim.adapt.importance as imp
 
     assert rg.read_gsi_file is imp.read_gsi_file and rg.write_gsi_file is imp.write_gsi_file
     assert rg.SCHEMA_VERSION == imp.SCHEMA_VERSION == 1

@@ -1,17 +1,17 @@
-"""Memory timelines (sim/adapt/timelines.py): hand-computed levels, seeded bursts, one-line errors."""
+"""Memory timelines (adapt/timelines.py): hand-computed levels, seeded bursts, one-line errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from devices.errors import FlashsimError
-from sim.adapt.timelines import (
+from adapt.timelines import (
     HORIZON_SPAN,
     TimelineContext,
     parse_budgets,
     parse_timeline,
     parse_timelines,
 )
+from devices.errors import FlashsimError
 
 CTX = TimelineContext(full_need_bytes=1000, horizon_s=2.0)
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sim.adapt.importance import check_names
+from adapt.importance import check_names
 
 
 class Perplexity(Protocol):

@@ -24,8 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from adapt.controllers.base import AdaptState
 from devices.errors import FlashsimError
-from sim.adapt.controllers.base import AdaptState
 
 # 5% of the available memory: 25-35 decode steps of KV growth at batch 16 on SmolLM2-135M (360 KiB a step)
 DEFAULT_HEADROOM = 0.05

@@ -21,20 +21,20 @@ def make_controller(name: str, *, spec: Any, kv_tokens_max: int, static_ratio: f
                     headroom: float | None = None, weights: str | Path | None = None) -> Any:
     """A fresh controller by CLI name (FlashsimError for an unknown name or bad parameters)."""
     if name == "static-ratio":
-        from sim.adapt.controllers.static_ratio import StaticRatio
+        from adapt.controllers.static_ratio import StaticRatio
 
         return StaticRatio(static_ratio)
     if name == "static-window":
-        from sim.adapt.controllers.static_window import StaticWindow
+        from adapt.controllers.static_window import StaticWindow
 
         return StaticWindow(spec, kv_tokens_max)
     if name in ("heuristic", "heuristic-bytes"):
-        from sim.adapt.controllers.heuristic import DEFAULT_HEADROOM, Heuristic
+        from adapt.controllers.heuristic import DEFAULT_HEADROOM, Heuristic
 
         return Heuristic("importance" if name == "heuristic" else "per-byte",
                          DEFAULT_HEADROOM if headroom is None else headroom)
     if name == "learned":
-        from sim.adapt.controllers.learned import LearnedController
+        from adapt.controllers.learned import LearnedController
 
         return LearnedController(weights=weights)
     raise unknown_name("controller", name, CONTROLLER_NAMES)
@@ -43,7 +43,7 @@ def make_controller(name: str, *, spec: Any, kv_tokens_max: int, static_ratio: f
 def learned_unavailable(weights: str | Path | None) -> str | None:
     """Why the learned controller cannot run here (None when it can): its module or weights missing."""
     try:
-        from sim.adapt.controllers import learned
+        from adapt.controllers import learned
     except ImportError as e:
         return f"the learned controller's module is not available ({e})"
     path = Path(weights) if weights is not None else learned.default_weights_path()

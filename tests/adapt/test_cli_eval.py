@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from adapt.importance import block_names, make_gsi_document, write_gsi_file
 from flashsim.main import main
-from sim.adapt.importance import block_names, make_gsi_document, write_gsi_file
 
 SMALL = ["--batch", "4", "--prompt-tokens", "16", "--tokens", "24", "--decide-every", "4"]
 
@@ -92,7 +92,7 @@ def test_table_and_plot(capsys, gsi_file, tmp_path):
 
 
 def test_learned_is_skipped_with_a_reason_without_weights(capsys, gsi_file, monkeypatch, tmp_path):
-    from sim.adapt import controllers
+    from adapt import controllers
 
     monkeypatch.setattr(controllers, "learned_unavailable", lambda w: "no weights here (test)")
     rc, out, err = run(capsys, "adapt", "eval", "--gsi", str(gsi_file), *SMALL, "--budgets", "0.8",
@@ -126,7 +126,7 @@ def test_bad_input_one_line_exit_2(capsys, gsi_file, argv, needle):
 
 
 def test_gsi_of_another_model_is_one_line(capsys, tmp_path):
-    from tests.sim.adapt.conftest import tiny_doc
+    from tests.adapt.conftest import tiny_doc
 
     path = tmp_path / "tiny.json"
     write_gsi_file(path, tiny_doc())
@@ -142,7 +142,7 @@ def test_quality_real_on_smollm2(capsys):
     pytest.importorskip("torch")
     from pathlib import Path
 
-    from sim.adapt.importance import read_gsi_file
+    from adapt.importance import read_gsi_file
 
     shipped = Path(__file__).resolve().parents[3] / "sim" / "adapt" / "data" / "smollm2-135m.gsi.json"
     if not shipped.is_file():
@@ -164,7 +164,7 @@ def test_quality_real_on_smollm2(capsys):
 def test_learned_controller_runs_with_a_weights_file(capsys, gsi_file, tmp_path):
     """The learned controller (module) joins the table when given weights: here random
     ones in its documented file format; its safety rule keeps it within a feasible budget."""
-    learned = pytest.importorskip("sim.adapt.controllers.learned")
+    learned = pytest.importorskip("adapt.controllers.learned")
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(0)
     sizes = (learned.OBS_DIM, 16, 16, 2)

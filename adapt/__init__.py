@@ -1,10 +1,14 @@
-"""Runtime adaptation to a changing memory budget (issue 7, RAP), simulator side.
+"""Runtime adaptation to a changing memory budget (RAP), an application built on the simulator.
+
+The package sits above `sim` (it drives the engine through `sim.engine.simulate` and `sim.blocks`) and
+below `real` (the real backend's studies write and read its GSI files); it never imports `real`,
+`analysis` or the command line.
 
 Modules (each owns one thing):
     importance   the GSI file format (schema_version 1: read, validate, write) and the block
                  importance vector a controller sees
     timelines    memory-availability timelines (step, sawtooth, bursts, files) as BudgetTimeline
-    quality      perplexity of a dropped set: estimate from a GSI file, or a measured callable
+    drop_quality perplexity of a dropped set: estimate from a GSI file, or a measured callable
     episode      replay a timeline + workload with a controller: footprint, violations, time, quality
     controllers  the Controller protocol (controllers/base.py) and one module per controller
     env, train   the Gymnasium environment and training of the learned controller

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from adapt.controllers.base import AdaptState
 from devices.model_spec import ModelSpec
-from sim.adapt.controllers.base import AdaptState
 
 
 class StaticWindow:

@@ -1,15 +1,15 @@
 """The learned RAP controller: the MLP's forward pass, the decision pass and the weights file.
 
 Owns: the NumPy forward pass of the Q-network (`mlp_forward`), the weights file reader
-(`load_policy`), and `LearnedController`, which implements sim.adapt.controllers.base.Controller. It
-needs NumPy and safetensors only: no torch, no gymnasium (training lives in sim/adapt/train.py and the
-environment in sim/adapt/env.py; both import this module, never the other way round).
+(`load_policy`), and `LearnedController`, which implements adapt.controllers.base.Controller. It
+needs NumPy and safetensors only: no torch, no gymnasium (training lives in adapt/train.py and the
+environment in adapt/env.py; both import this module, never the other way round).
 
 Decision pass (RAP's "sequential single-block decisions"): the blocks are visited in a fixed order,
 ascending importance per byte the block frees ("per-byte": weights + KV at the current KV entries) or
 ascending importance ("importance"), ties to the lower block index; the weights file says which
 (metadata `visit`; "importance" when absent). For block i the Q-network scores keep (action 0) and drop
-(action 1) from its observation (sim/adapt/controllers/learned_obs.py: 15 entries, scale-free) and
+(action 1) from its observation (adapt/controllers/learned_obs.py: 15 entries, scale-free) and
 the larger wins (ties: keep). The pass stops as soon as
 the plan fits the available memory, keeping every block not yet visited (a block dropped beyond the
 budget buys nothing and costs quality; with nothing to drop the network is not run at all). The
@@ -20,12 +20,12 @@ Safety rule (documented in docs/adapt.md): if the plan still exceeds `available_
 after the pass, the controller drops the kept blocks in ascending importance until it fits (or
 nothing is left to drop). `LearnedController.safety_fired` counts the decisions where it acted.
 
-Weights file (safetensors, written by sim/adapt/train.py): tensors w0 [15, h0], b0 [h0], w1 [h0, h1],
+Weights file (safetensors, written by adapt/train.py): tensors w0 [15, h0], b0 [h0], w1 [h0, h1],
 b1 [h1], w2 [h1, 2], b2 [2] (float32, ReLU between layers, Q-values out); metadata (strings):
 format = "flashsim-rap-dqn", obs_version, obs_dim, hidden (e.g. "128,128"), n_params, alpha, beta,
 seed, train_steps, updates, episodes, selected_step, validation_score, model, visit, gsi_sha256, dqn
 (the other hyper-parameters as JSON). Written by hand in the safetensors layout with sorted keys so
-the same training writes the same bytes (sim/adapt/train.py: safetensors_bytes).
+the same training writes the same bytes (adapt/train.py: safetensors_bytes).
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.errors import FlashsimError
-from sim.adapt.controllers.base import AdaptState
-from sim.adapt.controllers.learned_obs import (
+from adapt.controllers.base import AdaptState
+from adapt.controllers.learned_obs import (
     OBS_DIM,
     OBS_VERSION,
     VISITS,
@@ -47,6 +46,7 @@ from sim.adapt.controllers.learned_obs import (
     observations,
     pass_context,
 )
+from devices.errors import FlashsimError
 
 WEIGHTS_FORMAT = "flashsim-rap-dqn"
 PARAM_NAMES = ("w0", "b0", "w1", "b1", "w2", "b2")
@@ -267,7 +267,7 @@ class PolicyFile:
 
 
 def load_policy(path: str | Path) -> PolicyFile:
-    """Read a weights file written by sim/adapt/train.py; FlashsimError naming what is wrong."""
+    """Read a weights file written by adapt/train.py; FlashsimError naming what is wrong."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -304,7 +304,7 @@ def load_policy(path: str | Path) -> PolicyFile:
 
 
 def default_weights_path(model: str = "smollm2-135m") -> Path:
-    """The shipped weights for `model` (sim/adapt/data/learned-<model>.safetensors)."""
+    """The shipped weights for `model` (adapt/data/learned-<model>.safetensors)."""
     return Path(__file__).resolve().parent.parent / "data" / f"learned-{model}.safetensors"
 
 

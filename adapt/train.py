@@ -1,8 +1,8 @@
 """Training of the learned RAP controller: a DQN in pure NumPy, and its weights file.
 
 Owns: the Q-network's parameters, initialisation, backward pass and Adam update (`QNetwork`), the
-replay buffer, the DQN loop over `sim.adapt.env.RapEnv` (`train_dqn`), and writing the weights as
-safetensors with metadata (`save_policy`, atomic). Inference is `sim.adapt.controllers.learned`
+replay buffer, the DQN loop over `adapt.env.RapEnv` (`train_dqn`), and writing the weights as
+safetensors with metadata (`save_policy`, atomic). Inference is `adapt.controllers.learned`
 (NumPy only), which reads the file this module writes.
 
 Why NumPy and not torch: the network is tiny (15 -> 128 -> 128 -> 2, 18,818 parameters), so a
@@ -39,14 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.adapt.controllers.learned import (
+from adapt.controllers.learned import (
     PARAM_NAMES,
     WEIGHTS_FORMAT,
     mlp_forward,
     n_params,
     single_thread_blas,
 )
-from sim.adapt.controllers.learned_obs import OBS_DIM, OBS_VERSION
+from adapt.controllers.learned_obs import OBS_DIM, OBS_VERSION
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ class TrainResult:
 def validation_score(env, params: dict[str, np.ndarray], states: list) -> float:
     """Mean episode score of the greedy policy over decision points, without the safety rule (so a
     policy that leans on the rule is not selected: its violations cost it beta each)."""
-    from sim.adapt.controllers.learned import CompiledPolicy, decide_pass
-    from sim.adapt.controllers.learned_obs import pass_context
+    from adapt.controllers.learned import CompiledPolicy, decide_pass
+    from adapt.controllers.learned_obs import pass_context
 
     policy = CompiledPolicy.from_params(params)
     total = 0.0
@@ -173,7 +173,7 @@ def train_dqn(env, config: DqnConfig,
               progress: Callable[[int, float], None] | None = None,
               callback: Callable[[int, dict[str, np.ndarray]], None] | None = None,
               callback_every: int = 0) -> TrainResult:
-    """Train a Q-network on `env` (a sim.adapt.env.RapEnv); deterministic given config.seed.
+    """Train a Q-network on `env` (a adapt.env.RapEnv); deterministic given config.seed.
 
     `callback(step, params)` is called every `callback_every` env steps (benchmarks evaluate the
     policy there); `progress(step, mean_score)` about 20 times over the run."""

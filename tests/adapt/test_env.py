@@ -11,14 +11,14 @@ from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapt.controllers.base import AdaptState
+from adapt.controllers.learned_obs import OBS_DIM, OBS_NAMES, visiting_order
+from adapt.drop_quality import GsiPerplexity
+from adapt.env import RapEnv, quality_kept
+from adapt.importance import importance_vector, make_gsi_document
 from devices import load_model
-from sim.adapt.controllers.base import AdaptState
-from sim.adapt.controllers.learned_obs import OBS_DIM, OBS_NAMES, visiting_order
-from sim.adapt.drop_quality import GsiPerplexity
-from sim.adapt.env import RapEnv, quality_kept
-from sim.adapt.importance import importance_vector, make_gsi_document
 from sim.blocks import BlockMemory, block_names
-from tests.sim.adapt.conftest import tiny_blocks, tiny_doc
+from tests.adapt.conftest import tiny_blocks, tiny_doc
 
 
 def synthetic_doc(n_layers: int, seed: int = 0, dense: float = 27.0) -> dict:

@@ -11,11 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devices import load_model
-from devices.errors import FlashsimError
-from flashsim.main import main
-from sim.adapt.controllers.base import AdaptState, Controller
-from sim.adapt.controllers.learned import (
+from adapt.controllers.base import AdaptState, Controller
+from adapt.controllers.learned import (
     LearnedController,
     decide_pass,
     decide_sequential,
@@ -24,13 +21,16 @@ from sim.adapt.controllers.learned import (
     mlp_forward,
     n_params,
 )
-from sim.adapt.controllers.learned_obs import OBS_DIM, observations, pass_context
-from sim.adapt.drop_quality import GsiPerplexity
-from sim.adapt.env import RapEnv
-from sim.adapt.importance import importance_vector
-from sim.adapt.train import DqnConfig, init_params, save_policy, train_dqn
+from adapt.controllers.learned_obs import OBS_DIM, observations, pass_context
+from adapt.drop_quality import GsiPerplexity
+from adapt.env import RapEnv
+from adapt.importance import importance_vector
+from adapt.train import DqnConfig, init_params, save_policy, train_dqn
+from devices import load_model
+from devices.errors import FlashsimError
+from flashsim.main import main
 from sim.blocks import BlockMemory
-from tests.sim.adapt.test_env import synthetic_doc
+from tests.adapt.test_env import synthetic_doc
 
 SMOL = BlockMemory.from_spec(load_model("smollm2-135m"))
 DOC = synthetic_doc(SMOL.n_layers)
@@ -257,8 +257,8 @@ def test_cli_gsi_for_another_model_is_rejected(tmp_path, capsys):
 def test_visiting_orders_by_hand():
     """tiny model at 20 KV entries: every block frees 300 B except at 0 entries (mha 100 B, ffn 300 B);
     importance mha:0 .75, ffn:0 .5, mha:1 .25, ffn:1 1.0."""
-    from sim.adapt.controllers.learned_obs import visiting_order
-    from tests.sim.adapt.conftest import tiny_blocks, tiny_doc
+    from adapt.controllers.learned_obs import visiting_order
+    from tests.adapt.conftest import tiny_blocks, tiny_doc
 
     blocks, doc = tiny_blocks(), tiny_doc(steps=4)
     imp = importance_vector(doc, blocks.names)
@@ -282,7 +282,7 @@ def test_the_controller_uses_the_files_visiting_order(tmp_path):
     per_byte = LearnedController(_write(sub, p, visit="per-byte"))
     assert per_byte.visit == "per-byte"
     got = per_byte.decide(state)
-    from sim.adapt.controllers.learned_obs import visiting_order
+    from adapt.controllers.learned_obs import visiting_order
 
     order = visiting_order(state, "per-byte")
     k = int(got.sum())
@@ -297,7 +297,7 @@ def test_the_controller_uses_the_files_visiting_order(tmp_path):
 def test_safetensors_writer_is_deterministic_and_standard():
     from safetensors.numpy import load
 
-    from sim.adapt.train import safetensors_bytes
+    from adapt.train import safetensors_bytes
 
     t = {"w0": np.arange(6, dtype=np.float32).reshape(2, 3), "b0": np.array([1.5, -2.0], np.float32)}
     a = safetensors_bytes(t, {"seed": "0", "alpha": "1.0", "model": "m"})
@@ -314,7 +314,7 @@ def test_safetensors_writer_is_deterministic_and_standard():
 def test_backward_pass_matches_finite_differences():
     """QNetwork.gradients against central differences of the mean Huber loss, in float64 (errors
     both inside and outside the Huber delta)."""
-    from sim.adapt.train import QNetwork
+    from adapt.train import QNetwork
 
     rng = np.random.default_rng(0)
     params = {k: v.astype(np.float64) for k, v in init_params(rng, (6, 5)).items()}

@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
+from adapt.controllers.base import AdaptState, Controller
+from adapt.drop_quality import Perplexity
+from adapt.timelines import TimelineContext
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
-from sim.adapt.controllers.base import AdaptState, Controller
-from sim.adapt.drop_quality import Perplexity
-from sim.adapt.timelines import TimelineContext
 from sim.blocks import BlockMemory, format_blocks, parse_blocks
 from sim.components.memory import BudgetTimeline
 from sim.config import RunConfig

@@ -2,12 +2,12 @@
 
 Owns: `RapEnv`, a `gymnasium.Env` whose episode is one decision point of a controller: a sampled
 workload (batch, sequence length) and memory budget, then up to 2L sequential keep/drop decisions, one
-per block, in the visiting order of `sim.adapt.controllers.learned_obs.visiting_order` (`visit`:
+per block, in the visiting order of `adapt.controllers.learned_obs.visiting_order` (`visit`:
 ascending importance, the default, or ascending importance per byte freed). Bytes come from
-`sim.blocks.BlockMemory`, importances from a GSI file (`sim.adapt.importance.importance_vector`), quality from a perplexity estimate
-(`sim.adapt.drop_quality.GsiPerplexity`, or any object with `log_ppl(dropped) -> float`).
+`sim.blocks.BlockMemory`, importances from a GSI file (`adapt.importance.importance_vector`), quality from a perplexity estimate
+(`adapt.drop_quality.GsiPerplexity`, or any object with `log_ppl(dropped) -> float`).
 
-Observation: float32 [15], the layout of `sim.adapt.controllers.learned_obs` (`OBS_NAMES`, documented
+Observation: float32 [15], the layout of `adapt.controllers.learned_obs` (`OBS_NAMES`, documented
 there): batch, sequence length, KV share, available memory, the footprint of the current plan and the
 memory estimate of each action, the block's importance, bytes and kind, progress. All sizes are
 fractions of the full need, so the same policy works for any layer count. Action: Discrete(2),
@@ -47,8 +47,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from sim.adapt.controllers.base import AdaptState
-from sim.adapt.controllers.learned_obs import OBS_BOUND, OBS_DIM, VISITS, observations, pass_context
+from adapt.controllers.base import AdaptState
+from adapt.controllers.learned_obs import OBS_BOUND, OBS_DIM, VISITS, observations, pass_context
 from sim.blocks import BlockMemory
 
 DEFAULT_ALPHA = 1.0

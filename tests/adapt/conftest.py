@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.adapt.importance import make_gsi_document
+from adapt.importance import make_gsi_document
 from sim.blocks import BlockMemory, block_names
 
 

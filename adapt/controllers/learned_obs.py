@@ -3,7 +3,7 @@
 Owns the layout (`OBS_NAMES`, version `OBS_VERSION`), the block visiting order (`visiting_order`,
 `VISITS`), the entries fixed for one decision point (`pass_context` -> `PassContext`) and the rows
 for given positions and dynamic state (`observations`). Used by the controller
-(sim/adapt/controllers/learned.py) and by the training environment (sim/adapt/env.py), so that both
+(adapt/controllers/learned.py) and by the training environment (adapt/env.py), so that both
 see the same numbers.
 
 Every entry is computed from the `AdaptState` alone, so the same policy runs for any layer count
@@ -18,7 +18,7 @@ and any model. Sizes are fractions of `full_need` = the footprint with nothing d
      4  plan              footprint of the current plan / full_need (blocks decided "drop" so far are
                           dropped; every block not yet visited is kept)
      5  excess            (plan - available) / full_need; > 0 means the plan does not fit yet
-     6  importance        importance of block i (sim.adapt.importance: rank in (0, 1])
+     6  importance        importance of block i (adapt.importance: rank in (0, 1])
      7  block_bytes       block i's weights + its KV (kv_tokens x KV bytes per token) / full_need
      8  is_mha            1 for an attention block, 0 for an FFN block
      9  visited           blocks visited before i / 2L
@@ -31,7 +31,7 @@ and any model. Sizes are fractions of `full_need` = the footprint with nothing d
 Entries 0, 1 and 3 are clipped to [0, 4] (a budget of 4x the need is as good as infinite), so
 every entry lies in [-OBS_BOUND, OBS_BOUND] = [-6, 6] (the gymnasium Box bounds) without clipping
 the rest: the entries that depend on earlier choices (4, 5, 10, 11, 12, 14) are then affine in
-(plan, dropped count, importance lost), which `decide_pass` (sim/adapt/controllers/learned.py) uses to score positions cheaply.
+(plan, dropped count, importance lost), which `decide_pass` (adapt/controllers/learned.py) uses to score positions cheaply.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.adapt.controllers.base import AdaptState
+from adapt.controllers.base import AdaptState
 
 OBS_VERSION = 1
 OBS_NAMES = (

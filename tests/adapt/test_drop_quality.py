@@ -1,4 +1,4 @@
-"""The GSI perplexity estimate (sim/adapt/drop_quality.py), hand-computed on the 2-layer document."""
+"""The GSI perplexity estimate (adapt/drop_quality.py), hand-computed on the 2-layer document."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
-from sim.adapt.importance import block_names
-from tests.sim.adapt.conftest import tiny_doc
+from adapt.drop_quality import GsiPerplexity, MeasuredPerplexity
+from adapt.importance import block_names
+from tests.adapt.conftest import tiny_doc
 
 NAMES = block_names(2)  # mha:0 ffn:0 mha:1 ffn:1
 
@@ -61,7 +61,7 @@ def test_prefixes_exact_for_any_numbers(ratios, k):
     for b, r in zip(order, ratios):
         p *= r
         gsi.append((b, p))
-    from sim.adapt.importance import make_gsi_document
+    from adapt.importance import make_gsi_document
 
     doc = make_gsi_document(dense_ppl=20.0, gsi=gsi, one_shot=[(b, 20.0 + i) for i, b in enumerate(names)],
                             model_name="t", n_layers=3, text_sha256="", text_source="builtin", n_tokens=4)

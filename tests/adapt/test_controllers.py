@@ -1,18 +1,18 @@
-"""Controllers (sim/adapt/controllers/): hand-computed decisions on the 2-layer block model."""
+"""Controllers (adapt/controllers/): hand-computed decisions on the 2-layer block model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from adapt.controllers import make_controller
+from adapt.controllers.base import AdaptState, Controller
+from adapt.controllers.heuristic import Heuristic
+from adapt.controllers.static_ratio import StaticRatio
+from adapt.importance import importance_vector
 from devices.errors import FlashsimError
-from sim.adapt.controllers import make_controller
-from sim.adapt.controllers.base import AdaptState, Controller
-from sim.adapt.controllers.heuristic import Heuristic
-from sim.adapt.controllers.static_ratio import StaticRatio
-from sim.adapt.importance import importance_vector
 from sim.blocks import block_names
-from tests.sim.adapt.conftest import tiny_blocks, tiny_doc
+from tests.adapt.conftest import tiny_blocks, tiny_doc
 
 # mha:0 0.75, ffn:0 0.5, mha:1 0.25, ffn:1 1.0 (least important first: mha:1, ffn:0, mha:0, ffn:1)
 IMP = importance_vector(tiny_doc(), block_names(2))
@@ -84,9 +84,9 @@ def test_make_controller_unknown_name():
 def test_static_window_sizes_the_resident_set_to_the_start_budget():
     """The simulator's DRAM record of the hybrid residency chosen for a budget fits it, one more
     neuron per layer would not."""
+    from adapt.controllers.static_window import StaticWindow
+    from adapt.episode import StepTimer, Workload
     from devices import load_profile
-    from sim.adapt.controllers.static_window import StaticWindow
-    from sim.adapt.episode import StepTimer, Workload
     from sim.policies.presets import preset_config
     from traces.data import shipped_trace_path
     from traces.format import open_trace

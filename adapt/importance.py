@@ -72,7 +72,7 @@ def write_gsi_file(path: str | Path, doc: dict[str, Any]) -> None:
 
 
 def gsi_path_for(model_name: str, given: str | None = None) -> Path:
-    """`given` as a path, or the GSI file shipped for `model_name` (sim/adapt/data/<model>.gsi.json);
+    """`given` as a path, or the GSI file shipped for `model_name` (adapt/data/<model>.gsi.json);
     FlashsimError naming the command that computes one when none is shipped."""
     if given:
         return Path(given)
