@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "one, so caches start in steady state (default 1; 0 with --warmup-tokens for a cold start)")
     g.add_argument("--warmup-tokens", type=int, default=None, help="with --warm-passes 0: decode tokens that only "
                    "warm the cache before timing starts (default: a quarter of the trace's decode tokens)")
+    g.add_argument("--plot", metavar="DIR", help="also write the MoE figures for this trace and device: hit rate "
+                   "vs cache size per policy (moe_hit_rate.png/.svg) and tok/s vs DRAM (moe_dram.png/.svg)")
     g.add_argument("--prefetch-memory", type=float, default=0.0,
                    help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
 
@@ -75,11 +77,37 @@ def run_moe_replay(args: argparse.Namespace) -> int:
                 "routing_source": trace.manifest.source.get("kind"),
                 "router_sync_s": raw.moe.router_sync_s if raw.moe else None,
                 "router_sync_source": raw.moe.router_sync_source.model_dump() if raw.moe else None})
+    if args.plot:
+        out["figures"] = [str(p) for p in _plot(args.plot, spec, raw.name, ex, w, ph, base, policies)]
     if args.json:
         print_json(out)
         return 0
     _print(out, spec)
+    for f in out.get("figures", []):
+        print(f"wrote {f}")
     return 0
+
+
+def _plot(out_dir: str, spec: Any, device: str, ex: Any, w: Any, ph: Any, base: Any,
+          policies: list[tuple[str, dict]] | None) -> list[Any]:
+    """The two MoE figures (analysis/figures/fig_moe_*.py) for this trace, spec and device."""
+    import numpy as np
+
+    from analysis.figures import common as C
+    from analysis.figures import fig_moe_dram, fig_moe_hit_rate
+    from analysis.moe_curves import budget_grid, hit_rate_curve, tps_vs_dram
+
+    routing = {"experts": np.asarray(ex), "weights": np.asarray(w), "phase": np.asarray(ph)}
+    names = [n for n, _ in policies] if policies else ["lru", "lfu", "least-stale", "pinned", "belady"]
+    names = [n for n in names if n not in ("cache-aware", "page-cache")] or ["lru"]
+    caps = sorted({round(spec.n_experts * i / 8) for i in range(9)})
+    hr = hit_rate_curve(spec, routing, names, caps, base.scope)
+    paths = C.save(fig_moe_hit_rate.draw(hr, f"{spec.name}: expert-cache hit rate vs cache size"), out_dir,
+                   fig_moe_hit_rate.KIND)
+    df = tps_vs_dram(spec, routing, [device], budget_grid(spec, base, 6), base)
+    paths += C.save(fig_moe_dram.draw(df, f"{spec.name} {base.dtype}, {base.policy}: decode tok/s vs DRAM"),
+                    out_dir, fig_moe_dram.KIND)
+    return paths
 
 
 def _print(out: dict[str, Any], spec: Any) -> None:
