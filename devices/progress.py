@@ -49,7 +49,8 @@ class Stage:
     """A counted stage of work (`total` items of `unit`, or an open count when `total` is None).
 
     `update(n)` counts finished items; `close()` (or leaving the `with` block) ends the stage. On a
-    terminal: a tqdm bar. Otherwise: the line `flashsim: DESC: N/TOTAL UNIT in S s` at the end, and a
+    terminal: a tqdm bar. Otherwise: the line `flashsim: DESC: N/TOTAL UNIT in S s` at the end (an
+    open count that counted nothing: `DESC: done in S s`), and a
     `... so far` line at most every `heartbeat_s` while it runs. A stage left by an exception prints no
     end line (the error says what happened). `enabled=False` prints nothing at all.
     """
@@ -112,7 +113,7 @@ class Stage:
 
     def _count(self) -> str:
         if self.total is None:
-            return f"{self.n} {self.unit}"
+            return f"{self.n} {self.unit}" if self.n else "done"
         return f"{self.n}/{self.total} {self.unit}"
 
     def _line(self, text: str) -> None:

@@ -87,7 +87,7 @@ def test_named_stages_give_one_line_each(monkeypatch: pytest.MonkeyPatch) -> Non
         for _ in range(5):
             stages(None)
     assert [ln.split(" in ")[0] for ln in _lines(log)] == [
-        "flashsim: plan m: synthesizing trace: 0 simulated runs", "flashsim: plan m: simulating: 5 simulated runs"]
+        "flashsim: plan m: synthesizing trace: done", "flashsim: plan m: simulating: 5 simulated runs"]
 
 
 def test_track_and_note_write_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
