@@ -140,6 +140,14 @@ def inputs(profile: DeviceProfile, bound: str = "achievable", dtype: str | None 
     if ach and f.request_cpu_s and f.request_cpu_source is not None and not f.measured_io_cpu:
         add("flash_request_cpu_s", f.request_cpu_s, f.request_cpu_source.kind,
             f.request_cpu_source.source + f" (I/O path on {f.io_cores or 1} cores)")
+    cal = profile.source.calibration
+    if cal is not None:
+        # what `flashsim calibrate` found when it wrote this profile (devices/section_base.py Calibration)
+        add("calibration", f"{cal.mode} calibration on {cal.date}, verdict {cal.verdict}", "measured",
+            "; ".join(x for x in (cal.detail, f"next: {cal.next_step}" if cal.next_step else None) if x))
+    elif profile.source.kind == "measured":
+        add("calibration", "no verdict recorded", "measured",
+            "written by flashsim bench or an earlier calibrate, which did not record one: run flashsim calibrate")
     if profile.power_modes is not None and profile.power_mode is not None:
         pm = profile.power_modes.modes[profile.power_mode]
         add("power_mode", profile.power_mode, "datasheet", f"{pm.description} [{pm.source}]")

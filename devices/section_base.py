@@ -42,6 +42,20 @@ class Strict(BaseModel):
         return check_field(cls.__name__, str(info.field_name), v)
 
 
+class Calibration(Strict):
+    """What `flashsim calibrate` found when it wrote the profile: how thoroughly it measured (`quick`:
+    the benches' small grids, 64 MiB; `full`), the validation's verdict on this host (PASS / FAIL
+    against the host's own repeat spread, or `not validated` while validation has not finished), the
+    date, the verdict's figures in one line and the next step. replay and plan print it beside the
+    device inputs; bench flash / bench compute drop it (the sections it judged have changed)."""
+
+    mode: Literal["quick", "full"]
+    verdict: Literal["PASS", "FAIL", "not validated"]
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    detail: str | None = None
+    next_step: str | None = None
+
+
 class Source(Strict):
     """Provenance of a profile as a whole."""
 
@@ -51,6 +65,7 @@ class Source(Strict):
     host: str | None = None
     tool: str | None = None
     notes: str | None = None
+    calibration: Calibration | None = None
 
 
 # Where one achievable number comes from (devices/achievable.py folds them in; `devices show` prints

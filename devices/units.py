@@ -65,6 +65,10 @@ def parse_seconds(value: str | int | float, what: str = "duration") -> float:
     return number * _SECOND_UNITS[unit]
 
 
+# printed under every header that shows sizes (replay, plan): which of the two conventions each figure uses
+UNITS_NOTE = "units: sizes in binary KiB/MiB/GiB (2^10/2^20/2^30 bytes); rates in decimal MB/s, GB/s (10^6, 10^9 bytes/s)"
+
+
 def format_bytes(n: float) -> str:
     """Binary units for display: 1536 -> '1.50 KiB'."""
     n = float(n)

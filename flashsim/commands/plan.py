@@ -10,7 +10,7 @@ import sys
 from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
 from analysis.planner import Plan
 from devices.errors import FlashsimError
-from devices.units import format_bytes, parse_bytes
+from devices.units import UNITS_NOTE, format_bytes, parse_bytes
 from flashsim.output import print_json, print_table
 
 
@@ -106,6 +106,7 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     mode = f" in power mode {p.power_mode}" if p.power_mode else ""
     print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
+    print(UNITS_NOTE)
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
     if full:
         rows = []
