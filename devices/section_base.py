@@ -75,10 +75,15 @@ SourceKind = Literal["measured", "published", "datasheet", "estimate"]
 
 
 class Provenance(Strict):
-    """The source of one achievable number: its kind and the citation with its conditions."""
+    """The source of one achievable number: its kind and the citation with its conditions, and for a
+    published figure what was measured: `component` (a kernel, a bandwidth test, an SSD test: the
+    number itself) or `end_to_end` (derived from a whole decode of one model and framework, which
+    holds every other term too; analysis/baselines.py refuses such a constant under a row it is
+    scored against, tests/analysis/test_published_baselines.py checks)."""
 
     kind: SourceKind
     source: str
+    evidence: Literal["component", "end_to_end"] | None = None
 
 
 def needs_source(value: object, source: Provenance | None, name: str) -> None:
