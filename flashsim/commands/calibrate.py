@@ -19,11 +19,13 @@ real.validation.validate.run_validation. Units: bytes, seconds, bytes/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +64,36 @@ def _say(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def quiet_third_party() -> None:
-    """Silence third-party progress bars (transformers' "Loading weights", huggingface_hub's downloads,
-    tqdm bars of the GGUF reader): a model load drew about 30 redraws into a log. The environment
-    reaches libraries imported later and the validation's own processes; transformers, when already
-    imported, is told directly."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+@contextlib.contextmanager
+def quiet_third_party() -> Iterator[None]:
+    """Silence third-party progress bars while calibrating (transformers' "Loading weights", the GGUF
+    reader's "Converting and de-quantizing" bar, huggingface_hub's downloads): one model load drew
+    about 30 redraws into a log, and the stage lines already say what runs. The environment reaches
+    libraries imported later and child processes; tqdm, already imported by then, is told directly
+    (every bar it makes is disabled until the block ends)."""
+    import functools
+
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__dict__["__init__"]          # as stored (tqdm wraps it in a partialmethod)
+    tqdm.std.tqdm.__init__ = functools.partialmethod(tqdm.std.tqdm.__init__, disable=True)  # type: ignore[method-assign]
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tqdm.std.tqdm.__init__ = init  # type: ignore[method-assign]
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class WarningTee:
@@ -100,7 +120,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     tee = WarningTee(sys.stderr)
     sys.stderr = tee
     try:
-        return _calibrate_teed(args, tee)
+        with quiet_third_party():
+            return _calibrate_teed(args, tee)
     finally:
         sys.stderr = tee.stream
 
@@ -129,7 +150,6 @@ def _calibrate_teed(args: argparse.Namespace, tee: WarningTee) -> int:
     from real.validation.profile_writer import record_calibration
     from real.validation.verdict import calibration_verdict, verdict_line
 
-    quiet_third_party()
     dev = choose_device(args.device) if args.device != "cpu" else None
     t0 = time.perf_counter()
     mode = "quick" if args.quick else "full"

@@ -103,10 +103,19 @@ def test_warning_tee_passes_through_and_keeps_warnings() -> None:
     assert tee.lines == ["WARNING: the host is not as profiled (disk 2.1x)", "/x.py:3: UserWarning: threads differ"]
 
 
-def test_third_party_progress_bars_are_silenced(monkeypatch) -> None:
-    for k in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE", "TRANSFORMERS_VERBOSITY"):
-        monkeypatch.delenv(k, raising=False)
-    quiet_third_party()
+def test_third_party_progress_bars_are_silenced(monkeypatch, capsys) -> None:
+    """Before: the GGUF reader's tqdm bar drew ~30 redraws into calibrate's log."""
     import os
 
-    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TQDM_DISABLE"] == "1"
+    from tqdm import std
+    from tqdm.auto import tqdm
+
+    for k in ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(k, raising=False)
+    init = std.tqdm.__dict__["__init__"]
+    with quiet_third_party():
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TQDM_DISABLE"] == "1"
+        for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+    assert "Converting" not in capsys.readouterr().err
+    assert std.tqdm.__dict__["__init__"] is init and "TQDM_DISABLE" not in os.environ     # restored afterwards
