@@ -119,3 +119,21 @@ def test_third_party_progress_bars_are_silenced(monkeypatch, capsys) -> None:
             pass
     assert "Converting" not in capsys.readouterr().err
     assert std.tqdm.__dict__["__init__"] is init and "TQDM_DISABLE" not in os.environ     # restored afterwards
+
+
+def test_replay_header_names_the_units_and_the_calibration(tmp_path: Path, capsys) -> None:
+    """replay on a calibrated profile: the header says which size/rate convention it prints, and the
+    device-inputs line says how the profile was calibrated and what validation found."""
+    from devices.units import UNITS_NOTE
+    from flashsim.main import main
+
+    path = _measured_copy(tmp_path)
+    record_calibration(path, "quick", "FAIL", detail="total per token sim 15.0% / 22.0% vs limit 5.0% / 10.0%",
+                       date="2026-12-05")
+    trace = Path(__file__).resolve().parents[2] / "traces" / "data" / "smollm2-135m-builtin"
+    assert main(["replay", "--trace", str(trace), "--device", str(path), "--preset", "naive", "--tokens", "2",
+                 "--engine", "fast"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == UNITS_NOTE
+    inputs = next(line for line in out if line.startswith("device inputs: "))
+    assert inputs.endswith("; quick calibration on 2026-12-05, verdict FAIL")
