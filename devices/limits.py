@@ -104,6 +104,7 @@ FIELD_LIMITS: list[tuple[str, Limit]] = [
     ("FlashSpec.iops_max", IOPS_RATED),
     ("FlashSpec.max_in_flight", QUEUE),
     ("ReadTable.in_flight", QUEUE),
+    ("MoECosts.expert_reads_in_flight", QUEUE),
     ("ReadTable.chunk_bytes", SIZE),
     ("FlashSpec.host_cpu_batch_reads", BATCH_READS),
     ("FlashSpec.cold_batch_reads", BATCH_READS),
@@ -215,6 +216,7 @@ MAX_PARAMS = 10**14                   # parameters of one model spec (devices/mo
 
 # Work sizes refused before allocating: what one command may build at once.
 MAX_TRACE_CELLS = 2 * 10**10          # tokens x layers x neurons of one trace: 2.5 GB of packed masks
+MAX_ROUTING_CELLS = 10**9             # tokens x MoE layers x top-k of one routing trace: 6 GB of ids + weights
 MAX_GRID_POINTS = 10**6               # points of one sweep: a million simulations is days of CPU
 MAX_READ_CALLS = 10**7                # tokens x layers of one `real read`
 READER_THREADS = Limit(1, 1024, "reads", "each read in flight is a reader thread; a process cannot start "

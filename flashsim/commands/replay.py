@@ -74,6 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--records", help="write per-token records to this Parquet file")
     p.add_argument("--timeline", help="write a Chrome/Perfetto trace of the run to this JSON file")
     p.add_argument("--list-params", action="store_true", help="document every slot, policy, parameter and preset")
+    from flashsim.commands.moe_replay import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -111,6 +114,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.list_params:
         return _list_params(args)
+    from flashsim.commands.moe_replay import is_moe_replay, run_moe_replay
+
+    if is_moe_replay(args):
+        return run_moe_replay(args)
     missing = [f"--{n}" for n in ("trace", "device") if not getattr(args, n)]
     if missing:
         raise FlashsimError(f"replay: {' and '.join(missing)} required (or --list-params)")
