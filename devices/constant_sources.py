@@ -5,8 +5,9 @@ number's lines last changed from git).
 A constant is a leaf number of the file (a table counts as one constant): `memory.bandwidth_bytes_per_s`,
 `compute.gemv_efficiency.fp16`, `flash.read_table_achievable`, `energy.static_w`,
 `power_modes.modes.7w.set.memory.bandwidth_bytes_per_s`. Its source is, first match wins:
-  * its own provenance beside it: `<name>_source` (or the achievable number's named source,
-    SOURCE_OF), a {value, kind, source} mapping (energy), a power mode's `source`;
+  * its own provenance beside it: `<name>_source`, the name without its unit suffix + `_source`
+    (`router_sync_s` -> `router_sync_source`), the achievable number's named source (SOURCE_OF), a
+    {value, kind, source} mapping (energy), a power mode's `source`;
   * the `source` string of the section that holds it.
 `kind` is the provenance's kind where one is given (measured / published / datasheet / estimate),
 else the profile's top-level `source.kind`. Lines are 1-based, first and last, for git blame.
@@ -55,7 +56,9 @@ def _is_table(node: yaml.Node) -> bool:
 
 def _provenance(mapping: dict[str, Any], key: str) -> tuple[str | None, str | None]:
     """(kind, source) of `key`'s own provenance among its siblings, or (None, None)."""
-    for name in (SOURCE_OF.get(key), f"{key}_source"):
+    parts = key.split("_")
+    stems = ["_".join(parts[:i]) + "_source" for i in range(len(parts), 0, -1)]   # router_sync_s -> router_sync_source
+    for name in (SOURCE_OF.get(key), *stems):
         p = mapping.get(name) if name else None
         if isinstance(p, dict) and p.get("source"):
             return p.get("kind"), p["source"]
