@@ -60,6 +60,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """A value outside an option's choices (or an unknown verb) names the closest choices too."""
+        if action.choices is not None and value not in action.choices:
+            from devices.suggest import did_you_mean
+
+            choices = [str(c) for c in action.choices]
+            suggestion = did_you_mean(str(value), choices)
+            if suggestion:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r}; {suggestion} (choose from {', '.join(choices)})")
+        super()._check_value(action, value)
+
 
 def _verb(argv: Sequence[str] | None) -> str | None:
     """The verb of a command line (its first word that is not an option), or None."""
@@ -95,10 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv, lazy=True)
     args = parser.parse_args(argv)
     from devices.errors import FlashsimError
+    from devices.progress import quiet_third_party
 
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0
+    quiet_third_party()   # model-loading libraries' bars: none in logs (devices/progress.py)
     try:
         check_thread_counts(args)
         return int(args.func(args) or 0)

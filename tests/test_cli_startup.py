@@ -25,3 +25,16 @@ def test_help_imports_no_heavy_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
     assert "what-if" in out and "--dram-free" in out
+
+
+def test_plan_command_constants_match_the_library() -> None:
+    """flashsim/commands/plan.py spells a few library constants to keep --help light: they agree."""
+    from analysis.plan_setup import DEFAULT_PLAN_TOKENS
+    from analysis.quality_evidence import DEFAULT_MAX_PPL_RATIO
+    from flashsim.commands import plan as cmd
+    from sim import metric_names
+
+    assert (cmd.DEFAULT_PLAN_TOKENS, cmd.DEFAULT_MAX_PPL_RATIO) == (DEFAULT_PLAN_TOKENS, DEFAULT_MAX_PPL_RATIO)
+    for name in ("ACTIVATION_MASS_KEPT", "COMPUTE_MS_PER_TOKEN", "DRAM_PEAK_BYTES", "JOULES_PER_TOKEN",
+                 "MEMORY_MGMT_MS_PER_TOKEN", "STALL_MS_PER_TOKEN", "TOKENS_PER_S"):
+        assert getattr(cmd, name) == getattr(metric_names, name)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.suggest import hint
 from sim.config import PolicyChoice, RunConfig
 from sim.params import params_to_dict
 from sim.policies.registry import SLOTS
@@ -98,7 +99,7 @@ def preset_names() -> list[str]:
 def preset_config(name: str) -> RunConfig:
     """The RunConfig of a preset (unknown names list the valid ones)."""
     if name not in PRESETS:
-        raise FlashsimError(f"unknown preset {name!r}; valid presets: {', '.join(preset_names())}")
+        raise FlashsimError(f"unknown preset {name!r}; {hint(name, preset_names(), 'valid presets')}")
     spec = PRESETS[name]
     kwargs: dict[str, Any] = {"preset": name}
     for slot in SLOTS:
