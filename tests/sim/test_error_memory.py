@@ -92,7 +92,10 @@ def test_long_run_rates_and_persistence_match_the_parameters(recall, precision, 
                                     (fn_err, truth, 1 - recall, fn, fn * fn_far_share)):
         # the next step: rate + (1 - rate) * memory; distant steps: towards rate + (1 - rate) * far
         assert repeat(err, cond, 1) == pytest.approx(b + (1 - b) * near, abs=0.04)
-        assert repeat(err, cond, 8) == pytest.approx(implied_repeat(b, near, far, 8), abs=0.05)
+        # 8 steps later: misses need the neuron active at both ends, a few hundred pairs here (the
+        # truth keeps half its set per step), so their estimate scatters by ~0.05 on its own
+        far_tol = 0.05 if err is fp_err else 0.1
+        assert repeat(err, cond, 8) == pytest.approx(implied_repeat(b, near, far, 8), abs=far_tol)
 
 
 @settings(max_examples=10, deadline=None)
