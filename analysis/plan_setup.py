@@ -128,7 +128,9 @@ def planning_trace(spec: ModelSpec, out_dir: str | None = None, *, trace_path: s
                                 f"CDF, magnitudes; its rule {src.manifest.sparsity.rule}:"
                                 f"{src.manifest.sparsity.target_fraction:g} makes about half the neurons "
                                 "active)")}
-    tr = open_trace(p)
+    # a cache hit was written (and verified) by this tool and renamed into place whole: its structure
+    # is checked, its arrays are not hashed again (that is most of a cached plan's start-up)
+    tr = open_trace(p, verify=not cached)
     info["path"] = str(p)
     info["cached"] = cached
     return tr, info, False
