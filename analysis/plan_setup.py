@@ -213,7 +213,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                              "best": peak.get(result.best["label"]) if result.best else None}
         result.runs += pl.n_runs
         result.run_seconds += pl.run_s
-    note("done")
+    stages[current["name"]] = stages.get(current["name"], 0.0) + time.perf_counter() - current["t0"]
     result.stages = stages
     result.power_mode, result.bound = raw.power_mode, bound
     result.device_inputs = inputs(raw, bound, spec.dtype)

@@ -110,9 +110,13 @@ class StageProgress:
                  self.stream)
         self.stage, self.runs, self.t0 = stage, 0, now
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
+        """End the progress: the bar goes; in a log the last stage's line (not after an error: the
+        error is the one line)."""
         if self.bar is not None:
             self.bar.close()
+        elif self.stage and ok:
+            self("")
 
 
 def run_plan(args: argparse.Namespace) -> Plan:
@@ -135,13 +139,16 @@ def run_plan(args: argparse.Namespace) -> Plan:
     quality = SHIPPED if getattr(args, "quality_table", None) is None else load_quality_table(args.quality_table)
     progress = StageProgress()
     try:
-        return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
-                          min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
-                          native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
-                          min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"),
-                          max_ppl_ratio=max_ppl, quality=quality)
-    finally:
-        progress.close()
+        result = plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
+                            min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
+                            native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
+                            min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"),
+                            max_ppl_ratio=max_ppl, quality=quality)
+    except BaseException:
+        progress.close(ok=False)
+        raise
+    progress.close()
+    return result
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -96,3 +96,16 @@ def test_synthetic_planning_traces_are_cached_by_content(tmp_path, monkeypatch) 
     assert a.path == b.path != c.path and a.path.parent == cache_dir() / "plan-traces"
     assert keep.read_text() == "a file the cache did not write"
     assert not [p for p in a.path.parent.iterdir() if p.name.startswith(".tmp-")]   # no temporary left
+
+
+def test_progress_is_one_line_per_stage_in_a_log(capsys) -> None:
+    """stderr is not a terminal here: one line per stage as it ends, with its simulated runs."""
+    from flashsim.main import main
+
+    assert main(["plan", "--model", "smollm2-135m", "--device", "jetson-orin-nano-8gb", "--trace",
+                 str(shipped_trace_path()), "--dram-free", "64MiB", "--native-only", "--json"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[2].strip() for line in err] == [
+        "loading model and device", "checking resident weights against the budget (model spec)", "loading trace",
+        "simulating", "peak bound"]
+    assert all(line.startswith("flashsim: plan: ") and "\r" not in line for line in err)
