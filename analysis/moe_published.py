@@ -52,8 +52,9 @@ KNOWN_MISSES: dict[str, str] = {
                         "sliced from stacked tensors and unified-memory contention: all add time the model lacks",
     "mlx-moe-coder-next-192": "the earlier mlx-moe engine's per-layer dispatch and MLX's gather over 512-expert "
                               "stacks: no reads happen, so only compute-side overheads remain and none is modelled",
-    "flash-moe-cuda-4090": "the engine's two-hop read (pread to host memory then cudaMemcpy), its launch-bound GPU "
-                           "compute (0.54 ms per layer published) and its host page cache tier",
+    "flash-moe-cuda-4090": "the engine's launch-bound GPU compute (0.54 ms per layer published against ~0.1 "
+                           "bandwidth-bound), the page-cache-to-buffer copy of its buffered pread, and its host "
+                           "page cache tier (the PCIe second hop is modelled)",
     "flash-moe-cuda-3060": "as the 4090 row (1.50 ms of GPU compute per layer published)",
 }
 
