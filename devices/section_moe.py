@@ -33,6 +33,7 @@ class MoECosts(Strict):
     page_fault_source: Provenance | None = None
     expert_reads_in_flight: int | None = Field(default=None, ge=1, description="expert reads kept outstanding "
                                                "at once (default: flash.max_in_flight)")
+    expert_reads_in_flight_source: Provenance | None = None
     host_copy_bytes_per_s: float | None = Field(default=None, gt=0, description="achievable rate of "
                                                 "the host-to-accelerator copy of each read expert (second hop)")
     host_copy_link_bytes_per_s: float | None = Field(default=None, gt=0, description="the link's "

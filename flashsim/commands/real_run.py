@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace) -> Any:
 
     sets = ["workload.prompt_tokens=0", *args.settings]
     if args.dram_budget:
-        sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget)}")
+        sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     if getattr(args, "tokens", None):
         sets.append(f"workload.tokens={args.tokens}")
     return preset_config(args.preset).with_overrides(sets)
