@@ -61,9 +61,8 @@ class ExpertExecutor:
     """Runs MoE layers against an expert store through an expert-cache policy (module docstring)."""
 
     def __init__(self, store: ExpertStore, policy: ExpertCache, capacity: int, scope: Scope = "layer", *,
-                 routing: np.ndarray | None = None, threads: int = 4, direct: bool | None = None):
-        import torch
-
+                 routing: np.ndarray | None = None, n_tokens: int = 0, threads: int = 4,
+                 direct: bool | None = None):
         m = store.manifest
         self.store, self.policy = store, policy
         self.M, self.E, self.K = store.n_layers, m.n_experts, m.top_k
@@ -80,7 +79,8 @@ class ExpertExecutor:
             raise FlashsimError(f"expert cache capacity must be >= 0 slots, got {capacity}")
         self.capacity, self.scope = capacity, scope
         slots = min(capacity * self.M if scope == "layer" else capacity, self.M * self.E)
-        keys = np.zeros((0, self.K), np.int64) if routing is None else \
+        # online runs know the step count, not the keys: -1 rows (LFU scales its tie-break by the count)
+        keys = np.full((n_tokens * self.M, self.K), -1, np.int64) if routing is None else \
             (np.asarray(routing, np.int64) + (np.arange(self.M) * self.E)[None, :, None]).reshape(-1, self.K)
         policy.bind(CacheContext(self.M, self.E, capacity, scope, keys))
         self.stride = m.stride_bytes
@@ -95,7 +95,6 @@ class ExpertExecutor:
         self.resident = np.zeros(self.M * self.E, bool)
         self.count = np.zeros(self.M, np.int64)
         self.layer_of = np.repeat(np.arange(self.M), self.E)
-        self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
         self._views: list[tuple[Any, Any, Any] | None] = [None] * self.n_slots
         self._readers = [BundleReader(store, in_flight=1, direct=direct) for _ in range(max(1, threads))]
         self._free_readers = list(range(len(self._readers)))
@@ -107,6 +106,13 @@ class ExpertExecutor:
             self.resident[init] = True
             np.add.at(self.count, self.layer_of[init], 1)
         self.totals = ExecutorTotals()
+
+    @property
+    def tdtype(self) -> Any:
+        """The torch dtype of the store (torch is imported only when experts are computed)."""
+        import torch
+
+        return getattr(torch, TORCH_DTYPES[self.store.dtype])
 
     @property
     def direct_io(self) -> bool:

@@ -43,9 +43,8 @@ def store_spec(store: ExpertStore) -> MoESpec:
 def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, policy: str, params: dict | None,
               capacity: int, scope: str = "layer", threads: int = 4, direct: bool | None = None,
               compute: bool = True, seed: int = 0) -> dict[str, Any]:
-    """One shape-mode run over experts [T, M, K]: per-token wall latency, read time, hits and bytes."""
-    import torch
-
+    """One shape-mode run over experts [T, M, K]: per-token wall latency, read time, hits and bytes.
+    compute=False reads without computing (no torch): the cache and I/O path alone."""
     from real.runtime.moe_executor import ExpertExecutor
 
     e = np.asarray(experts, np.int64)
@@ -55,10 +54,12 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
         raise FlashsimError(f"routing trace [{T}, {M}, {K}] with ids up to {e.max()} does not fit the expert store "
                             f"({store.n_layers} MoE layers x {man.n_experts} experts, top-{man.top_k})")
     cache = build_cache(policy, params)
-    gen = torch.Generator().manual_seed(seed)
     x = None
     with ExpertExecutor(store, cache, capacity, scope, routing=e, threads=threads, direct=direct) as ex:
         if compute:
+            import torch
+
+            gen = torch.Generator().manual_seed(seed)
             x = (torch.randn(1, man.d_model, generator=gen) / np.sqrt(man.d_model)).to(ex.tdtype)
         lat, read, hits, nbytes = (np.zeros(T) for _ in range(4))
         for t in range(T):
