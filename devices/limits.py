@@ -81,6 +81,7 @@ FIELD_LIMITS: list[tuple[str, Limit]] = [
     ("FlashSpec.iops_max", IOPS),
     ("FlashSpec.max_in_flight", QUEUE),
     ("ReadTable.in_flight", QUEUE),
+    ("MoECosts.expert_reads_in_flight", QUEUE),
     ("ReadTable.chunk_bytes", SIZE),
     ("FlashSpec.host_cpu_batch_reads", BATCH_READS),
     ("FlashSpec.cold_batch_reads", BATCH_READS),

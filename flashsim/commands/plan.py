@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device numbers: achievable (published/measured, the default; each speed is shown with its "
                         "peak-bound figure beside it) or peak (datasheet ceiling only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from flashsim.commands.moe_plan import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_plan)
 
 
@@ -75,6 +78,12 @@ def run_plan(args: argparse.Namespace) -> Plan:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from devices.moe_spec import is_moe_model
+
+    if is_moe_model(args.model):
+        from flashsim.commands.moe_plan import plan_moe
+
+        return plan_moe(args)
     result = run_plan(args)
     if args.json:
         print_json(result.to_json())

@@ -67,6 +67,11 @@ class ExpertCache:
     forced_scope: ClassVar[Scope | None] = None
     #: rewrites the router's choice (its quality cost is reported); excluded from the Belady bound
     reroutes: ClassVar[bool] = False
+    #: per-layer walks may batch a token's layers (sim/moe/residency_layers.py): the policy defines
+    #: `touch_many` and `score_many` and keeps the default `choose` (admit all, evict the lowest score)
+    vectorised: ClassVar[bool] = False
+    #: False: misses are never kept (a static set); the batched walk skips insertion
+    admits_any: ClassVar[bool] = True
 
     @dataclass(frozen=True)
     class Params:
@@ -87,6 +92,15 @@ class ExpertCache:
 
     def admit(self, step: int, keys: np.ndarray) -> np.ndarray:
         return np.ones(len(keys), bool)
+
+    def touch_many(self, steps: np.ndarray, keys: np.ndarray) -> None:
+        """`touch` for one token's layers at once: keys [M, K] used at steps [M]."""
+        for s, k in zip(steps, keys):
+            self.touch(int(s), k)
+
+    def score_many(self, steps: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """`score` of keys [M, X] at each layer's step [M] (row m holds layer m's keys)."""
+        return np.stack([self.score(int(s), k) for s, k in zip(steps, keys)])
 
     def score(self, step: int, keys: np.ndarray) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} must define score() or victims()")

@@ -21,6 +21,8 @@ from sim.moe.base import CacheContext, ExpertCache, register
 class LeastStaleCache(ExpertCache):
     """Keep-priority = (token of the last use, closeness of the expert's layer ahead of the decode)."""
 
+    vectorised = True
+
     def bind(self, ctx: CacheContext) -> None:
         super().bind(ctx)
         self.last = np.full(ctx.n_keys, -1, np.int64)
@@ -29,9 +31,16 @@ class LeastStaleCache(ExpertCache):
         self.last[keys] = step
 
     def score(self, step: int, keys: np.ndarray) -> np.ndarray:
+        return self.score_many(np.asarray(step), keys)
+
+    def score_many(self, steps: np.ndarray, keys: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
         M, E = self.ctx.n_layers, self.ctx.n_experts
         last_token = np.where(self.last[keys] >= 0, self.last[keys] // M, -1)
         layer = keys // E
-        ahead = (layer - step % M - 1) % M + 1          # steps until the decode reaches that layer: 1..M
+        now = (np.asarray(steps) % M).reshape(np.shape(steps) + (1,) * (keys.ndim - np.ndim(steps)))
+        ahead = (layer - now - 1) % M + 1               # steps until the decode reaches that layer: 1..M
         return last_token.astype(np.float64) * (M + 1) + (M - ahead)
+
+    def touch_many(self, steps: np.ndarray, keys: np.ndarray) -> None:
+        self.last[keys] = steps[:, None]

@@ -11,6 +11,8 @@ from sim.moe.base import CacheContext, ExpertCache, register
 class LruCache(ExpertCache):
     """Keep-priority = the step of the last use."""
 
+    vectorised = True
+
     def bind(self, ctx: CacheContext) -> None:
         super().bind(ctx)
         self.last = np.full(ctx.n_keys, -1, np.int64)
@@ -19,4 +21,10 @@ class LruCache(ExpertCache):
         self.last[keys] = step
 
     def score(self, step: int, keys: np.ndarray) -> np.ndarray:
+        return self.last[keys].astype(np.float64)
+
+    def touch_many(self, steps: np.ndarray, keys: np.ndarray) -> None:
+        self.last[keys] = steps[:, None]
+
+    def score_many(self, steps: np.ndarray, keys: np.ndarray) -> np.ndarray:
         return self.last[keys].astype(np.float64)

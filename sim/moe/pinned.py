@@ -19,6 +19,9 @@ from sim.moe.base import ExpertCache, register
 class PinnedCache(ExpertCache):
     """The `capacity` most used experts (per layer, or in all) of the profile stay; nothing else enters."""
 
+    vectorised = True
+    admits_any = False
+
     @dataclass(frozen=True)
     class Params:
         profile_tokens: int = 0
@@ -47,3 +50,6 @@ class PinnedCache(ExpertCache):
 
     def score(self, step: int, keys: np.ndarray) -> np.ndarray:
         return np.zeros(len(keys))
+
+    def touch_many(self, steps: np.ndarray, keys: np.ndarray) -> None:
+        pass

@@ -45,6 +45,11 @@ def speculative_sets(experts: np.ndarray, n_experts: int, accuracy: float, memor
         if fresh.any():
             # a wrong expert not in the token's set: offset the true id by 1..E-1, then resolve clashes
             draw = (e[t] + rng.integers(1, n_experts, (M, K))) % n_experts
+            for _ in range(8):                       # redraw guesses that hit another of the token's experts
+                clash = fresh & (draw[:, :, None] == e[t][:, None, :]).any(axis=2)
+                if not clash.any() or n_experts <= K:
+                    break
+                draw = np.where(clash, (e[t] + rng.integers(1, n_experts, (M, K))) % n_experts, draw)
             wrong = np.where(fresh, draw, wrong)
         err = new_err
         p = np.where(err, wrong, e[t])

@@ -67,8 +67,11 @@ def check_routing(experts: np.ndarray, n_experts: int) -> np.ndarray:
 
 
 def walk(experts: np.ndarray, n_experts: int, policy: ExpertCache, capacity: int, scope: Scope = "layer",
-         *, weights: np.ndarray | None = None, prefetch: np.ndarray | None = None) -> Residency:
-    """Run `policy` over the trace with `capacity` slots (per layer or in all, by `scope`)."""
+         *, weights: np.ndarray | None = None, prefetch: np.ndarray | None = None,
+         batched: bool = True) -> Residency:
+    """Run `policy` over the trace with `capacity` slots (per layer or in all, by `scope`). Per-layer
+    caches of vectorised policies walk a token's layers together (sim/moe/residency_layers.py; the
+    same result, `batched=False` forces the step-by-step walk)."""
     e = check_routing(experts, n_experts)
     T, M, K = e.shape
     if capacity < 0:
@@ -95,6 +98,12 @@ def walk(experts: np.ndarray, n_experts: int, policy: ExpertCache, capacity: int
     if (count > capacity).any() if scope == "layer" else count.sum() > capacity:
         raise AssertionError(f"{policy.name}: its initial set exceeds the capacity of {capacity}")
     peak = int(count.sum())
+    if batched and scope == "layer" and policy.vectorised and not policy.reroutes:
+        from sim.moe.residency_layers import walk_layers
+
+        peak = walk_layers(keys_all, T, M, E, policy, capacity, resident, count, prefetch, hit, pf_hit,
+                           pf_reads, evict)
+        return Residency(e.astype(np.int32), hit, pf_hit, pf_reads, evict, mass, peak, capacity, scope)
     for t in range(T):
         for m in range(M):
             s = t * M + m

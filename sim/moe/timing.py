@@ -52,6 +52,7 @@ class LayerCosts:
     expert_bytes: int
     stream_bytes_per_token: float   # DRAM bytes the compute streams per token (expert bytes excluded)
     stream_bytes_per_s: float
+    router_gemv_s: float = 0.0     # one MoE layer's router GEMV + launch (router_s less the read-back)
 
 
 def _stream_rate(profile: DeviceProfile, dtype: str) -> float:
@@ -60,8 +61,10 @@ def _stream_rate(profile: DeviceProfile, dtype: str) -> float:
 
 
 def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_tokens: int,
-                max_batch: int) -> LayerCosts:
-    """Costs of `spec` at weight `dtype` on a profile already folded to its bound."""
+                max_batch: int, router_sync: bool = True) -> LayerCosts:
+    """Costs of `spec` at weight `dtype` on a profile already folded to its bound. `router_sync`: the
+    engine must learn the router's choice to issue reads (False when every expert is cached, or when
+    the page cache serves the misses inside the compute: then the decode never waits on the host)."""
     bits = MOE_DTYPE_BITS[dtype]
     rate = _stream_rate(profile, dtype)
     ovh = profile.compute.op_overhead_s
@@ -75,7 +78,7 @@ def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_token
     attn_bytes += kv_per_layer * ctx
     dense_bytes = np.where(moe_index < 0, spec.dense_ffn_params * bits / 8, 0.0)
     pre = (attn_bytes + dense_bytes) / rate + ovh * (OPS_ATTENTION + np.where(moe_index < 0, OPS_EXPERT, 0))
-    sync = profile.moe.router_sync_s if profile.moe is not None else 0.0
+    sync = profile.moe.router_sync_s if profile.moe is not None and router_sync else 0.0
     router = np.where(moe_index >= 0, spec.router_params * bits / 8 / rate + ovh + sync, 0.0)
     shared = np.where(moe_index >= 0, spec.shared_params_per_layer * bits / 8 / rate
                       + ovh * OPS_EXPERT * spec.n_shared_experts, 0.0)
@@ -93,7 +96,7 @@ def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_token
     stream = float(attn_bytes.sum() + dense_bytes.sum() + head_bytes
                    + spec.n_moe_layers * (spec.router_params + spec.shared_params_per_layer) * bits / 8)
     return LayerCosts(pre, router, shared, eb / rate + ovh * OPS_EXPERT, head, moe_index, batch, fault, eb,
-                      stream, rate)
+                      stream, rate, spec.router_params * bits / 8 / rate + ovh)
 
 
 @dataclass(frozen=True)

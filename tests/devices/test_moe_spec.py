@@ -117,3 +117,18 @@ def test_models_show_cli_json_for_hf_folder(tmp_path, capsys) -> None:
     assert out["n_experts"] == 128 and out["expert_bytes_at_dtype"] == int(3 * 2048 * 768 * 4.5 / 8)
     assert main(["models", "show", "deepseek-v3"]) == 0
     assert "58 with routed experts" in capsys.readouterr().out
+
+
+def test_deepseek_v2_lite_without_q_lora() -> None:
+    """DeepSeek-V2-Lite's config (q_lora_rank null: a full q projection; 2 shared experts, first layer dense):
+    15.7B total and 2.4B active parameters (DeepSeek-AI, 'DeepSeek-V2', arXiv 2405.04434, the Lite model)."""
+    cfg = {"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+           "num_hidden_layers": 27, "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_attention_heads": 16,
+           "num_key_value_heads": 16, "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+           "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128, "vocab_size": 102400, "tie_word_embeddings": False}
+    s = moe_spec_from_hf_config(cfg, "deepseek-v2-lite")
+    assert s.q_lora_rank == 0 and s.n_shared_experts == 2 and s.moe_layers[0] == 1
+    assert s.total_params == pytest.approx(15.7e9, rel=0.01)
+    assert s.active_params_per_token("lm_head") == pytest.approx(2.4e9, rel=0.05)
+    assert s.kv_bytes_per_token("fp16") == 27 * (512 + 64) * 2

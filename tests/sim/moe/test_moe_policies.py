@@ -126,3 +126,19 @@ def test_belady_bounds_every_policy(T, M, E, K, cap, scope, seed) -> None:
         else:
             bound = best
         assert walk(e, E, pol, cap, scope).hit.sum() <= bound, name
+
+
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(1, 16), M=st.integers(1, 4), E=st.integers(2, 9), K=st.integers(1, 3),
+       cap=st.integers(0, 10), seed=st.integers(0, 10_000), pf=st.booleans(),
+       name=st.sampled_from(["lru", "lfu", "least-stale", "pinned"]))
+def test_batched_layer_walk_equals_step_by_step(T, M, E, K, cap, seed, pf, name) -> None:
+    K = min(K, E)
+    rng = np.random.default_rng(seed)
+    e = np.stack([[rng.choice(E, K, replace=False) for _ in range(M)] for _ in range(T)])
+    pred = np.where(rng.random(e.shape) < 0.3, -1, rng.integers(0, E, e.shape)) if pf else None
+    a = walk(e, E, build_cache(name), cap, "layer", prefetch=pred)
+    b = walk(e, E, build_cache(name), cap, "layer", prefetch=pred, batched=False)
+    for f in ("hit", "prefetch_hit", "prefetch_reads", "evictions", "routed"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.resident_peak == b.resident_peak
