@@ -103,7 +103,12 @@ def _token_ids(args: argparse.Namespace) -> list[int]:
 
 def run(args: argparse.Namespace, profile: Any) -> int:
     """`real run` on an expert store: shape mode (--trace) or model mode (--model)."""
-    from real.runtime.moe_runs import run_shape, score, simulated_latency_s
+    from real.runtime.moe_runs import (
+        run_shape,
+        score,
+        simulated_latency_s,
+        simulated_model_latency_s,
+    )
     from real.weights.expert_store import open_expert_store
     from sim.moe.base import parse_cache_arg
 
@@ -132,8 +137,12 @@ def run(args: argparse.Namespace, profile: Any) -> int:
                  "max_abs_logit": float(np.abs(ref).max()),
                  "same_next_token": bool(np.all(runs[0]["logits"].argmax(1) == ref.argmax(1)))}
         mode = "model"
-    sim_lat, sim_hit = simulated_latency_s(store, experts, profile, policy=policy, params=params,
-                                           capacity=args.capacity, scope=args.scope)
+    if mode == "shape":
+        sim_lat, sim_hit = simulated_latency_s(store, experts, profile, policy=policy, params=params,
+                                               capacity=args.capacity, scope=args.scope)
+    else:
+        sim_lat, sim_hit = simulated_model_latency_s(args.model, store, experts, profile, policy=policy,
+                                                     params=params, capacity=args.capacity, scope=args.scope)
     sc = score(runs, sim_lat, warmup=1 if len(sim_lat) > 1 else 0)
     out = {"mode": mode, "store": str(store.path), "policy": policy, "params": params, "capacity": args.capacity,
            "scope": args.scope, "tokens": int(len(sim_lat)), "hit_rate_real": runs[0]["hit_rate"],
@@ -147,13 +156,13 @@ def run(args: argparse.Namespace, profile: Any) -> int:
           f"{'direct I/O' if out['direct_io'] else 'buffered reads'}")
     rows = [["ms per token", f"{sc['real_ms_per_token']:.2f}", f"{sc['sim_ms_per_token']:.2f}"],
             ["hit rate", f"{out['hit_rate_real']:.3f}", f"{sim_hit:.3f}"],
-            ["expert read ms per token", f"{sc['real_read_ms_per_token']:.2f}", "-"],
-            ["read GB/s (during reads)", f"{sc['gb_per_s_read']:.2f}", "-"]]
+            ["reads in flight, ms per token", f"{sc['real_read_ms_per_token']:.2f}", "-"],
+            ["GB/s while reads in flight", f"{sc['gb_per_s_read']:.2f}", "-"]]
     print_table(["", "real", f"simulated ({profile.name})"], rows, align="lrr")
     spread = "-" if sc["repeat_spread"] is None else f"{sc['repeat_spread']:.1%}"
     print(f"simulator error {sc['error']:+.1%} on the mean token latency; real repeat spread {spread} "
-          f"over {sc['repeats']} run(s) (the first token is warm-up, left out); the simulator prices expert "
-          f"reads and expert compute only{'' if mode == 'shape' else ', the real latency is the whole model'}")
+          f"over {sc['repeats']} run(s) (the first token is warm-up, left out); the simulator prices "
+          f"{'expert reads and expert compute only' if mode == 'shape' else 'the whole model (its spec from config.json)'}")
     if check:
         print(f"logits vs the dense HF forward: max |diff| {check['max_abs_logit_diff_vs_dense']:.2e} "
               f"(max |logit| {check['max_abs_logit']:.3g}); same next token everywhere: {check['same_next_token']}")

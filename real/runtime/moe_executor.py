@@ -45,7 +45,8 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 class StepStats:
     hits: int
     misses: int
-    read_s: float               # wall time from issuing the reads to the last one landing
+    read_s: float               # wall time from issuing the reads to the last one landing (the cached
+                                # experts are computed meanwhile, so this is at least their compute)
     wall_s: float               # the whole step
     bytes_read: int
     evictions: int

@@ -93,6 +93,22 @@ def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *
     return tl.latency_s, res.hit_rate
 
 
+def simulated_model_latency_s(folder: str, store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str,
+                              params: dict | None, capacity: int, scope: str = "layer") -> tuple[np.ndarray, float]:
+    """(per-token latency [T], hit rate) the simulator predicts for the whole model of `folder` (its
+    MoESpec from config.json: attention, router, experts, head) on the routing the model chose, at the
+    mean context of the run (T / 2 tokens)."""
+    from devices.moe_spec import load_moe_model
+    from sim.moe.run import MoERunConfig, simulate
+
+    spec = load_moe_model(folder)
+    e = np.asarray(experts, np.int64)
+    cfg = MoERunConfig(policy=policy, params=dict(params or {}), capacity=capacity, scope=scope,  # type: ignore[arg-type]
+                       dtype=STORE_DTYPE_TO_SIM[store.dtype], context_tokens=max(1, e.shape[0] // 2))
+    run = simulate(spec, profile, e, cfg)
+    return run.timeline.latency_s, run.residency.hit_rate
+
+
 def score(real_runs: list[dict[str, Any]], sim_latency_s: np.ndarray, warmup: int = 1) -> dict[str, Any]:
     """Simulator error on the mean token latency beside the real repeat spread (tokens after `warmup`)."""
     means = np.array([r["latency_s"][warmup:].mean() for r in real_runs])
