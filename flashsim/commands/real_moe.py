@@ -110,10 +110,11 @@ def run(args: argparse.Namespace, profile: Any) -> int:
         simulated_model_latency_s,
     )
     from real.weights.expert_store import open_expert_store
-    from sim.moe.base import parse_cache_arg
+    from sim.moe.base import build_cache, parse_cache_arg
 
     store = open_expert_store(args.store)
     policy, params = parse_cache_arg(args.expert_cache)
+    build_cache(policy, params)                  # an unknown policy or parameter: refused before any work
     if args.repeats < 1:
         raise FlashsimError(f"--repeats must be >= 1, got {args.repeats}")
     kw = dict(policy=policy, params=params, capacity=args.capacity, scope=args.scope, threads=args.io_threads)

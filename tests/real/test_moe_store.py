@@ -95,3 +95,19 @@ def test_offline_policy_needs_the_routing(tmp_path):
         ExpertExecutor(s, build_cache("belady"), 2)
     with pytest.raises(FlashsimError, match="page-cache baseline"):
         ExpertExecutor(s, build_cache("page-cache"), 2, routing=np.zeros((1, 3, 2), np.int64))
+
+
+def test_cli_bad_input_is_one_line(tmp_path, capsys):
+    from flashsim.main import main
+    from traces.routing_synth import SynthParams, synthesize
+
+    store = small_store(tmp_path / "s")                        # 3 MoE layers x 8 experts, top-2
+    trace, _ = synthesize(tmp_path / "r", model="m", n_layers=2, moe_layers=[0, 1], n_experts=8, top_k=2,
+                          n_tokens=5, params=SynthParams())
+    assert main(["real", "run", "--store", str(store), "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the expert store" in err and len(err.strip().splitlines()) == 1
+    assert main(["real", "moe-store", "--out", str(tmp_path / "x"), "--like", str(trace)]) == 2
+    assert "--d-model and --d-expert-ff" in capsys.readouterr().err
+    assert main(["real", "run", "--store", str(store), "--trace", str(trace), "--expert-cache", "nope"]) == 2
+    assert "unknown expert-cache policy 'nope'" in capsys.readouterr().err
