@@ -36,6 +36,13 @@ def moe_experts_modules(model: Any) -> list[tuple[int, Any]]:
         m = EXPERTS_NAME.match(name)
         if m and hasattr(mod, "gate_up_proj") and hasattr(mod, "down_proj"):
             found.append((int(m.group(1)), mod))
+    for layer, mod in found:
+        gu, dn = mod.gate_up_proj, mod.down_proj
+        if hasattr(mod, "gate_up_proj_bias") or gu.ndim != 3 or dn.ndim != 3 or gu.shape[1] != 2 * dn.shape[2] \
+                or gu.shape[2] != dn.shape[1]:
+            raise FlashsimError(f"{type(model).__name__} layer {layer}: experts are not plain SwiGLU with "
+                                "gate_up_proj [E, 2F, d] and down_proj [E, d, F] (gpt-oss's biased, clamped "
+                                "experts are not supported); this model cannot run in MoE model mode")
     if not found:
         raise FlashsimError(f"{type(model).__name__}: no fused MoE experts (layers.N.mlp.experts with gate_up_proj "
                             "and down_proj, transformers >= 5); this model cannot run in MoE model mode")

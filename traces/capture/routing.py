@@ -164,7 +164,7 @@ def capture_routing(folder: str | Path, prompts: list[Prompt], out: str | Path, 
 
 def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int = 2, n_experts: int = 8,
                    top_k: int = 2, hidden: int = 32, expert_ff: int = 64, vocab: int = 128, seed: int = 0) -> Path:
-    """Save a randomly initialised MoE (shapes only) of `family` (mixtral | qwen2_moe | qwen3_moe | olmoe)
+    """Save a randomly initialised MoE (shapes only) of `family` (mixtral | qwen2_moe | qwen3_moe | olmoe | gpt_oss)
     to `folder` as safetensors + config.json: the model capture and the real backend's tests run."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -177,7 +177,10 @@ def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int
                                decoder_sparse_step=1, norm_topk_prob=False),
              "qwen3_moe": dict(num_experts=n_experts, moe_intermediate_size=expert_ff, decoder_sparse_step=1,
                                norm_topk_prob=True, head_dim=hidden // 4),
-             "olmoe": dict(num_experts=n_experts, norm_topk_prob=False)}
+             "olmoe": dict(num_experts=n_experts, norm_topk_prob=False),
+             "gpt_oss": dict(num_local_experts=n_experts, head_dim=hidden // 4,
+                             layer_types=["sliding_attention", "full_attention"] * (n_layers // 2)
+                             + ["sliding_attention"] * (n_layers % 2))}
     if family not in extra:
         raise FlashsimError(f"tiny MoE family {family!r}: choose one of {', '.join(extra)}")
     cfg = AutoConfig.for_model(family, **common, **extra[family])
@@ -185,7 +188,7 @@ def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():                   # router weights large enough that top-k is not a near-tie
         for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 p.normal_(0.0, 1.0)
     folder = Path(folder)
     model.save_pretrained(folder)
