@@ -48,6 +48,8 @@ def add_run_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--scope", choices=("layer", "global"), default="layer", help="MoE: cache scope (default layer)")
     r.add_argument("--repeats", type=int, default=1, help="MoE shape mode: runs of the trace, for the repeat spread")
     r.add_argument("--io-threads", type=int, default=4, help="MoE: expert reads in flight (one reader each)")
+    r.add_argument("--reads-only", action="store_true",
+                   help="MoE shape mode: read the experts without computing them (the I/O path alone)")
 
 
 def is_expert_store(path: str) -> bool:
@@ -125,10 +127,13 @@ def run(args: argparse.Namespace, profile: Any) -> int:
         t = open_routing_trace(args.trace)
         n = min(args.tokens or t.n_tokens, t.n_tokens)
         experts, weights = np.asarray(t.experts[:n], np.int64), np.asarray(t.weights[:n])
-        runs = [run_shape(store, experts, weights, **kw) for _ in range(args.repeats)]
+        runs = [run_shape(store, experts, weights, compute=not args.reads_only, **kw) for _ in range(args.repeats)]
         mode = "shape"
     else:
         from real.runtime.moe_model import dense_logits, run_model
+
+        if args.reads_only:
+            raise FlashsimError("--reads-only is for shape mode (--trace): model mode needs the experts' outputs")
 
         ids = _token_ids(args)
         runs = [run_model(args.model, store, ids, **kw) for _ in range(args.repeats)]
