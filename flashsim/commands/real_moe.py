@@ -145,7 +145,8 @@ def run(args: argparse.Namespace, profile: Any) -> int:
         mode = "model"
     if mode == "shape":
         sim_lat, sim_hit = simulated_latency_s(store, experts, profile, policy=policy, params=params,
-                                               capacity=args.capacity, scope=args.scope)
+                                               capacity=args.capacity, scope=args.scope,
+                                               compute=not args.reads_only)
     else:
         sim_lat, sim_hit = simulated_model_latency_s(args.model, store, experts, profile, policy=policy,
                                                      params=params, capacity=args.capacity, scope=args.scope)
@@ -166,9 +167,11 @@ def run(args: argparse.Namespace, profile: Any) -> int:
             ["GB/s while reads in flight", f"{sc['gb_per_s_read']:.2f}", "-"]]
     print_table(["", "real", f"simulated ({profile.name})"], rows, align="lrr")
     spread = "-" if sc["repeat_spread"] is None else f"{sc['repeat_spread']:.1%}"
+    what = ("the whole model (its spec from config.json)" if mode == "model" else
+            "expert reads only" if args.reads_only else "expert reads and expert compute only")
     print(f"simulator error {sc['error']:+.1%} on the mean token latency; real repeat spread {spread} "
           f"over {sc['repeats']} run(s) (the first token is warm-up, left out); the simulator prices "
-          f"{'expert reads and expert compute only' if mode == 'shape' else 'the whole model (its spec from config.json)'}")
+          f"{what}")
     if check:
         print(f"logits vs the dense HF forward: max |diff| {check['max_abs_logit_diff_vs_dense']:.2e} "
               f"(max |logit| {check['max_abs_logit']:.3g}); same next token everywhere: {check['same_next_token']}")

@@ -76,8 +76,9 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
 
 
 def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str, params: dict | None,
-                        capacity: int, scope: str = "layer") -> tuple[np.ndarray, float]:
-    """(per-token latency [T], hit rate) the simulator predicts for the expert part of the same run."""
+                        capacity: int, scope: str = "layer", compute: bool = True) -> tuple[np.ndarray, float]:
+    """(per-token latency [T], hit rate) the simulator predicts for the expert part of the same run
+    (compute=False: the reads alone, as `run_shape(compute=False)` executes them)."""
     from devices.achievable import at_bound
     from sim.moe.residency import walk
     from sim.moe.timing import fast_path, layer_costs
@@ -88,7 +89,8 @@ def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *
     hits, pf, misses = res.layer_counts()
     costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k)
     L = spec.n_layers
-    costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0)
+    costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0,
+                    expert_s=costs.expert_s if compute else 0.0)
     tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, False)
     return tl.latency_s, res.hit_rate
 
