@@ -184,12 +184,13 @@ def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int
     if family not in extra:
         raise FlashsimError(f"tiny MoE family {family!r}: choose one of {', '.join(extra)}")
     cfg = AutoConfig.for_model(family, **common, **extra[family])
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():                   # router weights large enough that top-k is not a near-tie
-        for name, p in model.named_parameters():
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
-                p.normal_(0.0, 1.0)
+    with torch.random.fork_rng(devices=[]):    # seeded without touching the caller's global RNG state
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        with torch.no_grad():               # router weights large enough that top-k is not a near-tie
+            for name, p in model.named_parameters():
+                if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
+                    p.normal_(0.0, 1.0)
     folder = Path(folder)
     model.save_pretrained(folder)
     return folder
