@@ -190,7 +190,8 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
                  "best": plan_json["best"], "binding_constraint": plan_json["binding_constraint"],
                  "min_dram_bytes": plan_json["min_dram_bytes"], "min_dram_configuration":
                      plan_json["min_dram"]["configuration"], "pareto": [r["label"] for r in plan_json["pareto"]],
-                 "trace": plan_json["trace"]["description"]},
+                 "trace": plan_json["trace"]["description"],
+                 "quality_floor": ((plan_json.get("quality") or {}).get("floor") or {}).get("rule")},
         "report": str(report),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
     }

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "one, so caches start in steady state (default 1; 0 with --warmup-tokens for a cold start)")
     g.add_argument("--warmup-tokens", type=int, default=None, help="with --warm-passes 0: decode tokens that only "
                    "warm the cache before timing starts (default: a quarter of the trace's decode tokens)")
+    g.add_argument("--plot", metavar="DIR", help="also write the MoE figures for this trace and device: hit rate "
+                   "vs cache size per policy (moe_hit_rate.png/.svg) and tok/s vs DRAM (moe_dram.png/.svg)")
     g.add_argument("--prefetch-memory", type=float, default=0.0,
                    help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
 
@@ -72,12 +74,40 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     base = replace(base, warmup_tokens=warm, warm_passes=args.warm_passes)
     out = compare_policies(spec, raw, ex, base, policies, weights=w, phase=ph)
     out.update({"routing_trace": str(path), "dram_budget_bytes": budget,
-                "routing_source": trace.manifest.source.get("kind")})
+                "routing_source": trace.manifest.source.get("kind"),
+                "router_sync_s": raw.moe.router_sync_s if raw.moe else None,
+                "router_sync_source": raw.moe.router_sync_source.model_dump() if raw.moe else None})
+    if args.plot:
+        out["figures"] = [str(p) for p in _plot(args.plot, spec, raw.name, ex, w, ph, base, policies)]
     if args.json:
         print_json(out)
         return 0
     _print(out, spec)
+    for f in out.get("figures", []):
+        print(f"wrote {f}")
     return 0
+
+
+def _plot(out_dir: str, spec: Any, device: str, ex: Any, w: Any, ph: Any, base: Any,
+          policies: list[tuple[str, dict]] | None) -> list[Any]:
+    """The two MoE figures (analysis/figures/fig_moe_*.py) for this trace, spec and device."""
+    import numpy as np
+
+    from analysis.figures import common as C
+    from analysis.figures import fig_moe_dram, fig_moe_hit_rate
+    from analysis.moe_curves import budget_grid, hit_rate_curve, tps_vs_dram
+
+    routing = {"experts": np.asarray(ex), "weights": np.asarray(w), "phase": np.asarray(ph)}
+    names = [n for n, _ in policies] if policies else ["lru", "lfu", "least-stale", "pinned", "belady"]
+    names = [n for n in names if n not in ("cache-aware", "page-cache")] or ["lru"]
+    caps = sorted({round(spec.n_experts * i / 8) for i in range(9)})
+    hr = hit_rate_curve(spec, routing, names, caps, base.scope)
+    paths = C.save(fig_moe_hit_rate.draw(hr, f"{spec.name}: expert-cache hit rate vs cache size"), out_dir,
+                   fig_moe_hit_rate.KIND)
+    df = tps_vs_dram(spec, routing, [device], budget_grid(spec, base, 6), base)
+    paths += C.save(fig_moe_dram.draw(df, f"{spec.name} {base.dtype}, {base.policy}: decode tok/s vs DRAM"),
+                    out_dir, fig_moe_dram.KIND)
+    return paths
 
 
 def _print(out: dict[str, Any], spec: Any) -> None:
@@ -101,6 +131,12 @@ def _print(out: dict[str, Any], spec: Any) -> None:
                  format_bytes(i["flash_bytes_per_token"]), f"{i['io_ms_per_token']:.1f}", "0.000",
                  format_bytes(i["dram_bytes"]), "-" if i["energy_j_per_token"] is None
                  else f"{i['energy_j_per_token']['total']:.2f}"])
+    if out["router_sync_s"] is None:
+        print(f"note: {out['device']} has no moe: section: the router read-back per MoE layer is taken as 0 "
+              "(add one with its source, docs/moe.md)")
+    else:
+        print(f"router read-back: {out['router_sync_s'] * 1e6:.0f} us per MoE layer "
+              f"({out['router_sync_source']['kind']})")
     print_table(["expert cache", "tok/s", "peak tok/s", "hit rate", "prefetch hits", "flash/token", "io ms",
                  "mass replaced", "DRAM", "J/token"], rows, align="lrrrrrrrrr")
     print("tok/s: expected (achievable device numbers); peak tok/s: the same policy on datasheet peaks (a bound); "

@@ -65,3 +65,13 @@ def test_plan_moe_json(model_and_trace, capsys) -> None:
     assert {r["policy"] for r in out["rows"]} >= {"lru", "pinned", "page-cache"}
     assert out["ideal_policy_bound"]["int4"]["tokens_per_s"] >= out["best"]["tokens_per_s"] * 0.999
     assert out["dram_for_target"] is None or out["dram_for_target"]["tokens_per_s"] >= 50
+
+
+@pytest.mark.slow
+def test_replay_plot_writes_both_figures(model_and_trace, tmp_path, capsys) -> None:
+    model, trace = model_and_trace
+    assert main(["replay", "--routing-trace", str(trace), "--model", str(model), "--device", "rtx4090-nvme",
+                 "--expert-cache", "lru", "--plot", str(tmp_path / "figs")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert {p.name for p in (tmp_path / "figs").iterdir()} == {"moe_hit_rate.png", "moe_hit_rate.svg",
+                                                              "moe_dram.png", "moe_dram.svg"}
