@@ -70,9 +70,9 @@ class ExpertExecutor:
         if policy.forced_scope and policy.forced_scope != scope:
             capacity = capacity * self.M if policy.forced_scope == "global" else capacity // self.M
             scope = policy.forced_scope
-        if policy.page_faults:
+        if policy.page_faults and not self.page_faults:
             raise FlashsimError(f"expert cache {policy.name!r}: the page-cache baseline reads by page faults of an "
-                                "mmap; the real backend executes the reader-based policies only")
+                                "mmap: run it with PageCacheExecutor (real/runtime/moe_page_cache.py)")
         if routing is None and policy.name in OFFLINE_POLICIES:
             raise FlashsimError(f"expert cache {policy.name!r} needs the whole routing in advance: use shape mode "
                                 "(--trace), or an online policy (lru, lfu, least_stale, cache_aware) in model mode")
@@ -88,8 +88,7 @@ class ExpertExecutor:
         # cache rows + K spare rows (an in-use expert that Belady drops after the step keeps its row
         # until the step's compute is done) + K staging rows (missed experts the policy does not admit)
         self.n_slots = slots + 2 * self.K
-        self._buf = AlignedBuffer(self.n_slots * self.stride)
-        self.rows = self._buf.view2d(self.n_slots, self.stride)
+        self.rows = self._slot_rows(self.n_slots)
         self.free = list(range(slots + self.K - 1, -1, -1))
         self.staging = list(range(slots + self.K, slots + 2 * self.K))
         self.slot_of = np.full(self.M * self.E, -1, np.int64)
@@ -107,6 +106,16 @@ class ExpertExecutor:
             self.resident[init] = True
             np.add.at(self.count, self.layer_of[init], 1)
         self.totals = ExecutorTotals()
+
+    page_faults = False       # True in the subclass that serves misses by page faults of an mmap
+
+    def _slot_rows(self, n: int) -> np.ndarray | None:
+        """The page-aligned slot memory: n rows of one expert stride each."""
+        self._buf = AlignedBuffer(n * self.stride)
+        return self._buf.view2d(n, self.stride)
+
+    def _drop(self, keys: np.ndarray) -> None:
+        """Called with the experts the policy evicted (the reader-based cache just reuses their rows)."""
 
     @property
     def tdtype(self) -> Any:
@@ -190,6 +199,7 @@ class ExpertExecutor:
                     raise AssertionError(f"{self.policy.name}: evicted an expert that is not resident")
                 self.resident[v] = False
                 np.subtract.at(self.count, self.layer_of[v], 1)
+                self._drop(v[~np.isin(v, keys)])
                 in_use = np.isin(v, keys)
                 later = [int(k) for k in v[in_use]]          # used by this step: freed after its compute
                 self.free.extend(int(x_) for x_ in self.slot_of[v[~in_use]])
@@ -225,6 +235,7 @@ class ExpertExecutor:
         for k in later:
             self.free.append(int(self.slot_of[k]))
             self.slot_of[k] = -1
+        self._drop(np.array(later + staged, np.int64))
         st = StepStats(int(h.sum()), int(len(missed)), t_read1 - t_read0 if len(missed) else 0.0,
                        time.perf_counter() - t_start, int(nbytes), n_evict, mass)
         self.totals.steps.append(st)

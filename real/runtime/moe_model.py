@@ -95,7 +95,7 @@ def run_model(folder: str | Path, store: ExpertStore, token_ids: list[int], *, p
     model chose (experts [T, M, K], weights), from which the simulator can replay the same run."""
     import torch
 
-    from real.runtime.moe_executor import ExpertExecutor
+    from real.runtime.moe_page_cache import executor_for
     from sim.moe.base import build_cache
 
     model, _ = _load(folder)
@@ -109,8 +109,8 @@ def run_model(folder: str | Path, store: ExpertStore, token_ids: list[int], *, p
     rweights = np.zeros((T, M, K), np.float32)
     read_s, hits, nbytes = np.zeros(T), np.zeros(T), np.zeros(T)
     state = {"t": 0}
-    with ExpertExecutor(store, build_cache(policy, params), capacity, scope, n_tokens=T, threads=threads,
-                        direct=direct) as ex:
+    with executor_for(store, build_cache(policy, params), capacity, scope, n_tokens=T, threads=threads,
+                      direct=direct) as ex:
 
         def patched(m: int):
             def forward(hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:

@@ -45,7 +45,7 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
               compute: bool = True, seed: int = 0) -> dict[str, Any]:
     """One shape-mode run over experts [T, M, K]: per-token wall latency, read time, hits and bytes.
     compute=False reads without computing (no torch): the cache and I/O path alone."""
-    from real.runtime.moe_executor import ExpertExecutor
+    from real.runtime.moe_page_cache import executor_for
 
     e = np.asarray(experts, np.int64)
     T, M, K = e.shape
@@ -55,7 +55,7 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
                             f"({store.n_layers} MoE layers x {man.n_experts} experts, top-{man.top_k})")
     cache = build_cache(policy, params)
     x = None
-    with ExpertExecutor(store, cache, capacity, scope, routing=e, threads=threads, direct=direct) as ex:
+    with executor_for(store, cache, capacity, scope, routing=e, threads=threads, direct=direct) as ex:
         if compute:
             import torch
 
@@ -85,13 +85,14 @@ def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *
 
     spec = store_spec(store)
     prof = at_bound(profile, "achievable") if profile.bound == "raw" else profile
-    res = walk(np.asarray(experts, np.int64), spec.n_experts, build_cache(policy, params), capacity, scope)
+    cache = build_cache(policy, params)
+    res = walk(np.asarray(experts, np.int64), spec.n_experts, cache, capacity, scope)
     hits, pf, misses = res.layer_counts()
     costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k)
     L = spec.n_layers
     costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0,
                     expert_s=costs.expert_s if compute else 0.0)
-    tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, False)
+    tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, cache.page_faults)
     return tl.latency_s, res.hit_rate
 
 

@@ -111,3 +111,19 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert "--d-model and --d-expert-ff" in capsys.readouterr().err
     assert main(["real", "run", "--store", str(store), "--trace", str(trace), "--expert-cache", "nope"]) == 2
     assert "unknown expert-cache policy 'nope'" in capsys.readouterr().err
+
+
+def test_page_cache_baseline_faults_experts_in(tmp_path):
+    """The page-cache policy runs on an mmap: same decisions as the simulator, misses read by page faults
+    (measured in /proc/self/io: at least the missed experts' bytes; read-around may add more)."""
+    s = open_expert_store(small_store(tmp_path / "s", d=256, f=512))
+    rng = np.random.default_rng(4)
+    experts = np.argsort(rng.random((12, 3, 8)), axis=2)[:, :, :2]
+    weights = np.full(experts.shape, 0.5, np.float32)
+    r = run_shape(s, experts, weights, policy="page-cache", params=None, capacity=4, compute=False)
+    res = walk(experts, 8, build_cache("page-cache"), 4, "layer")
+    assert r["hit_rate"] == pytest.approx(res.hit_rate) and not r["direct_io"]
+    missed = int((~res.hit).sum()) * s.manifest.expert_bytes
+    if r["bytes_read"].sum() == 0:
+        pytest.skip("/proc/self/io does not count this filesystem's reads")
+    assert r["bytes_read"].sum() >= 0.9 * missed
