@@ -28,3 +28,4 @@ class MoECosts(Strict):
     page_fault_source: Provenance | None = None
     expert_reads_in_flight: int | None = Field(default=None, ge=1, description="expert reads kept outstanding "
                                                "at once (default: flash.max_in_flight)")
+    expert_reads_in_flight_source: Provenance | None = None

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import note, phase
 from devices.units import format_bytes
 from flashsim.output import print_json, print_table
 
@@ -97,11 +97,9 @@ def _capture(args: argparse.Namespace) -> int:
     if _is_moe_folder(args.model):
         return _capture_routing(args, prompts)
 
-    def note(msg: str) -> None:
-        print(f"flashsim: {msg}", file=sys.stderr)
-
     t0 = time.perf_counter()
-    loaded = load_hf_model(args.model, notify=note)
+    with phase(f"loading {args.model}"):
+        loaded = load_hf_model(args.model, notify=note)
     t1 = time.perf_counter()
     capture_trace(loaded, prompts, out, max_new_tokens=args.max_new_tokens, sparsity=args.sparsity,
                   magnitude_fraction=args.magnitude_fraction, seed=args.seed, temperature=args.temperature,

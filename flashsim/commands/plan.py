@@ -12,7 +12,7 @@ from analysis.planner import SHIPPED, Plan
 from analysis.quality_evidence import DEFAULT_MAX_PPL_RATIO, parse_max_ppl_ratio
 from analysis.quality_table import load_quality_table
 from devices.errors import FlashsimError
-from devices.units import format_bytes, parse_bytes
+from devices.units import UNITS_NOTE, format_bytes, parse_bytes
 from flashsim.output import print_json, print_table
 from sim.metric_names import (
     ACTIVATION_MASS_KEPT,
@@ -141,6 +141,7 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     mode = f" in power mode {p.power_mode}" if p.power_mode else ""
     print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
+    print(UNITS_NOTE)
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
     floor = (p.quality or {}).get("floor")
     if floor:

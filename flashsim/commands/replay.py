@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from devices.units import format_bytes, format_rate, parse_bytes
+from devices.units import UNITS_NOTE, format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 from sim.metric_names import (
     ACTIVATION_MASS_KEPT,
@@ -161,6 +161,7 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
           f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
           f"{s.get('bound', 'achievable')} device numbers")
+    print(UNITS_NOTE)
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
     if c.get("cache_shares"):   # memory.cache_split other than equal (sim/policies/cache_shares.py)
         sh = c["cache_shares"]
@@ -214,8 +215,10 @@ def inputs_line(rows: list[dict[str, Any]]) -> str:
     """One line naming which device inputs are measured, published, datasheet figures or estimates."""
     from devices.achievable import inputs_by_kind
 
-    kinds = inputs_by_kind(rows)
-    return "device inputs: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+    cal = [r for r in rows if r["input"] == "calibration"]
+    kinds = inputs_by_kind([r for r in rows if r["input"] != "calibration"])
+    return ("device inputs: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+            + "".join(f"; {r['value']}" for r in cal))
 
 
 def _params(p: dict[str, Any]) -> str:

@@ -159,7 +159,7 @@ def _synth(args: argparse.Namespace) -> int:
     out = synthesize(args.out, spec, n_tokens, args.seed, like=like, like_phase=args.phase,
                      active_fraction=args.active_fraction, overlap=args.overlap, hot_skew=args.hot_skew,
                      magnitudes=args.magnitudes, prompt_tokens=args.prompt_tokens, overwrite=args.force,
-                     provenance=provenance)
+                     provenance=provenance, progress=True)
     trace = open_trace(out, verify=False)
     syn = trace.manifest.synthetic or {}
     summary = {"out": str(out), "model": spec.name, "n_layers": spec.n_layers, "n_neurons": spec.d_ff,
