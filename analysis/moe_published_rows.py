@@ -28,6 +28,7 @@ class PublishedRow:
     circular: str = ""                    # why, when component numbers share the figure's source
     cold_tokens: int = 0                  # > 0: the figure is per sequence of this many tokens, cache cold
     bound: str = "peak"                   # "peak" (tok/s), "belady" (demand cache), "belady+oracle-prefetch"
+    open_top: bool = False                # the range's high end is open ("over 88%"), not an observed figure
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,7 +103,7 @@ ROWS: tuple[PublishedRow, ...] = (
         "prefetch, so the row runs the next-layer prefetch at the OLMoE family's default accuracy "
         "(devices/models/moe/prefetch/: the FATE fallback, 0.79) and counts prefetched experts as hits",
         missing="SpecMD's own predictor and its accuracy (not in the abstract); routing synthetic (no OLMoE trace)",
-        bound="belady+oracle-prefetch"),
+        bound="belady+oracle-prefetch", open_top=True),
     PublishedRow(
         "moe-lrc-olmoe-lru", "moe-lrc (LRU expert cache)", MOE_LRC + ": OLMoE-1B-7B-0125 0.572 (95% CI 0.570-0.574)",
         "olmoe-1b-7b", "rtx4090-nvme", "hit_rate", (0.570, 0.574),
