@@ -12,7 +12,6 @@ the unit one flash read fetches under row-column bundling.
 
 from __future__ import annotations
 
-import json
 import math
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import (
 from devices.errors import FlashsimError, unknown_name
 from devices.limits import MAX_PARAMS, check_field
 from devices.loading import validate_file, validation_message
+from devices.safe_load import parse_json, read_text_file
 
 BUNDLED_DIR = Path(__file__).parent / "models"
 
@@ -389,10 +389,11 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> ModelSpec:
 
 
 def _from_config_file(path: Path, name: str) -> ModelSpec:
+    cfg = parse_json(read_text_file(path, "config.json"), str(path))
+    if not isinstance(cfg, dict):
+        raise FlashsimError(f"{path}: expected a JSON object (a Hugging Face config), got {type(cfg).__name__}")
     try:
-        return ModelSpec.from_hf_config(json.loads(path.read_text()), name=name, source=f"{path}")
-    except json.JSONDecodeError as e:
-        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        return ModelSpec.from_hf_config(cfg, name=name, source=f"{path}")
     except FlashsimError as e:
         raise FlashsimError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
     except ValueError as e:  # pydantic ValidationError is a ValueError

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +35,13 @@ from devices.errors import FlashsimError
 from devices.limits import MAX_TRACE_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
-from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
+from traces.outputs import (
+    check_output_dir,
+    publish_dir,
+    remove_path,
+    remove_stale_temporaries,
+    temp_name,
+)
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "flashsim-trace"
@@ -106,22 +109,6 @@ def sha256_file(path: Path, block: int = 1 << 22) -> str:
     except OSError as e:
         raise FlashsimError(f"{path}: I/O error while reading ({e.strerror or e}); the file or disk is damaged") from None
     return h.hexdigest()
-
-
-def publish_dir(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename a completed temporary directory to `out` (atomic on one filesystem). An `out` that
-    appeared meanwhile is swapped out only with `overwrite`; otherwise `tmp` is removed and a
-    FlashsimError raised. Used by every writer of a directory (traces, weight stores)."""
-    if out.exists():
-        if not overwrite:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise FlashsimError(f"{out}: appeared while writing; not overwritten")
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def check_trace_size(spec: ModelSpec, n_tokens: int, top_k: int = 0) -> None:
@@ -315,8 +302,6 @@ class TraceWriter:
                  sparsity: SparsityRule, prompts: list[PromptInfo], *, synthetic: dict | None = None,
                  provenance: dict | None = None, overwrite: bool = False):
         self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise FlashsimError(f"{self.out}: already exists; choose another --out or remove it")
         if n_tokens < 1:
             raise FlashsimError("a trace needs at least one token")
         check_trace_size(spec, n_tokens, top_k)
@@ -354,7 +339,7 @@ class TraceWriter:
 
     def abort(self) -> None:
         self._arrays = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_path(self.tmp)
 
     def commit(self) -> Path:
         """Flush, checksum, write the manifest, rename into place. Returns the trace path."""
@@ -372,7 +357,7 @@ class TraceWriter:
             files={k: FileEntry(**v) for k, v in files.items()},
         )
         (self.tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(mode="json"), indent=1))
-        publish_dir(self.tmp, self.out, self.overwrite)
+        publish_dir(self.tmp, self.out, self.overwrite, "trace")
         return self.out
 
 

@@ -39,8 +39,13 @@ from real.weights.store import (
     segments_of,
     sha256_file,
 )
-from traces.format import publish_dir
-from traces.outputs import remove_stale_temporaries, temp_name
+from traces.outputs import (
+    check_output_dir,
+    publish_dir,
+    remove_path,
+    remove_stale_temporaries,
+    temp_name,
+)
 
 BLOCK_ROWS = 1024
 # Free space kept beyond the store itself: filesystem metadata and journal, other writers, and the
@@ -59,9 +64,7 @@ class StoreWriter:
     def __init__(self, out: str | Path, spec: ModelSpec, dtype: str, *, layouts: list[str],
                  neuron_at: np.ndarray, order: OrderInfo, alignment: str = "padded",
                  file_mode: str = "per-layer", overwrite: bool = False, resident_bytes_estimate: int = 0):
-        self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise FlashsimError(f"{self.out}: already exists; choose another --out or pass --overwrite")
+        self.out = check_output_dir(out, "--out", overwrite, kind="store")
         self.spec, self.dtype = spec.with_dtype(dtype), dtype
         self.layouts, self.alignment, self.file_mode = list(layouts), alignment, file_mode
         self.segments = segments_of(spec)
@@ -189,7 +192,7 @@ class StoreWriter:
             f.flush()
             os.fsync(f.fileno())
         try:
-            publish_dir(self.tmp, self.out, self.overwrite)
+            publish_dir(self.tmp, self.out, self.overwrite, "store")
         except FlashsimError:
             self.abort()
             raise
@@ -200,7 +203,7 @@ class StoreWriter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_path(self.tmp)
 
     def __enter__(self) -> StoreWriter:
         return self
