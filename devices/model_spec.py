@@ -275,8 +275,21 @@ def _act_kind(act: str, gated: bool) -> FfnKind:
 def _need(config: dict[str, Any], *keys: str) -> Any:
     for k in keys:
         if config.get(k) is not None:
-            return config[k]
+            return _whole(config, k)
     raise FlashsimError(f"config.json: missing key {' / '.join(repr(k) for k in keys)}")
+
+
+def _given(config: dict[str, Any], key: str, default: Any) -> Any:
+    """`key` when the config gives it (0 included: the range check refuses it), else `default`;
+    only an absent or null key falls back (`x or default` would turn a 0 into the default)."""
+    return default if config.get(key) is None else _whole(config, key)
+
+
+def _whole(config: dict[str, Any], key: str) -> int:
+    v = config[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise FlashsimError(f"config.json: {key!r} is {v!r}; expected a whole number")
+    return v
 
 
 def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
@@ -288,8 +301,8 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         out = dict(
             family=mt, n_layers=_need(c, "num_hidden_layers"), d_model=d,
             d_ff=_need(c, "intermediate_size"), n_heads=heads,
-            n_kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or d // heads, vocab_size=_need(c, "vocab_size"),
+            n_kv_heads=_given(c, "num_key_value_heads", heads),
+            head_dim=_given(c, "head_dim", d // heads), vocab_size=_need(c, "vocab_size"),
             ffn_kind=_act_kind(act, gated=True), ffn_bias=bool(c.get("mlp_bias", False)),
             attn_qkv_bias=bool(c.get("attention_bias", mt == "qwen2")),
             attn_out_bias=bool(c.get("attention_bias", False)),
@@ -302,7 +315,7 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         return dict(
             family=mt, n_layers=_need(c, "num_hidden_layers"), d_model=d,
             d_ff=_need(c, "intermediate_size"), n_heads=heads,
-            n_kv_heads=c.get("num_key_value_heads") or heads, head_dim=d // heads,
+            n_kv_heads=_given(c, "num_key_value_heads", heads), head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("hidden_act", "gelu_new"), False),
             ffn_bias=True, attn_qkv_bias=True, attn_out_bias=True, norm_kind="layernorm",
             norms_per_layer=1, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
@@ -325,13 +338,13 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         d = _need(c, "hidden_size")
         heads = _need(c, "num_attention_heads", "n_head")
         if c.get("new_decoder_architecture"):
-            kv = c.get("num_kv_heads") or heads
+            kv = _given(c, "num_kv_heads", heads)
         else:
             kv = 1 if c.get("multi_query", True) else heads
         bias = bool(c.get("bias", False))
         return dict(
             family="falcon", n_layers=_need(c, "num_hidden_layers", "n_layer"), d_model=d,
-            d_ff=c.get("ffn_hidden_size") or 4 * d, n_heads=heads, n_kv_heads=kv, head_dim=d // heads,
+            d_ff=_given(c, "ffn_hidden_size", 4 * d), n_heads=heads, n_kv_heads=kv, head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("activation", "gelu"), False),
             ffn_bias=bias, attn_qkv_bias=bias, attn_out_bias=bias, norm_kind="layernorm",
             norms_per_layer=1 if c.get("parallel_attn", True) and not c.get("new_decoder_architecture") else 2,
@@ -342,7 +355,7 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         heads = _need(c, "n_head", "num_attention_heads")
         return dict(
             family=mt, n_layers=_need(c, "n_layer", "num_hidden_layers"), d_model=d,
-            d_ff=c.get("n_inner") or 4 * d, n_heads=heads, n_kv_heads=heads, head_dim=d // heads,
+            d_ff=_given(c, "n_inner", 4 * d), n_heads=heads, n_kv_heads=heads, head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("activation_function", "gelu_new"), False),
             ffn_bias=True, attn_qkv_bias=True, attn_out_bias=True, norm_kind="layernorm",
             tied_embeddings=bool(c.get("tie_word_embeddings", True)),
