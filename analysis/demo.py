@@ -31,6 +31,7 @@ import yaml
 from tqdm import tqdm
 
 from devices.errors import FlashsimError
+from traces.outputs import replace_output
 
 DEMO_DEVICES = ("jetson-orin-nano-8gb", "this-host")
 DEMO_PROMPTS = 3          # builtin prompts captured (one per task: qa, translation, summarization)
@@ -208,4 +209,4 @@ def _jsonable(x: Any) -> Any:
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_output(tmp, path)

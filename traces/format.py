@@ -37,6 +37,7 @@ from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
 from traces.outputs import (
     check_output_dir,
+    os_error_text,
     publish_dir,
     remove_path,
     remove_stale_temporaries,
@@ -333,10 +334,14 @@ class TraceWriter:
         self.tmp = temp_name(self.out)
         self.tmp.mkdir()
         shapes = expected_arrays(spec.n_layers, n_tokens, spec.d_ff, top_k)
-        self._arrays = {
-            name: np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-            for name, (shape, dtype) in shapes.items()
-        }
+        try:
+            self._arrays = {
+                name: np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+                for name, (shape, dtype) in shapes.items()
+            }
+        except OSError as e:
+            self.abort()
+            raise FlashsimError(f"{self.out}: cannot write the trace ({os_error_text(e)})") from None
 
     def __getattr__(self, name: str) -> np.ndarray:
         arrays = self.__dict__.get("_arrays", {})
@@ -359,6 +364,13 @@ class TraceWriter:
 
     def commit(self) -> Path:
         """Flush, checksum, write the manifest, rename into place. Returns the trace path."""
+        try:
+            return self._commit()
+        except OSError as e:
+            self.abort()
+            raise FlashsimError(f"{self.out}: cannot write the trace ({os_error_text(e)})") from None
+
+    def _commit(self) -> Path:
         files = {}
         for name, arr in self._arrays.items():
             arr.flush()

@@ -204,6 +204,19 @@ def write_atomic(path: str | Path, write: Callable[[Path], object], what: str = 
     return path
 
 
+def replace_output(tmp: Path, path: Path) -> None:
+    """Rename a finished temporary onto `path`, the last step of every file writer: refused (tmp
+    removed) when `path` is a device node, FIFO, socket or folder, which a rename would replace."""
+    try:
+        _refuse_special(Path(path), "output")
+        if Path(path).is_dir() and not Path(path).is_symlink():
+            raise FlashsimError(f"{path}: is a directory; give a file")
+    except FlashsimError:
+        remove_path(Path(tmp))
+        raise
+    os.replace(tmp, path)
+
+
 def os_error_text(e: OSError) -> str:
     """An OSError as a short cause and what to do (full disk, permission, file-size limit)."""
     import errno

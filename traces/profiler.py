@@ -26,6 +26,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from traces.format import Trace
+from traces.outputs import replace_output
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -124,7 +125,7 @@ def save_profile(profile: NeuronProfile, out: str | Path) -> Path:
     try:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, out)
+        replace_output(tmp, out)
     except OSError as e:
         raise FlashsimError(f"{out}: cannot write the profile ({e.strerror})") from None
     finally:

@@ -41,6 +41,7 @@ from real.weights.store import (
 )
 from traces.outputs import (
     check_output_dir,
+    os_error_text,
     publish_dir,
     remove_path,
     remove_stale_temporaries,
@@ -237,7 +238,7 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int, name: str) -> None:
 def _write_error(path: Path, e: OSError) -> FlashsimError:
     if e.errno == errno.ENOSPC:
         return FlashsimError(f"{path}: the disk filled up while writing the store; free space and convert again")
-    return FlashsimError(f"{path}: write failed ({e.strerror or e})")
+    return FlashsimError(f"{path}: write failed ({os_error_text(e)})")
 
 
 def _fsync_dir(folder: Path) -> None:
