@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,12 +159,32 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf_header(path)
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise FlashsimError(f"{path}: cannot load this GGUF ({_first_line(e)})") from e
+    except (OSError, ValueError, KeyError, RuntimeError, IndexError, TypeError, OverflowError, MemoryError,
+            struct.error) as e:    # the gguf parser's errors on a damaged file (a length past its end)
+        raise FlashsimError(f"{path}: cannot load this GGUF ({_first_line(e)})") from None
     return model, tok
+
+
+def check_gguf_header(path: Path) -> None:
+    """A GGUF's fixed header (magic, version, tensor and key counts) must fit the file: each tensor
+    and each key takes at least 8 bytes of header, so counts above file size / 8 are a damaged file
+    (refused before a parser tries to allocate or read that many)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        raise FlashsimError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise FlashsimError(f"{path}: not a GGUF file (no GGUF magic and header)")
+    n_tensors, n_keys = struct.unpack_from("<QQ", head, 8)
+    if n_tensors > size // 8 or n_keys > size // 8:
+        raise FlashsimError(f"{path}: the GGUF header claims {n_tensors:,} tensors and {n_keys:,} keys, more than "
+                            f"its {size:,} bytes can hold; the file is damaged")
 
 
 def _first_line(e: Exception) -> str:
