@@ -208,6 +208,7 @@ def replace_output(tmp: Path, path: Path) -> None:
     """Rename a finished temporary onto `path`, the last step of every file writer: refused (tmp
     removed) when `path` is a device node, FIFO, socket or folder, which a rename would replace."""
     try:
+        _check_encodable(Path(path), "output")
         _refuse_special(Path(path), "output")
         if Path(path).is_dir() and not Path(path).is_symlink():
             raise FlashsimError(f"{path}: is a directory; give a file")

@@ -5,6 +5,7 @@ point outside the store, duplicate keys are refused, and tampered files or bad n
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -75,10 +76,12 @@ def _limited_run(argv: list[str], cwd: Path) -> tuple[int, str, int]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    r = subprocess.run([sys.executable, "-m", "flashsim", *map(str, argv)], cwd=cwd, capture_output=True,
-                       text=True, timeout=120, preexec_fn=limit)
-    return r.returncode, r.stderr, max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before)
+    p = subprocess.Popen([sys.executable, "-m", "flashsim", *map(str, argv)], cwd=cwd, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    err = p.stderr.read()                       # type: ignore[union-attr]
+    _, status, usage = os.wait4(p.pid, 0)       # this child's own peak RSS
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, err, usage.ru_maxrss
 
 
 REPO = Path(__file__).resolve().parents[2]
