@@ -180,10 +180,10 @@ def check_gguf_header(path: Path) -> None:
     except OSError as e:
         raise FlashsimError(f"{path}: cannot read ({e.strerror or e})") from None
     if len(head) < 24 or head[:4] != b"GGUF":
-        raise FlashsimError(f"{path}: not a GGUF file (no GGUF magic and header)")
+        raise FlashsimError(f"{path}: cannot load this GGUF (no GGUF magic and header: not a GGUF file)")
     n_tensors, n_keys = struct.unpack_from("<QQ", head, 8)
     if n_tensors > size // 8 or n_keys > size // 8:
-        raise FlashsimError(f"{path}: the GGUF header claims {n_tensors:,} tensors and {n_keys:,} keys, more than "
+        raise FlashsimError(f"{path}: cannot load this GGUF: the header claims {n_tensors:,} tensors and {n_keys:,} keys, more than "
                             f"its {size:,} bytes can hold; the file is damaged")
 
 
