@@ -175,6 +175,7 @@ def _edited(src: Path, dst: Path, **config) -> Path:
     return dst
 
 
+@pytest.mark.slow    # torch + transformers: a tiny Llama saved as a HF folder
 @pytest.mark.parametrize(("change", "contains"), [
     ({"num_hidden_layers": 4}, "'model.layers.2.input_layernorm.weight' (shape [32]) that config.json implies is not"),
     ({"num_hidden_layers": 1}, "'model.layers.1.input_layernorm.weight' in the checkpoint is not part"),
@@ -187,6 +188,7 @@ def test_issue52_checkpoint_must_match_its_config(tmp_path, capsys, hf_folder, c
     assert_refused(code, err, out, contains=contains)
 
 
+@pytest.mark.slow    # torch + transformers: a tiny Llama saved as a HF folder
 def test_issue52_pickled_checkpoint_refused(tmp_path, capsys, hf_folder):
     folder = tmp_path / "m"
     shutil.copytree(hf_folder, folder)
@@ -195,6 +197,7 @@ def test_issue52_pickled_checkpoint_refused(tmp_path, capsys, hf_folder):
     assert_refused(code, err, tmp_path / "s", contains="safetensors only")
 
 
+@pytest.mark.slow    # torch + transformers: a tiny Llama saved as a HF folder
 @pytest.mark.parametrize("change", [{"hidden_size": "32"}, "a list"])
 def test_issue52_config_json_of_wrong_type_refused(tmp_path, capsys, hf_folder, change):
     folder = tmp_path / "m"
@@ -208,6 +211,7 @@ def test_issue52_config_json_of_wrong_type_refused(tmp_path, capsys, hf_folder, 
     assert_refused(code, err, tmp_path / "s")
 
 
+@pytest.mark.slow    # torch + transformers: a tiny Llama saved as a HF folder
 def test_issue52_lying_checkpoint_header_refused(tmp_path, capsys, hf_folder):
     folder = tmp_path / "m"
     shutil.copytree(hf_folder, folder)

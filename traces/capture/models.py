@@ -156,10 +156,10 @@ def _load_folder(folder: Path) -> tuple[Any, Any]:
 
 
 def _load_gguf(path: Path) -> tuple[Any, Any]:
+    check_gguf_header(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_gguf_header(path)
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -176,14 +176,16 @@ def check_gguf_header(path: Path) -> None:
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            head = f.read(24)
+            head = f.read(32)           # magic, version, counts, the first key's length
     except OSError as e:
         raise FlashsimError(f"{path}: cannot read ({e.strerror or e})") from None
     if len(head) < 24 or head[:4] != b"GGUF":
         raise FlashsimError(f"{path}: cannot load this GGUF (no GGUF magic and header: not a GGUF file)")
     n_tensors, n_keys = struct.unpack_from("<QQ", head, 8)
-    if n_tensors > size // 8 or n_keys > size // 8:
-        raise FlashsimError(f"{path}: cannot load this GGUF: the header claims {n_tensors:,} tensors and {n_keys:,} keys, more than "
+    first_key = struct.unpack_from("<Q", head, 24)[0] if n_keys and len(head) == 32 else 0
+    if n_tensors > size // 8 or n_keys > size // 8 or first_key > size:
+        raise FlashsimError(f"{path}: cannot load this GGUF: the header claims {n_tensors:,} tensors, {n_keys:,} keys and a "
+                            f"{first_key:,}-byte first key, more than "
                             f"its {size:,} bytes can hold; the file is damaged")
 
 
