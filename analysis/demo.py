@@ -21,16 +21,22 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm import tqdm
 
 from devices.errors import FlashsimError
+from devices.progress import Stages
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    DRAM_PEAK_BYTES,
+    FLASH_BYTES_PER_TOKEN,
+    MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 from traces.outputs import replace_output
 
 DEMO_DEVICES = ("jetson-orin-nano-8gb", "this-host")
@@ -121,11 +127,11 @@ def replay_table(sweep_dir: Path) -> list[dict[str, Any]]:
             continue
         ok = r["status"] == "ok"
         rows.append({"device": r["device"], "preset": r["preset"], "status": r["status"],
-                     "tokens_per_s": float(r["tokens_per_s"]) if ok else None,
-                     "ms_per_token": float(r["ms_per_token"]) if ok else None,
-                     "dram_peak_bytes": int(r["dram_peak_bytes"]) if ok else None,
-                     "activation_mass_kept": float(r["activation_mass_kept"]) if ok else None,
-                     "flash_bytes_per_token": float(r["flash_bytes_per_token"]) if ok else None,
+                     TOKENS_PER_S: float(r[TOKENS_PER_S]) if ok else None,
+                     MS_PER_TOKEN: float(r[MS_PER_TOKEN]) if ok else None,
+                     DRAM_PEAK_BYTES: int(r[DRAM_PEAK_BYTES]) if ok else None,
+                     ACTIVATION_MASS_KEPT: float(r[ACTIVATION_MASS_KEPT]) if ok else None,
+                     FLASH_BYTES_PER_TOKEN: float(r[FLASH_BYTES_PER_TOKEN]) if ok else None,
                      "error": None if ok else r.get("error")})
     return rows
 
@@ -158,12 +164,10 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
     t = time.perf_counter()
     p = DEMO_PLAN
     note(f"planning {p['model']} on {p['device']}")
-    with tqdm(total=None, unit="run", desc="plan", file=sys.stderr, leave=False,
-              disable=None if progress is None else not progress) as bar:
+    with Stages(f"demo plan {p['model']}", "simulated runs", enabled=progress is not False) as stages:
         plan = plan_model(str(p["model"]), str(p["device"]), budget_bytes=int(p["budget_bytes"]),
                           target_tps=float(p["target_tps"]), min_quality=float(p["min_quality"]),
-                          tokens=QUICK_PLAN_TOKENS if quick else DEMO_PLAN_TOKENS,
-                          progress=lambda stage: bar.update(1) if stage is None else bar.set_description(stage))
+                          tokens=QUICK_PLAN_TOKENS if quick else DEMO_PLAN_TOKENS, progress=stages)
     plan_json = plan.to_json()
     _write_text(out / "plan.json", json.dumps(_jsonable(plan_json), indent=2) + "\n")
     timings["plan_s"] = time.perf_counter() - t
@@ -184,7 +188,8 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
                  "best": plan_json["best"], "binding_constraint": plan_json["binding_constraint"],
                  "min_dram_bytes": plan_json["min_dram_bytes"], "min_dram_configuration":
                      plan_json["min_dram"]["configuration"], "pareto": [r["label"] for r in plan_json["pareto"]],
-                 "trace": plan_json["trace"]["description"]},
+                 "trace": plan_json["trace"]["description"],
+                 "quality_floor": ((plan_json.get("quality") or {}).get("floor") or {}).get("rule")},
         "report": str(report),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
     }

@@ -20,7 +20,7 @@ from devices.limits import check_field
 # Keys of terms the simulator no longer has: the compute penalty after a demand read's wait, the
 # cache index work and the host-CPU interference curves over a batch's reads (flash), the penalty
 # after a layer's streaming (compute). None lowered the error on a grid of another boot
-# (docs/calibrate-and-validate.md, "The machine model's terms"). Older profiles and kept grids carry them;
+# (docs/model-reference.md, "Which machine-model terms earn their place"). Older profiles and kept grids carry them;
 # loading drops them (with whatever they nest).
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted", "host_cpu_batch_reads",
@@ -42,6 +42,20 @@ class Strict(BaseModel):
         return check_field(cls.__name__, str(info.field_name), v)
 
 
+class Calibration(Strict):
+    """What `flashsim calibrate` found when it wrote the profile: how thoroughly it measured (`quick`:
+    the benches' small grids, 64 MiB; `full`), the validation's verdict on this host (PASS / FAIL
+    against the host's own repeat spread, or `not validated` while validation has not finished), the
+    date, the verdict's figures in one line and the next step. replay and plan print it beside the
+    device inputs; bench flash / bench compute drop it (the sections it judged have changed)."""
+
+    mode: Literal["quick", "full"]
+    verdict: Literal["PASS", "FAIL", "not validated"]
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    detail: str | None = None
+    next_step: str | None = None
+
+
 class Source(Strict):
     """Provenance of a profile as a whole."""
 
@@ -51,6 +65,7 @@ class Source(Strict):
     host: str | None = None
     tool: str | None = None
     notes: str | None = None
+    calibration: Calibration | None = None
 
 
 # Where one achievable number comes from (devices/achievable.py folds them in; `devices show` prints
@@ -60,10 +75,15 @@ SourceKind = Literal["measured", "published", "datasheet", "estimate"]
 
 
 class Provenance(Strict):
-    """The source of one achievable number: its kind and the citation with its conditions."""
+    """The source of one achievable number: its kind and the citation with its conditions, and for a
+    published figure what was measured: `component` (a kernel, a bandwidth test, an SSD test: the
+    number itself) or `end_to_end` (derived from a whole decode of one model and framework, which
+    holds every other term too; analysis/baselines.py refuses such a constant under a row it is
+    scored against, tests/analysis/test_published_baselines.py checks)."""
 
     kind: SourceKind
     source: str
+    evidence: Literal["component", "end_to_end"] | None = None
 
 
 def needs_source(value: object, source: Provenance | None, name: str) -> None:

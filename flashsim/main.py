@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.progress import quiet_third_party
+from devices.suggest import did_you_mean
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
@@ -38,6 +40,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """A value outside an option's choices (or an unknown verb) names the closest choices too."""
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            suggestion = did_you_mean(str(value), choices)
+            if suggestion:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r}; {suggestion} (choose from {', '.join(choices)})")
+        super()._check_value(action, value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0
+    quiet_third_party()   # model-loading libraries' bars: none in logs (devices/progress.py)
     previous = _install_sigterm()
     try:
         check_thread_counts(args)

@@ -59,7 +59,9 @@ def remove_path(p: Path) -> None:
 
 
 MARKERS = {"trace": ("manifest.json", "n_neurons"), "store": ("manifest.json", "flashsim-store"),
-           "sweep": ("manifest.json", "points"), "keep": ("grid.json", "flashsim-validate-keep")}
+           "sweep": ("manifest.json", "points"), "keep": ("grid.json", "flashsim-validate-keep"),
+           "routing trace": ("manifest.json", "flashsim-routing-trace"),
+           "expert store": ("manifest.json", "flashsim-expert-store")}
 
 
 def carries_marker(folder: Path, kind: str) -> bool:

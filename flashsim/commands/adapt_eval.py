@@ -6,18 +6,18 @@
                         [--tokens N] [--decide-every N] [--static-ratio R] [--headroom H]
                         [--json] [--plot DIR]
 
-Each (controller, budget or timeline) pair is one episode (sim/adapt/episode.py): the decode phase of
+Each (controller, budget or timeline) pair is one episode (adapt/episode.py): the decode phase of
 the workload replayed against the memory timeline, the time of every step from the simulator
 (`dense` preset + `prune.blocks`, on --device), the footprint from sim.blocks.BlockMemory, the quality
-from the GSI file's estimate (sim/adapt/drop_quality.py) or, with `--quality real`, measured on the real
+from the GSI file's estimate (adapt/drop_quality.py) or, with `--quality real`, measured on the real
 model with the dropped blocks skipped (real.studies.pruning.skipped_blocks, one pass per distinct set over the
 GSI file's calibration text; needs torch). Budgets and timeline sizes are
 fractions of the full need (all weights + the KV cache at the workload's last step) unless given with
-a unit; timeline syntax: sim/adapt/timelines.py.
+a unit; timeline syntax: adapt/timelines.py.
 
 A controller "fails" an episode when it exceeds the budget at any step (violations > 0); the static
 baselines are allowed to, every other controller must not. The learned controller runs when its
-module and weights exist (--weights, or the shipped sim/adapt/data/learned-<model>.safetensors);
+module and weights exist (--weights, or the shipped adapt/data/learned-<model>.safetensors);
 otherwise the output says why it was skipped.
 
 --json prints one object:
@@ -39,11 +39,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.progress import Stage, note, phase
 from flashsim.output import print_json, print_table
 from traces.outputs import replace_output
 
@@ -57,8 +57,8 @@ STATIC = ("static-ratio", "static-window")
 
 
 def register(asub: argparse._SubParsersAction) -> None:
-    from sim.adapt.controllers import CONTROLLER_NAMES, DEFAULT_CONTROLLERS
-    from sim.adapt.episode import Workload
+    from adapt.controllers import CONTROLLER_NAMES, DEFAULT_CONTROLLERS
+    from adapt.episode import Workload
 
     w = Workload()
     p = asub.add_parser(
@@ -70,7 +70,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    "smollm2-135m trace)")
     p.add_argument("--device", default=DEFAULT_DEVICE, help=f"device profile (default {DEFAULT_DEVICE})")
     p.add_argument("--gsi", metavar="FILE", help="GSI file (default: the shipped one for the model, "
-                   "sim/adapt/data/<model>.gsi.json)")
+                   "adapt/data/<model>.gsi.json)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, metavar="B,B",
                    help=f"constant budgets: fractions of the full need, N%% or sizes (default {DEFAULT_BUDGETS}; "
                    "'' for none)")
@@ -100,8 +100,8 @@ def register(asub: argparse._SubParsersAction) -> None:
 
 
 def _parse_controllers(text: str) -> list[str]:
+    from adapt.controllers import CONTROLLER_NAMES
     from devices.errors import unknown_name
-    from sim.adapt.controllers import CONTROLLER_NAMES
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
@@ -115,12 +115,12 @@ def _parse_controllers(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from adapt.controllers import learned_unavailable, make_controller
+    from adapt.drop_quality import GsiPerplexity
+    from adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
+    from adapt.importance import gsi_path_for, importance_vector, read_gsi_file
+    from adapt.timelines import parse_budgets, parse_timelines
     from devices import load_model, load_profile
-    from sim.adapt.controllers import learned_unavailable, make_controller
-    from sim.adapt.drop_quality import GsiPerplexity
-    from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
-    from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-    from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.blocks import BlockMemory
     from sim.policies.presets import preset_config
     from traces.format import open_trace
@@ -173,11 +173,14 @@ def run(args: argparse.Namespace) -> int:
     kv_max = int(setup.kv_tokens[-1])
 
     results = []
-    for spec_t, tl in timelines:
-        for name in controllers:
-            ctrl = make_controller(name, spec=spec, kv_tokens_max=kv_max, static_ratio=args.static_ratio,
-                                   headroom=args.headroom, weights=args.weights)
-            results.append(run_episode(setup, ctrl, tl, spec_t.label))
+    with Stage("adapt eval", len(timelines) * len(controllers), "episodes") as stage:
+        for spec_t, tl in timelines:
+            for name in controllers:
+                stage.set_postfix(f"{name} on {spec_t.label}")
+                ctrl = make_controller(name, spec=spec, kv_tokens_max=kv_max, static_ratio=args.static_ratio,
+                                       headroom=args.headroom, weights=args.weights)
+                results.append(run_episode(setup, ctrl, tl, spec_t.label))
+                stage.update()
 
     quality_name = "estimate"
     if args.quality == "real":
@@ -220,9 +223,9 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
         import torch  # noqa: F401
     except ImportError:
         raise FlashsimError("--quality real needs torch (pip install -e '.[real]'); use --quality estimate") from None
+    from adapt.drop_quality import MeasuredPerplexity
     from real.studies.gsi import BUILTIN_TEXT, perplexity, tokenize_text
     from real.studies.pruning import skipped_blocks
-    from sim.adapt.drop_quality import MeasuredPerplexity
     from traces.capture.models import load_hf_model
 
     src = doc["text"].get("source", "builtin")
@@ -236,13 +239,14 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
     if hashlib.sha256(text.encode("utf-8")).hexdigest() != doc["text"].get("sha256"):
         raise FlashsimError(f"--quality real: the calibration text {src} differs from the one the GSI file was "
                             "computed on (sha256 mismatch)")
-    model, tokenizer, _ = load_hf_model(args.model or spec.name, notify=lambda m: print(m, file=sys.stderr))
+    with phase(f"loading {args.model or spec.name}"):
+        model, tokenizer, _ = load_hf_model(args.model or spec.name, notify=note)
     ids = tokenize_text(tokenizer, text, int(doc["text"]["n_tokens"]))
 
     def measure(sets: list[list[str]]) -> list[float]:
         # one teacher-forced pass per set, blocks skipped (not zeroed): the GSI file's perplexity
         # definition (real.studies.gsi.perplexity) on its own text, so a GSI prefix reproduces its ppl_after
-        print(f"measuring the perplexity of {len(sets)} dropped sets on the real model", file=sys.stderr)
+        note(f"measuring the perplexity of {len(sets)} dropped sets on the real model")
         out = []
         for s in sets:
             with skipped_blocks(model, s):

@@ -125,7 +125,7 @@ def _point(path: Path, where: str, t: object, b: object) -> tuple[float, int]:
         raise FlashsimError(f"{path}: {where}: t_s {t!r} is not a number of seconds") from None
     if not math.isfinite(t_s) or t_s < 0:
         raise FlashsimError(f"{path}: {where}: t_s {t!r} must be a finite number of seconds >= 0")
-    return t_s, parse_bytes(b if not isinstance(b, str) else b.strip(), f"{path}: {where}: available_bytes")  # type: ignore[arg-type]
+    return t_s, parse_bytes(b if not isinstance(b, str) else b.strip(), f"{path}: {where}: available_bytes", unit="bytes")  # type: ignore[arg-type]
 
 
 class MemoryModel:

