@@ -183,6 +183,9 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
     if budget_bytes is not None and budget_bytes > profile.memory.capacity_bytes:  # before the slow part
         raise FlashsimError(f"--dram-free {format_bytes(budget_bytes)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
+    from traces.format import check_run_memory
+
+    check_run_memory(tokens, spec.n_layers, spec.d_ff, f"planning {spec.name}")   # before the trace is made
     grid = native_grid() if native_only else PLAN_GRID
     info: dict[str, Any] = {"path": None, "synthetic": None, "description": (
         "none needed: no configuration's resident weights fit the budget (checked from the model spec)")}

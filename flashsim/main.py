@@ -8,10 +8,14 @@ tests/test_cli_startup.py), so help answers before NumPy, pandas or matplotlib a
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 STARTED_S = time.perf_counter()   # the command's clock when /proc cannot say when the process started
 
@@ -103,6 +107,15 @@ def build_parser(argv: Sequence[str] | None = None, *, lazy: bool = False) -> ar
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every writer's cleanup (context managers,
+    `finally`) runs before the process exits with 143."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv, lazy=True)
     args = parser.parse_args(argv)
@@ -113,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2 if args.command is None else 0
     quiet_third_party()   # model-loading libraries' bars: none in logs (devices/progress.py)
+    previous = _install_sigterm()
     try:
         check_thread_counts(args)
         return int(args.func(args) or 0)
@@ -122,10 +136,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flashsim: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        _remove_temporaries()
         print("flashsim: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        _remove_temporaries()
+        print("flashsim: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         return 0
+    except Exception as e:       # the environment or a user's policy, not flashsim's input checks
+        line = environment_error(e)
+        if line is None or args.debug:
+            raise
+        _remove_temporaries()
+        print(f"flashsim: error: {line}", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _install_sigterm() -> Any:
+    """SIGTERM -> Terminated in the main thread; returns the handler to restore (None elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return None
+
+
+def _remove_temporaries() -> None:
+    """Temporaries a writer of this process left (an interrupt between its write and its cleanup)."""
+    from traces.outputs import live_temporaries, remove_path
+
+    for p in live_temporaries():
+        remove_path(p)
+
+
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG,
+                      errno.ENAMETOOLONG, errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+
+
+def environment_error(e: BaseException) -> str | None:
+    """One line for an error of the machine rather than of flashsim: a full disk, a denied or
+    read-only path, a file-size limit, memory exhaustion, a path that is not UTF-8, or an exception
+    raised inside an out-of-tree policy (its class and hook); None for anything else (a bug: traceback)."""
+    from sim.policies.external import policy_error
+
+    line = policy_error(e)
+    if line is not None:
+        return line
+    if isinstance(e, MemoryError):
+        return "out of memory; free memory, or use a smaller model, fewer tokens or a smaller grid"
+    if isinstance(e, UnicodeEncodeError) and "surrogate" in str(e.reason):
+        return "a path or value is not valid UTF-8 text; rename it"
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+        from traces.outputs import os_error_text
+
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{os_error_text(e)}"
+    return None
 
 
 MAX_THREADS = 1024  # no on-device decoder runs more compute threads; far beyond the core count OpenMP crashes

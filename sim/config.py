@@ -279,6 +279,38 @@ class RunConfig:
                             + (f"; {suggestion}" if suggestion else ""))
 
 
+def apply_partial(base: RunConfig, data: Mapping[str, Any], where: str = "config") -> RunConfig:
+    """`base` with only what `data` names changed: a slot given with the policy `base` already has
+    keeps that policy's other parameters (a slot given with another policy starts from its defaults),
+    a section keeps the parameters `data` does not name; unnamed slots and sections stay as they are."""
+    merged = base.to_dict()
+    for key, value in data.items():
+        same_policy = key in SLOTS and isinstance(value, Mapping) and value.get("name") in (None, merged[key]["name"])
+        if same_policy or (key in SECTIONS and isinstance(value, Mapping)):
+            merged[key] = {**merged[key], **value}
+        elif key != "preset":
+            merged[key] = value
+    merged["preset"] = base.preset
+    return RunConfig.from_dict(merged, where=where)
+
+
+def differs_from_preset(cfg: RunConfig, preset: RunConfig) -> list[str]:
+    """Every slot (`prefetch=none`) and parameter (`window.k=5`, `memory.dram_budget_bytes=...`)
+    where `cfg` differs from its preset's configuration, in slot then section order."""
+    a, b = cfg.to_dict(), preset.to_dict()
+    out = []
+    for s in SLOTS:
+        if a[s]["name"] != b[s]["name"]:
+            out.append(f"{s}={a[s]['name']}")       # another policy (with its parameters as given)
+        else:
+            out += [f"{a[s]['name']}.{k}={v}" for k, v in a[s].items() if k != "name" and b[s].get(k) != v]
+    for sec in SECTIONS:
+        out += [f"{sec}.{k}={v}" for k, v in a[sec].items() if b[sec].get(k) != v]
+    if a.get("budget_timeline") != b.get("budget_timeline"):
+        out.append("budget_timeline")
+    return out
+
+
 def load_config(path: str | Path) -> RunConfig:
     """A RunConfig from a YAML or JSON file (strict)."""
     path = Path(path)

@@ -54,7 +54,7 @@ from sim.results import RunResult
 from sim.rng import RngStreams
 from sim.step_plans import Planner
 from sim.workload import Steps, TraceView, build_steps
-from traces.format import Trace
+from traces.format import Trace, check_run_memory
 
 
 class SetAlgebraCache:
@@ -286,6 +286,7 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     if stack.residency.page_granular and stack.predictor.name != "none":
         raise FlashsimError(f"residency {stack.residency.name!r} pages the model file and computes densely; "
                             f"it cannot use predictor {stack.predictor.name!r} (use --set predictor=none)")
+    check_run_memory(trace.n_tokens, eff_spec.n_layers, eff_spec.d_ff, f"simulating {eff_spec.name}")
     view = cache.view(trace, config, eff_spec)
     budget = config.memory.dram_budget_bytes
     if budget is None:

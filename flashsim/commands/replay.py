@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from devices.errors import FlashsimError
 from devices.units import UNITS_NOTE, format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 from sim.metric_names import (
@@ -82,17 +83,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
+    from devices.loading import read_mapping
     from sim.components.memory import load_budget_timeline
-    from sim.config import RunConfig, load_config
+    from sim.config import apply_partial
     from sim.policies.presets import preset_config
 
-    cfg = preset_config(args.preset or "llm-in-a-flash")
-    if args.config:
-        extra = load_config(args.config).to_dict()
-        merged = {**cfg.to_dict(), **{k: v for k, v in extra.items() if k != "preset" and v is not None}}
-        merged["preset"] = cfg.preset
-        cfg = RunConfig.from_dict(merged, where=args.config)
+    data = read_mapping(Path(args.config)) if args.config else {}
+    preset = args.preset or (str(data["preset"]) if data.get("preset") is not None else "llm-in-a-flash")
+    cfg = preset_config(preset)
+    if args.config:     # only what the file names changes (a slot it restates keeps its other parameters)
+        cfg = apply_partial(cfg, data, where=args.config)
     sets = list(args.settings)
+    given = {item.partition("=")[0].strip() for item in sets}
+    for flag, key in (("dram_budget", "memory.dram_budget_bytes"), ("tokens", "workload.tokens"),
+                      ("batch", "workload.batch"), ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed")):
+        if getattr(args, flag) is not None and (key in given or (key == "sim.seed" and "seed" in given)):
+            raise FlashsimError(f"--{flag.replace('_', '-')} and --set {key}: the same setting given twice; give one")
     if args.dram_budget is not None:
         sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     for flag, key in (("tokens", "workload.tokens"), ("batch", "workload.batch"),
@@ -111,7 +117,6 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from devices.errors import FlashsimError
 
     if args.list_params:
         return _list_params(args)
@@ -143,6 +148,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.timeline:
         result.write_timeline(args.timeline)
     summary = result.summary()
+    summary["config"]["differs_from_preset"] = _differences(cfg)
     summary["bound"] = args.bound
     summary["power_mode"] = raw.power_mode
     summary["device_inputs"] = inputs(raw, args.bound, sim.spec.dtype)
@@ -172,10 +178,20 @@ def ideal_policy_bound(summary: dict[str, Any], trace: Any, spec: Any, profile: 
     return {**{k: s[k] for k in PEAK_KEYS}, "policies": changed}
 
 
+def _differences(cfg: Any) -> list[str]:
+    """Every slot and parameter where the run's configuration differs from its preset."""
+    from sim.config import differs_from_preset
+    from sim.policies.presets import PRESETS, preset_config
+
+    return differs_from_preset(cfg, preset_config(cfg.preset)) if cfg.preset in PRESETS else []
+
+
 def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     c = s["config"]
     mode = f" in power mode {s['power_mode']}" if s.get("power_mode") else ""
-    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
+    changed = c.get("differs_from_preset")
+    preset = f"{c['preset']} with {', '.join(changed)}" if changed else c["preset"]
+    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {preset}, "
           f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
           f"{s.get('bound', 'achievable')} device numbers")
     print(UNITS_NOTE)

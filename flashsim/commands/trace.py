@@ -9,7 +9,7 @@ import numpy as np
 
 from devices import load_model
 from devices.errors import FlashsimError
-from flashsim.output import print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 from traces.format import open_trace
 from traces.profiler import load_neuron_profile, profile_traces, save_profile
 from traces.routing import is_routing_trace
@@ -78,6 +78,10 @@ def _f(x: float | None, digits: int = 3) -> str:
 def _stats(args: argparse.Namespace) -> int:
     if is_routing_trace(args.trace):
         from flashsim.commands.trace_routing import stats as routing_stats
+
+        if args.plot:
+            raise FlashsimError("trace stats --plot draws activation traces; a routing trace has its numbers in "
+                                "--json")
 
         return routing_stats(args)
     trace = open_trace(args.trace)
@@ -238,6 +242,7 @@ def _synth_command(args: argparse.Namespace, model: str, n_tokens: int) -> str:
 
 # ---- profile ----------------------------------------------------------------------------------
 def _profile(args: argparse.Namespace) -> int:
+    output_file(args.out, "FILE.npz", "--out")     # refused before any work
     traces = [open_trace(p) for p in args.traces]
     prof = profile_traces(traces)
     out = save_profile(prof, args.out)

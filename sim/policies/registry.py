@@ -70,13 +70,13 @@ class Registry(Generic[P]):
         return self._classes[name]
 
     def _load_path(self, path: str) -> type[P]:
-        mod_name, _, attr = path.partition(":")
+        # checked before and after import (sim/policies/external.py)
+        from sim.policies.external import PolicyLoadError, load_policy_class
+
         try:
-            cls = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise UnknownPolicyError(f"cannot load {self.slot} policy {path!r}: {e}") from None
-        if not (isinstance(cls, type) and issubclass(cls, self.base)):
-            raise UnknownPolicyError(f"{path!r} is not a {self.base.__name__} subclass")
+            cls = load_policy_class(path, self.base, self.slot)
+        except PolicyLoadError as e:
+            raise UnknownPolicyError(str(e)) from None
         if not cls.name:
             cls.name = path
         return cls
