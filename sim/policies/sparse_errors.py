@@ -135,11 +135,14 @@ def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
     else:
         d = (d - np.float32(c)) / np.float32(1.0 - c)
     redraw = np.where(to_score, score[ks.rz][None, :], d)
-    src = np.where(keep, -1, np.arange(n_rows)[:, None])
-    np.maximum.accumulate(src, axis=0, out=src)          # last redraw at or before each row
-    latent = np.take_along_axis(redraw, np.maximum(src, 0), axis=0)
-    if ks.rz_latent is not None:
-        latent = np.where(src < 0, ks.rz_latent[None, :], latent)
+    if not keep.any():
+        latent = redraw
+    else:
+        src = np.where(keep, np.int32(-1), np.arange(n_rows, dtype=np.int32)[:, None])
+        np.maximum.accumulate(src, axis=0, out=src)      # last redraw at or before each row
+        latent = np.take_along_axis(redraw, np.maximum(src, 0), axis=0)
+        if ks.rz_latent is not None and (src < 0).any():
+            latent = np.where(src < 0, ks.rz_latent[None, :], latent)
     if n_rows:
         ks.rz_latent = latent[-1].copy()
     return latent
@@ -198,7 +201,7 @@ def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarra
     flips_r, flips_n = [], []
     for k, ks in enumerate(st.kinds):
         lat = _carry_rz(ks, score, S)
-        act = _bits_at(truth, np.arange(S)[:, None], ks.rz[None, :]) if len(ks.rz) else np.zeros((S, 0), bool)
+        act = ((np.take(truth, ks.rz >> 6, axis=1) >> (ks.rz & 63).astype(np.uint64)) & bitsets._ONE).astype(bool)
         err = (act & (lat >= np.float32(recall))) if k == 0 else (~act & (lat < q32[:, None]))
         r, c = np.nonzero(err)
         flips_r.append(r)
