@@ -37,7 +37,7 @@ from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
 from sim import bitsets
 from sim.config import RunConfig
-from sim.policies.base import CapacityError, IssuePoint, require_hooks
+from sim.policies.base import CapacityError, IssuePoint, Prefetcher, require_hooks
 
 if TYPE_CHECKING:
     from devices.model_spec import ModelSpec
@@ -122,6 +122,11 @@ EXECUTED_ISSUE_POINTS = (IssuePoint.NONE, IssuePoint.PREVIOUS_STEP)
 BACKEND = "the real backend"
 
 
+def executes_prefetch(prefetcher: Prefetcher) -> bool:
+    """True when the executor issues this prefetcher's reads where the simulator times them."""
+    return prefetcher.issue_point() in EXECUTED_ISSUE_POINTS
+
+
 def check_executable(stack: PolicyStack, store_spec: ModelSpec) -> None:
     """FlashsimError (one line) for a policy the executor would not carry out as the simulator
     times it; MissingHookError for one that lacks a hook the executor asks (sim/policies/base.py)."""
@@ -132,7 +137,7 @@ def check_executable(stack: PolicyStack, store_spec: ModelSpec) -> None:
         raise FlashsimError(f"precision {stack.precision.name!r} changes the stored weights (Precision.transform); "
                             "the real backend computes the store's own dtype: use --set precision=native")
     issue = pf.issue_point()
-    if issue not in EXECUTED_ISSUE_POINTS:
+    if not executes_prefetch(pf):
         raise FlashsimError(f"prefetch {pf.name!r} issues its reads at {issue.value} (Prefetcher.issue_point), which "
                             f"the real backend does not execute (it prefetches at "
                             f"{IssuePoint.PREVIOUS_STEP.value} only); use --set prefetch=delta or prefetch=none")
