@@ -150,69 +150,23 @@ class Decoder:
     def _layer(self, s: int, layer: int, c: Cell, c_next: Cell | None, nxt: list[Cell] | None, planned: bool,
                attn: tuple[float, float, float, float], sums: _StepSums) -> Generator[Any, Any, None]:
         """Steps 1-7 of the module doc for layer `layer` of step `s`."""
-        env, p, flash = self.env, self.p, self.flash
-        submit, timeout = flash.submit, env.timeout
-        iv = self.rec.interval if self.rec.intervals is not None else None
-        host = self.host is not None
-        unified = self.unified
-        af, am, ao, a_tot = attn
-        now = env.now
-        # the layer's compute without contention: what a prefetch overlaps, and (over the loop's
-        # torch calls) the Python loop's seconds per call, in the layer and in each phase
-        ffn_warm = c.ffn_flop_s if c.ffn_flop_s > c.ffn_mem_s else c.ffn_mem_s
-        ov = (c.mgmt_mem_s + c.mgmt_ovh_s + c.ffn_gather_s + ffn_warm + c.ffn_ovh_s + a_tot) if host else 0.0
-        loop_ops = p.loop_ops
-        if host and loop_ops:
-            self.lop = ov / loop_ops
-            self.lop_a = a_tot / p.loop_attention_ops
-            self.lop_f = (ov - a_tot) / (loop_ops - p.loop_attention_ops)
-        # 1. streamed attention weights
-        if c.stream_s > 0:
-            end = submit(now, c.stream_s, c.stream_bytes, c.stream_reads, "stream", s, layer)
-            yield timeout(end - now)
-            sums.stall_s += end - now
-            if iv:
-                iv("stall", "wait: streamed weights", s, layer, now, end)
-            now = end
-        # 2. attention (+ predictor)
-        if unified and flash.free_at_s > now:
-            m = stretch(now, am, flash.segments_after(now))
-            d_attn = (af if af > m else m) + ao
-        else:
-            d_attn = a_tot
-        if host and flash.free_at_s > now:
-            d_attn = stretch(now, d_attn, flash.cpu_segments_after(now, self.lop_a))
-        t_ffn = now + d_attn
-        sums.compute_s += d_attn
-        if iv:
-            iv("compute", f"attention L{layer}", s, layer, now, t_ffn)
+        ov = self._loop_rates(c, attn[3])
+        # 1. streamed attention weights, 2. attention (+ predictor)
+        now, d_attn = yield from self._attention(s, layer, c, attn, sums)
         # 3. demand reads and 4. a late prefetch make the layer wait
-        wait_until = t_ffn
-        if c.dem_s > 0:
-            wait_until = submit(t_ffn, c.dem_s, c.dem_bytes, c.dem_reads, "demand", s, layer)
-        pe = self.pf_end[layer]
-        if pe > wait_until:
-            wait_until = pe
-        self.pf_end[layer] = 0.0
-        pending = d_attn
-        if wait_until > t_ffn:
-            yield timeout(wait_until - now)
-            sums.stall_s += wait_until - t_ffn
-            if iv:
-                iv("stall", f"wait: flash L{layer}", s, layer, t_ffn, wait_until)
-            t_ffn = wait_until
-            pending = 0.0
+        t_ffn, pending = yield from self._wait_for_reads(s, layer, c, now, d_attn, sums)
         # 5. lookahead prefetch at the FFN start. With a shared host CPU a prefetch's reads
         # wait for the compute they overlap, at most one layer's (this FFN and the next
         # attention): the decoder issues one batch per layer, and the batches in the device's
         # queue share its compute, so a step's batches together can wait at most for the
         # step's compute (delta), and a lookahead batch is needed after one layer anyway.
         if self.lookahead and c_next is not None and c_next.pf_s > 0:
-            self.pf_end[layer + 1] = submit(t_ffn, c_next.pf_s, c_next.pf_bytes, c_next.pf_reads, "prefetch", s,
-                                            layer + 1, ov, self.lop)
+            self.pf_end[layer + 1] = self.flash.submit(t_ffn, c_next.pf_s, c_next.pf_bytes, c_next.pf_reads,
+                                                       "prefetch", s, layer + 1, ov, self.lop)
         # 6. memory management, then the FFN
         d_mg, d_ffn = self._ffn_phases(c, t_ffn)
         t_f = t_ffn + d_mg
+        iv = self.rec.interval if self.rec.intervals is not None else None
         if d_mg > 0:
             sums.mem_mgmt_s += d_mg
             if iv:
@@ -221,21 +175,88 @@ class Decoder:
         sums.ffn_compute_s += d_ffn
         if iv:
             iv("compute", f"FFN L{layer}", s, layer, t_f, t_f + d_ffn)
-        # 7. delta: issue (s + 1, l) at the layer's end. Its reads land in cache rows that the
-        #    drop of this step's computed-but-not-kept neurons frees, after the FFN has used them
-        #    (a cache at its share deletes before it inserts), so its CPU cost falls on the next
-        #    layers' compute, not on this layer's.
+        # 7. delta: issue (s + 1, l) at the layer's end
         if self.delta:
-            t_end = t_f + d_ffn
-            if nxt is not None:
-                n_pf = nxt[layer]
-                if n_pf.pf_s > 0:
-                    self.pf_end[layer] = submit(t_end, n_pf.pf_s, n_pf.pf_bytes, n_pf.pf_reads, "prefetch", s + 1,
-                                                layer, ov, self.lop)
-            elif not planned and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
-                self.pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
-                                            p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, self.lop)
-        yield timeout(pending + d_mg + d_ffn)
+            self._issue_delta(s, layer, t_f + d_ffn, nxt, planned, ov)
+        yield self.env.timeout(pending + d_mg + d_ffn)
+
+    def _loop_rates(self, c: Cell, a_tot: float) -> float:
+        """The layer's compute without contention (what a prefetch overlaps; 0 without a shared host
+        CPU); on a Python decoder loop, also sets its seconds per torch call over the layer and over
+        its attention and FFN-step phases."""
+        if self.host is None:
+            return 0.0
+        ffn_warm = c.ffn_flop_s if c.ffn_flop_s > c.ffn_mem_s else c.ffn_mem_s
+        ov = c.mgmt_mem_s + c.mgmt_ovh_s + c.ffn_gather_s + ffn_warm + c.ffn_ovh_s + a_tot
+        p = self.p
+        if p.loop_ops:
+            self.lop = ov / p.loop_ops
+            self.lop_a = a_tot / p.loop_attention_ops
+            self.lop_f = (ov - a_tot) / (p.loop_ops - p.loop_attention_ops)
+        return ov
+
+    def _attention(self, s: int, layer: int, c: Cell, attn: tuple[float, float, float, float],
+                   sums: _StepSums) -> Generator[Any, Any, tuple[float, float]]:
+        """Wait for the layer's streamed weights, then time its attention (+ predictor), stretched by
+        the flash DMA and the reads' CPU under way; returns (its start, its duration)."""
+        env, flash = self.env, self.flash
+        iv = self.rec.interval if self.rec.intervals is not None else None
+        af, am, ao, a_tot = attn
+        now = env.now
+        if c.stream_s > 0:
+            end = flash.submit(now, c.stream_s, c.stream_bytes, c.stream_reads, "stream", s, layer)
+            yield env.timeout(end - now)
+            sums.stall_s += end - now
+            if iv:
+                iv("stall", "wait: streamed weights", s, layer, now, end)
+            now = end
+        if self.unified and flash.free_at_s > now:
+            m = stretch(now, am, flash.segments_after(now))
+            d_attn = (af if af > m else m) + ao
+        else:
+            d_attn = a_tot
+        if self.host is not None and flash.free_at_s > now:
+            d_attn = stretch(now, d_attn, flash.cpu_segments_after(now, self.lop_a))
+        sums.compute_s += d_attn
+        if iv:
+            iv("compute", f"attention L{layer}", s, layer, now, now + d_attn)
+        return now, d_attn
+
+    def _wait_for_reads(self, s: int, layer: int, c: Cell, now: float, d_attn: float,
+                        sums: _StepSums) -> Generator[Any, Any, tuple[float, float]]:
+        """Issue the demand reads at the attention's end and wait for them and for this layer's
+        prefetch; returns (the FFN's start, the attention time still to elapse in simulated time)."""
+        t_ffn = now + d_attn
+        wait_until = t_ffn
+        if c.dem_s > 0:
+            wait_until = self.flash.submit(t_ffn, c.dem_s, c.dem_bytes, c.dem_reads, "demand", s, layer)
+        pe = self.pf_end[layer]
+        if pe > wait_until:
+            wait_until = pe
+        self.pf_end[layer] = 0.0
+        if wait_until <= t_ffn:
+            return t_ffn, d_attn
+        yield self.env.timeout(wait_until - now)
+        sums.stall_s += wait_until - t_ffn
+        if self.rec.intervals is not None:
+            self.rec.interval("stall", f"wait: flash L{layer}", s, layer, t_ffn, wait_until)
+        return wait_until, 0.0
+
+    def _issue_delta(self, s: int, layer: int, t_end: float, nxt: list[Cell] | None, planned: bool,
+                     ov: float) -> None:
+        """Issue the prefetch of (s + 1, layer) at the layer's end. Its reads land in cache rows that
+        the drop of this step's computed-but-not-kept neurons frees, after the FFN has used them (a
+        cache at its share deletes before it inserts), so its CPU cost falls on the next layers'
+        compute, not on this layer's."""
+        p, submit = self.p, self.flash.submit
+        if nxt is not None:
+            n_pf = nxt[layer]
+            if n_pf.pf_s > 0:
+                self.pf_end[layer] = submit(t_end, n_pf.pf_s, n_pf.pf_bytes, n_pf.pf_reads, "prefetch", s + 1,
+                                            layer, ov, self.lop)
+        elif not planned and s + 1 < p.S and p.pf_s[s + 1, layer] > 0:
+            self.pf_end[layer] = submit(t_end, p.pf_s[s + 1, layer], p.pf_bytes[s + 1, layer],
+                                        p.pf_reads[s + 1, layer], "prefetch", s + 1, layer, ov, self.lop)
 
     def _ffn_phases(self, c: Cell, t_ffn: float) -> tuple[float, float]:
         """(memory management, FFN) durations from `t_ffn`, stretched by the flash DMA (unified

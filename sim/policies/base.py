@@ -282,12 +282,12 @@ class IssuePoint(enum.Enum):
 class Prefetcher(Policy):
     """Predicts each step's computed set ahead of time so its reads overlap earlier compute.
 
-    `trigger` (a ClassVar, one of IssuePoint's values) says when: "previous-step" (issued while
-    the previous step computes this layer: delta prefetch), "previous-layer" (issued while this
-    step computes the previous layer: lookahead), or "none". Backends ask `issue_point()`."""
+    `trigger` (an IssuePoint, or its value as a string) says when: PREVIOUS_STEP (issued while the
+    previous step computes this layer: delta prefetch), PREVIOUS_LAYER (issued while this step
+    computes the previous layer: lookahead), or NONE. Backends ask `issue_point()`."""
 
     slot = "prefetch"
-    trigger: ClassVar[str] = "none"
+    trigger: ClassVar[IssuePoint | str] = IssuePoint.NONE
 
     def issue_point(self) -> IssuePoint:
         """Whether and when this prefetcher's reads are issued (see IssuePoint)."""
