@@ -20,7 +20,7 @@ from devices.errors import FlashsimError
 from flashsim.main import main
 from sim import bitsets
 from sim.policies import registry
-from sim.policies.base import CacheSteps, MissingHookError, Residency
+from sim.policies.base import CacheSteps, MissingHookError, Predictor, Residency
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = str(ROOT / "traces" / "data" / "smollm2-135m-builtin")
@@ -179,6 +179,10 @@ class StreamingWithoutKept(Residency):
                           peak=n, inserted=n, evicted=n)
 
 
+class PredictorWithoutPredict(Predictor):
+    """Declares no `predict`, which every run asks."""
+
+
 class PagedWithoutPages(Residency):
     """Page-granular, without the page hooks."""
 
@@ -209,6 +213,14 @@ def test_a_backend_refuses_a_policy_without_a_hook_it_needs():
         _built("residency=tests.test_policy_interface:PagedWithoutPages")
     with pytest.raises(FlashsimError, match=r"precision 'quantized' changes the stored weights"):
         check_executable(_built("precision=quantized").stack, open_trace(SHIPPED).spec)
+
+
+def test_a_policy_without_an_abstract_hook_is_one_line_from_replay(capsys):
+    assert main(["replay", "--trace", SHIPPED, "--device", "jetson-orin-nano-8gb", "--tokens", "2", "--set",
+                 "predictor=tests.test_policy_interface:PredictorWithoutPredict"]) == 2
+    err = capsys.readouterr().err
+    assert "does not implement Predictor.predict, which every backend needs" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("prefetch", ["lookahead", "delta", "none"])

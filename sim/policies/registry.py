@@ -31,7 +31,15 @@ from typing import Any, Generic, TypeVar
 
 from devices.errors import FlashsimError
 from sim.params import build_params
-from sim.policies.base import Layout, Policy, Precision, Predictor, Prefetcher, Residency
+from sim.policies.base import (
+    Layout,
+    MissingHookError,
+    Policy,
+    Precision,
+    Predictor,
+    Prefetcher,
+    Residency,
+)
 
 P = TypeVar("P", bound=Policy)
 
@@ -70,15 +78,24 @@ class Registry(Generic[P]):
         return sorted(self._classes)
 
     def get(self, name: str) -> type[P]:
+        """The class registered as `name` (or at the import path "pkg.mod:Class"). A class that leaves
+        one of its slot's abstract hooks unimplemented is refused (MissingHookError names the hook)."""
         discover()
         if ":" in name:
-            return self._load_path(name)
+            return self._complete(self._load_path(name))
         if name not in self._classes:
             discover(entry_points_again=True)
         if name not in self._classes:
             raise UnknownPolicyError(
                 f"unknown {self.slot} policy {name!r}; valid: {', '.join(sorted(self._classes))}")
-        return self._classes[name]
+        return self._complete(self._classes[name])
+
+    def _complete(self, cls: type[P]) -> type[P]:
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise MissingHookError(f"{self.slot} policy {cls.name!r} does not implement {self.base.__name__}."
+                                   f"{missing[0]}, which every backend needs; implement it in the policy's module")
+        return cls
 
     def _load_path(self, path: str) -> type[P]:
         mod_name, _, attr = path.partition(":")
