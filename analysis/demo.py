@@ -31,6 +31,13 @@ import yaml
 from tqdm import tqdm
 
 from devices.errors import FlashsimError
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    DRAM_PEAK_BYTES,
+    FLASH_BYTES_PER_TOKEN,
+    MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 
 DEMO_DEVICES = ("jetson-orin-nano-8gb", "this-host")
 DEMO_PROMPTS = 3          # builtin prompts captured (one per task: qa, translation, summarization)
@@ -120,11 +127,11 @@ def replay_table(sweep_dir: Path) -> list[dict[str, Any]]:
             continue
         ok = r["status"] == "ok"
         rows.append({"device": r["device"], "preset": r["preset"], "status": r["status"],
-                     "tokens_per_s": float(r["tokens_per_s"]) if ok else None,
-                     "ms_per_token": float(r["ms_per_token"]) if ok else None,
-                     "dram_peak_bytes": int(r["dram_peak_bytes"]) if ok else None,
-                     "activation_mass_kept": float(r["activation_mass_kept"]) if ok else None,
-                     "flash_bytes_per_token": float(r["flash_bytes_per_token"]) if ok else None,
+                     TOKENS_PER_S: float(r[TOKENS_PER_S]) if ok else None,
+                     MS_PER_TOKEN: float(r[MS_PER_TOKEN]) if ok else None,
+                     DRAM_PEAK_BYTES: int(r[DRAM_PEAK_BYTES]) if ok else None,
+                     ACTIVATION_MASS_KEPT: float(r[ACTIVATION_MASS_KEPT]) if ok else None,
+                     FLASH_BYTES_PER_TOKEN: float(r[FLASH_BYTES_PER_TOKEN]) if ok else None,
                      "error": None if ok else r.get("error")})
     return rows
 

@@ -24,6 +24,7 @@ from analysis.quality_table import QualityTable
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.units import format_bytes
+from sim.metric_names import TOKENS_PER_S
 from traces.format import Trace
 
 # ReLU FFNs (OPT) are far sparser than SwiGLU ones: LLM in a flash (Sec. 3.1) reports ~97%
@@ -119,7 +120,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
             note("peak bound")
             pl = Planner(tr, spec, at_bound(raw, "peak"), rescale=rescale, seed=seed, progress=lambda: note(None))
             peak = {r["label"]: finite_or_none(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
-                                        .metric("tokens_per_s")) for r in result.rows if r["fits"]}
+                                        .metric(TOKENS_PER_S)) for r in result.rows if r["fits"]}
             result.peak_bound = {"configurations": peak,
                                  "best": peak.get(result.best["label"]) if result.best else None}
     result.power_mode, result.bound = raw.power_mode, bound

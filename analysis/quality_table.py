@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from sim.metric_names import ACTIVATION_MASS_KEPT, DRAM_PEAK_BYTES, TOKENS_PER_S
 
 DEFAULT_TABLE = Path(__file__).resolve().parent / "data" / "quant_quality.json"
 _LLAMA_README = ("llama.cpp README.md, 'Quantization' table (marked outdated; late-2023 versions, "
@@ -146,22 +147,22 @@ def measured_quality(ev: Any, table: QualityTable | None) -> dict[str, Any] | No
     """The measured quality of a planner Evaluation that ran, or None."""
     if table is None or not ev.ran:
         return None
-    return table.lookup(config_bits(ev.preset, ev.overrides), ev.metric("activation_mass_kept"))
+    return table.lookup(config_bits(ev.preset, ev.overrides), ev.metric(ACTIVATION_MASS_KEPT))
 
 
 def quality_key(rows: list[dict[str, Any]]) -> str:
     """The quality axis: measured agreement when every row that ran has one, else the mass-kept proxy."""
     ran = [r for r in rows if r["fits"]]
-    return "agreement" if ran and all(r.get("agreement") is not None for r in ran) else "activation_mass_kept"
+    return "agreement" if ran and all(r.get("agreement") is not None for r in ran) else ACTIVATION_MASS_KEPT
 
 
 def quality_ranking(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The configurations that ran, best measured quality first (agreement, then lower perplexity
     ratio, then tok/s): quantized and sparse configurations on one scale."""
     ran = [r for r in rows if r["fits"] and r.get("agreement") is not None]
-    ran.sort(key=lambda r: (-r["agreement"], r["ppl_ratio"], -(r["tokens_per_s"] or 0.0)))
+    ran.sort(key=lambda r: (-r["agreement"], r["ppl_ratio"], -(r[TOKENS_PER_S] or 0.0)))
     return [{"label": r["label"], "agreement": r["agreement"], "ppl_ratio": r["ppl_ratio"],
-             "tokens_per_s": r["tokens_per_s"], "dram_peak_bytes": r["dram_peak_bytes"]} for r in ran]
+             TOKENS_PER_S: r[TOKENS_PER_S], DRAM_PEAK_BYTES: r[DRAM_PEAK_BYTES]} for r in ran]
 
 
 def quality_note(table: QualityTable, model: str) -> str:

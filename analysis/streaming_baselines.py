@@ -23,8 +23,15 @@ from analysis.baselines import DATA
 from devices import load_model, load_profile
 from devices.achievable import at_bound
 from devices.errors import FlashsimError
+from sim.metric_names import (
+    FLASH_BYTES_PER_TOKEN,
+    FLASH_THROUGHPUT_BYTES_PER_S,
+    IO_MS_PER_TOKEN,
+    MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 
-METRICS = ("io_ms_per_token", "ms_per_token", "tokens_per_s")
+METRICS = (IO_MS_PER_TOKEN, MS_PER_TOKEN, TOKENS_PER_S)
 TRACE_TOKENS = 48          # enough for mmap's page cache to reach its steady state on the rows' models
 TRACE_SEED = 0
 MODEL_BYTES_TOLERANCE = 0.10   # the simulated model must hold the published model's bytes within 10%
@@ -61,8 +68,8 @@ def load_streaming_rows(path: Path = DATA) -> list[StreamingRow]:
 
 
 def _summary_value(s: dict[str, Any], metric: str) -> float:
-    if metric == "tokens_per_s":
-        return 1e3 / float(s["ms_per_token"])
+    if metric == TOKENS_PER_S:
+        return 1e3 / float(s[MS_PER_TOKEN])
     return float(s[metric])
 
 
@@ -89,8 +96,8 @@ def streaming_value(row: StreamingRow, trace_dir: Path, bound: str = "achievable
     cfg = preset_config(row.preset).with_overrides(
         [*row.settings, f"memory.dram_budget_bytes={row.dram_budget_bytes}"])
     s = build(open_trace(path), spec, at_bound(profile, bound), cfg).run(fast="auto").summary()
-    return {"value": _summary_value(s, row.metric), "flash_bytes_per_token": float(s["flash_bytes_per_token"]),
-            "flash_throughput_bytes_per_s": float(s["flash_throughput_bytes_per_s"])}
+    return {"value": _summary_value(s, row.metric), FLASH_BYTES_PER_TOKEN: float(s[FLASH_BYTES_PER_TOKEN]),
+            FLASH_THROUGHPUT_BYTES_PER_S: float(s[FLASH_THROUGHPUT_BYTES_PER_S])}
 
 
 def recompute_streaming(rows: list[StreamingRow] | None = None) -> list[dict[str, Any]]:
@@ -102,11 +109,11 @@ def recompute_streaming(rows: list[StreamingRow] | None = None) -> list[dict[str
         for r in rows if rows is not None else load_streaming_rows():
             sim = streaming_value(r, Path(tmp))
             peak = streaming_value(r, Path(tmp), bound="peak")
-            if r.metric == "tokens_per_s":
+            if r.metric == TOKENS_PER_S:
                 err = sim["value"] / r.published - 1.0
             else:
                 err = r.published / sim["value"] - 1.0
             out.append({**r.__dict__, "simulated": sim["value"], "peak_bound": peak["value"],
-                        "flash_bytes_per_token": sim["flash_bytes_per_token"],
-                        "flash_throughput_bytes_per_s": sim["flash_throughput_bytes_per_s"], "error": err})
+                        FLASH_BYTES_PER_TOKEN: sim[FLASH_BYTES_PER_TOKEN],
+                        FLASH_THROUGHPUT_BYTES_PER_S: sim[FLASH_THROUGHPUT_BYTES_PER_S], "error": err})
     return out

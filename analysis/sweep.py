@@ -48,6 +48,7 @@ from analysis.sweep_spec import (
     trace_sha256,
 )
 from devices.errors import FlashsimError
+from devices.suggest import hint
 
 DEFAULT_EVALUATOR = "analysis.sweep_point:evaluate_point"
 ENGINES = ("local", "dask")
@@ -155,7 +156,7 @@ def run_sweep(spec: str | Path | LoadedSpec, out_dir: str | Path, *, workers: in
     """Run (or resume) a sweep into `out_dir`; see the module docstring. `progress=None`: a bar on a tty."""
     t0 = time.perf_counter()
     if engine not in ENGINES:
-        raise FlashsimError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+        raise FlashsimError(f"unknown engine {engine!r}; {hint(engine, ENGINES, 'use one of')}")
     if scheduler and engine != "dask":
         raise FlashsimError("--scheduler needs --engine dask")
     workers = default_workers() if workers is None else workers

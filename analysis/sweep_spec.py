@@ -49,6 +49,7 @@ from pydantic import (
 from analysis.spec_lines import parse_toml, parse_yaml
 from devices.errors import FlashsimError
 from devices.limits import MAX_GRID_POINTS, check_size
+from devices.suggest import did_you_mean
 from devices.units import parse_bytes
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
@@ -242,15 +243,21 @@ def _describe(err: ValidationError, lines: dict[tuple, int]) -> str:
             break
     msg = first["msg"]
     if first["type"] == "extra_forbidden" and loc[:1] == ("presets",):
-        msg = "unknown key; a preset entry has the keys name and set"
+        msg = _unknown_key(loc, ("name", "set"), "a preset entry has the keys name and set")
     elif first["type"] == "extra_forbidden":
-        msg = "unknown key; the keys are name, seed, traces, models, devices, dram_budgets, presets and set"
+        msg = _unknown_key(loc, ("name", "seed", "traces", "models", "devices", "dram_budgets", "presets", "set"),
+                           "the keys are name, seed, traces, models, devices, dram_budgets, presets and set")
     elif first["type"] == "missing":
         msg = "required key is missing"
     msg = msg.removeprefix("Value error, ")
     # A missing key has no line of its own (the nearest would be its parent's first line).
     where = f" (line {line})" if line is not None and first["type"] != "missing" else ""
     return f"key '{key}'{where}: {msg}"
+
+
+def _unknown_key(loc: tuple, keys: tuple[str, ...], listing: str) -> str:
+    suggestion = did_you_mean(str(loc[-1]), keys) if loc else ""
+    return f"unknown key; {suggestion + ' ' if suggestion else ''}{listing}"
 
 
 def _is_union_tag(p: Any) -> bool:

@@ -28,25 +28,27 @@ import pyarrow.parquet as pq
 
 from analysis import sweep_store as store
 from devices.errors import FlashsimError
+from sim import metric_names as names
+from sim.energy import COMPONENTS
 
-# ---- summary metrics (the keys of a RunResult summary) ----------------------------------------
-MS_PER_TOKEN = "ms_per_token"
-TOKENS_PER_S = "tokens_per_s"
-IO_MS = "io_ms_per_token"
-COMPUTE_MS = "compute_ms_per_token"
-STALL_MS = "stall_ms_per_token"
-MEMORY_MGMT_MS = "memory_mgmt_ms_per_token"
-FLASH_BYTES = "flash_bytes_per_token"
-FLASH_THROUGHPUT = "flash_throughput_bytes_per_s"
-DRAM_PEAK = "dram_peak_bytes"
-MASS_KEPT = "activation_mass_kept"
+# ---- summary metrics (the keys of a RunResult summary, named where they are produced) ----------
+MS_PER_TOKEN = names.MS_PER_TOKEN
+TOKENS_PER_S = names.TOKENS_PER_S
+IO_MS = names.IO_MS_PER_TOKEN
+COMPUTE_MS = names.COMPUTE_MS_PER_TOKEN
+STALL_MS = names.STALL_MS_PER_TOKEN
+MEMORY_MGMT_MS = names.MEMORY_MGMT_MS_PER_TOKEN
+FLASH_BYTES = names.FLASH_BYTES_PER_TOKEN
+FLASH_THROUGHPUT = names.FLASH_THROUGHPUT_BYTES_PER_S
+DRAM_PEAK = names.DRAM_PEAK_BYTES
+MASS_KEPT = names.ACTIVATION_MASS_KEPT
 SUMMARY_METRICS = (MS_PER_TOKEN, TOKENS_PER_S, IO_MS, COMPUTE_MS, STALL_MS, MEMORY_MGMT_MS,
                    FLASH_BYTES, FLASH_THROUGHPUT, DRAM_PEAK, MASS_KEPT)
 # Energy per decode token (sim/energy.py): total joules and millijoules by component, flattened
 # from the summary's energy_mj_per_token mapping; empty (None) for devices without energy numbers.
-JOULES_PER_TOKEN = "joules_per_token"
-ENERGY_COMPONENTS = ("flash", "dram", "compute", "static")
-ENERGY_MJ = tuple(f"energy_mj_per_token.{c}" for c in ENERGY_COMPONENTS)
+JOULES_PER_TOKEN = names.JOULES_PER_TOKEN
+ENERGY_COMPONENTS = COMPONENTS
+ENERGY_MJ = tuple(f"{names.ENERGY_MJ_PER_TOKEN}.{c}" for c in ENERGY_COMPONENTS)
 
 # ---- point columns -----------------------------------------------------------------------------
 POINT_ID = "point_id"
@@ -75,11 +77,30 @@ MEMORY_COLUMNS = (T_S, RESIDENT_BYTES, BUDGET_BYTES)
 
 @dataclass(frozen=True)
 class ResultSet:
-    """A results table and, for a sweep directory, its manifest."""
+    """A results table and, for a sweep directory, its manifest.
+
+    It reads as the table: `to_pandas()` is the DataFrame itself, and DataFrame attributes and
+    indexing pass through (`r.shape`, `r.columns`, `r["tokens_per_s"]`, `r.groupby(...)`, `len(r)`)."""
 
     table: pd.DataFrame
     manifest: dict[str, Any] | None
     source: Path
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The results as a pandas DataFrame, one row per point (the same object as `table`)."""
+        return self.table
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names a ResultSet does not have: DataFrame attributes, never private ones.
+        if name.startswith("_") or name == "table":
+            raise AttributeError(name)
+        return getattr(self.table, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.table[key]
+
+    def __len__(self) -> int:
+        return len(self.table)
 
     @property
     def ok(self) -> pd.DataFrame:

@@ -6,8 +6,9 @@ and ends the process with exit code 2. Anything else is a bug and keeps its trac
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
+
+from devices.suggest import hint
 
 
 class FlashsimError(Exception):
@@ -17,11 +18,6 @@ class FlashsimError(Exception):
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> FlashsimError:
-    """An error for an unknown `kind` called `name`, listing close matches (or all names)."""
-    known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-    if close:
-        hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
-    else:
-        hint = "known: " + ", ".join(known)
-    return FlashsimError(f"unknown {kind} {name!r}; {hint}")
+    """An error for an unknown `kind` called `name`: its close matches (devices/suggest.py), then
+    every known name."""
+    return FlashsimError(f"unknown {kind} {name!r}; {hint(name, sorted(known), 'known')}")

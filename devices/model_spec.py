@@ -31,6 +31,7 @@ from pydantic import (
 from devices.errors import FlashsimError, unknown_name
 from devices.limits import MAX_PARAMS, check_field
 from devices.loading import validate_file, validation_message
+from devices.suggest import hint, looks_like_path
 
 BUNDLED_DIR = Path(__file__).parent / "models"
 
@@ -89,7 +90,7 @@ class ModelSpec(BaseModel):
     def with_dtype(self, dtype: str) -> ModelSpec:
         """The same architecture stored at another weight dtype."""
         if dtype not in DTYPE_BITS:
-            raise FlashsimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BITS)}")
+            raise FlashsimError(f"unknown dtype {dtype!r}; {hint(dtype, DTYPE_BITS, 'choose one of')}")
         return self.model_copy(update={"dtype": dtype})
 
     # ---- per-element sizes -------------------------------------------------------------------
@@ -381,7 +382,7 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> ModelSpec:
         spec = _from_bundled_file(p)
     elif (BUNDLED_DIR / f"{name_or_path}.yaml").is_file():
         spec = _from_bundled_file(BUNDLED_DIR / f"{name_or_path}.yaml")
-    elif p.suffix or "/" in str(name_or_path):
+    elif looks_like_path(str(name_or_path)):
         raise FlashsimError(f"{p}: no such model folder or file")
     else:
         raise unknown_name("model", str(name_or_path), list_models())

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from devices.errors import FlashsimError
+from devices.suggest import hint
 
 P = TypeVar("P", bound=BaseModel)   # a devices.schema.DeviceProfile
 
@@ -26,8 +27,8 @@ def with_power_mode(profile: P, mode: str | None) -> P:
         return profile
     name = mode or modes.default
     if name not in modes.modes:
-        raise FlashsimError(f"device {profile.name}: unknown power mode {name!r}; choose one of "
-                            f"{', '.join(modes.modes)} (default {modes.default})")
+        raise FlashsimError(f"device {profile.name}: unknown power mode {name!r}; "
+                            f"{hint(name, modes.modes, 'choose one of')} (default {modes.default})")
     data = profile.model_dump()
     sets = modes.modes[name].set
     for path, value in sets.items():

@@ -20,7 +20,7 @@ from devices.limits import check_field
 # Keys of terms the simulator no longer has: the compute penalty after a demand read's wait, the
 # cache index work and the host-CPU interference curves over a batch's reads (flash), the penalty
 # after a layer's streaming (compute). None lowered the error on a grid of another boot
-# (docs/calibrate-and-validate.md, "The machine model's terms"). Older profiles and kept grids carry them;
+# (docs/model-reference.md, "Which machine-model terms earn their place"). Older profiles and kept grids carry them;
 # loading drops them (with whatever they nest).
 RETIRED_FLASH_KEYS = ("cold_wait_s", "cold_batch_reads", "cold_compute_s", "framework_cold_compute_s",
                       "cache_index_s_per_layer", "cache_index_s_per_evicted", "host_cpu_batch_reads",

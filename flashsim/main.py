@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from devices.errors import FlashsimError
+from devices.suggest import did_you_mean
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
 COMMAND_MODULES = (
@@ -34,6 +35,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """A value outside an option's choices (or an unknown verb) names the closest choices too."""
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            suggestion = did_you_mean(str(value), choices)
+            if suggestion:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r}; {suggestion} (choose from {', '.join(choices)})")
+        super()._check_value(action, value)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ The terms listed are the model's; the ones the ablation removed (the compute pen
 wait and after a layer's streaming, the cache index work; then the fitted row moves and the
 framework overhead; then the host-CPU interference curves over a batch's reads; then the batch
 overhead's table by reads per thread and the reader's planning) are gone from it (`REMOVED`), and their rows in
-docs/calibrate-and-validate.md come from this script at the commit before their removal (71ad0b4,
+docs/model-reference.md come from this script at the commit before their removal (71ad0b4,
 7c609d4, e90eadf, c6997e7).
 
 Default grids: tests/real/data/grids/{25a,29b,31a} where they exist, else docs/measured/grids/

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-PACKAGES = ("devices", "traces", "sim", "real", "analysis", "flashsim")
+PACKAGES = ("devices", "traces", "sim", "adapt", "real", "analysis", "flashsim")
 
 
 def lines(path: Path) -> int:

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from devices.errors import FlashsimError
+from devices.errors import FlashsimError, unknown_name
 from devices.loading import read_mapping
+from devices.runtime import DEFAULT_RUNTIME, list_runtimes
+from devices.suggest import did_you_mean, hint
 from sim.blocks import parse_block_items
 from sim.components.memory import BudgetTimeline
 from sim.params import build_params, check, param, params_to_dict
-from sim.policies.registry import REGISTRIES, SLOTS, find_slot
+from sim.policies.registry import REGISTRIES, SLOTS, all_policies, find_slot
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,13 @@ class ComputeParams:
                   "seconds per torch call, phase by phase, between the profile's three probes (flash.*_probe_op_s; without "
                   "them the flash.framework_* constants in every phase) and it loses a prefetch's planning; "
                   "native: a compiled loop, which takes the kernel constants (flash.compute_lost_s_per_read ...)")
+    runtime: str = param(DEFAULT_RUNTIME, "the inference runtime whose kernels the device runs (devices/runtimes/: "
+                                          "kernels per layer and host dispatch per op, each with its source): "
+                                          + ", ".join(list_runtimes()))
+
+    def __post_init__(self) -> None:
+        if self.runtime not in list_runtimes():
+            raise unknown_name("runtime", self.runtime, list_runtimes())
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,7 @@ class RunConfig:
         allowed = {"preset", *SLOTS, *SECTIONS, "budget_timeline"}
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise FlashsimError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(allowed))}")
+            raise FlashsimError(f"{where}: unknown key {unknown[0]!r}; {hint(unknown[0], sorted(allowed), 'valid keys')}")
         kwargs: dict[str, Any] = {"preset": str(data.get("preset", "custom"))}
         for s in SLOTS:
             if s in data:
@@ -234,7 +243,9 @@ class RunConfig:
                 continue
             head, dot, name = key.partition(".")
             if not dot:
-                raise FlashsimError(f"--set {item!r}: unknown setting {key!r}; use a slot "
+                suggestion = did_you_mean(key, [*SLOTS, "seed"])
+                raise FlashsimError(f"--set {item!r}: unknown setting {key!r}; "
+                                    f"{suggestion + ' ' if suggestion else ''}use a slot "
                                     f"({', '.join(SLOTS)}) to choose a policy, or SLOT.PARAM / "
                                     f"SECTION.PARAM ({', '.join(SECTIONS)}) for a parameter")
             if head in SECTIONS:
@@ -262,8 +273,10 @@ class RunConfig:
         if owner is not None:
             raise FlashsimError(f"--set {item!r}: policy {head!r} is not in use (slot {owner} holds "
                                 f"{names[owner]!r}); add --set {owner}={head} first")
+        suggestion = did_you_mean(head, [*SLOTS, *names.values(), *SECTIONS, *(n for _, n in all_policies())])
         raise FlashsimError(f"--set {item!r}: {head!r} is not a slot ({', '.join(SLOTS)}), a policy in use "
-                            f"({', '.join(sorted(names.values()))}) or a section ({', '.join(SECTIONS)})")
+                            f"({', '.join(sorted(names.values()))}) or a section ({', '.join(SECTIONS)})"
+                            + (f"; {suggestion}" if suggestion else ""))
 
 
 def load_config(path: str | Path) -> RunConfig:

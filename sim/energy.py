@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from devices.section_energy import EnergySpec
+from sim.metric_names import ENERGY_MJ_PER_TOKEN, JOULES_PER_TOKEN
 from sim.records import TokenRecord
 
 COMPONENTS = ("flash", "dram", "compute", "static")
@@ -99,8 +100,8 @@ def energy_summary(tokens: Sequence[TokenRecord], traffic: StepTraffic | None, s
         "static": (v("static_w") + v("flash_idle_w")) * lat_s.sum(),
     }
     return {
-        "joules_per_token": float(sum(joules.values()) / n),
-        "energy_mj_per_token": {k: float(1e3 * joules[k] / n) for k in COMPONENTS},
+        JOULES_PER_TOKEN: float(sum(joules.values()) / n),
+        ENERGY_MJ_PER_TOKEN: {k: float(1e3 * joules[k] / n) for k in COMPONENTS},
         "energy_inputs_per_token": {
             "flash_busy_s": float(io_s.sum() / n), "flash_bytes": float(flash_bytes.sum() / n),
             "dram_bytes": float(dram_bytes.sum() / n), "flops": float(flops.sum() / n),
@@ -111,5 +112,5 @@ def energy_summary(tokens: Sequence[TokenRecord], traffic: StepTraffic | None, s
 
 def empty_energy() -> dict[str, Any]:
     """The energy keys of a run whose device has no energy numbers."""
-    return {"joules_per_token": None, "energy_mj_per_token": None, "energy_inputs_per_token": None,
+    return {JOULES_PER_TOKEN: None, ENERGY_MJ_PER_TOKEN: None, "energy_inputs_per_token": None,
             "energy_source_kinds": None}

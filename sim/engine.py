@@ -35,6 +35,7 @@ import simpy
 from devices.achievable import resolved
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
+from devices.runtime import load_runtime
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim.blocks import BlockMemory, format_blocks, parse_blocks
@@ -306,7 +307,7 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     in_flight = config.flash.in_flight or profile.flash.max_in_flight
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
-                           config.compute.decoder)
+                           config.compute.decoder, load_runtime(config.compute.runtime))
     planner = StepPlanner(stack, view, eff_spec, profile, memory, compute, in_flight,
                       config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped)
     if dropped.any():

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from devices.errors import FlashsimError
 from devices.limits import check_param
+from devices.suggest import did_you_mean, hint
 from devices.units import parse_bytes
 
 
@@ -61,7 +62,9 @@ def coerce(value: Any, tp: Any, where: str, unit: str | None = None) -> Any:
         for c in choices:
             if value == c or (isinstance(value, str) and str(c) == value):
                 return c
-        raise FlashsimError(f"{where}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
+        suggestion = did_you_mean(str(value), [str(c) for c in choices])
+        raise FlashsimError(f"{where}: {value!r} is not one of {', '.join(repr(c) for c in choices)}"
+                            + (f"; {suggestion}" if suggestion else ""))
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -114,8 +117,8 @@ def build_params(cls: type, mapping: Mapping[str, Any] | None, where: str) -> An
     names = [f.name for f in fields_of(cls)]
     unknown = sorted(set(mapping) - set(names))
     if unknown:
-        valid = ", ".join(names) if names else "(none)"
-        raise FlashsimError(f"{where}: unknown parameter {unknown[0]!r}; valid parameters: {valid}")
+        raise FlashsimError(f"{where}: unknown parameter {unknown[0]!r}; "
+                            f"{hint(unknown[0], names, 'valid parameters')}")
     kwargs = {}
     for f in fields_of(cls):
         if f.name in mapping:

@@ -25,14 +25,27 @@ import numpy as np
 
 from sim.components.flash import FlashBatch
 from sim.energy import empty_energy
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    COMPUTE_MS_PER_TOKEN,
+    DRAM_PEAK_BYTES,
+    FLASH_BYTES_PER_TOKEN,
+    FLASH_READS_PER_TOKEN,
+    FLASH_THROUGHPUT_BYTES_PER_S,
+    HIT_RATE,
+    IO_MS_PER_TOKEN,
+    LATENCY_P50_MS,
+    LATENCY_P90_MS,
+    MEMORY_MGMT_MS_PER_TOKEN,
+    MS_PER_TOKEN,
+    RECALL,
+    STALL_MS_PER_TOKEN,
+    SUMMARY_KEYS,
+    TOKENS_PER_S,
+)
 from sim.records import Interval, MemorySample, TokenRecord
 
-SUMMARY_KEYS = (
-    "ms_per_token", "tokens_per_s", "latency_p50_ms", "latency_p90_ms", "io_ms_per_token",
-    "compute_ms_per_token", "stall_ms_per_token", "memory_mgmt_ms_per_token", "flash_bytes_per_token",
-    "flash_reads_per_token", "flash_throughput_bytes_per_s", "dram_peak_bytes", "activation_mass_kept",
-    "recall", "hit_rate",
-)
+__all__ = ["SUMMARY_KEYS", "RunResult", "to_jsonable"]   # SUMMARY_KEYS: the summary's metric keys
 
 
 @dataclass
@@ -82,21 +95,21 @@ class RunResult:
         nbytes = sum(r.bytes_read for r in dec)
         computed = sum(r.computed for r in dec)
         out: dict[str, Any] = {
-            "ms_per_token": 1e3 * float(lat.mean()),
-            "tokens_per_s": self.batch * len(dec) / float(lat.sum()) if lat.sum() > 0 else float("inf"),
-            "latency_p50_ms": 1e3 * float(np.percentile(lat, 50)),
-            "latency_p90_ms": 1e3 * float(np.percentile(lat, 90)),
-            "io_ms_per_token": 1e3 * io / len(dec),
-            "compute_ms_per_token": 1e3 * float(np.mean([r.compute_s for r in dec])),
-            "stall_ms_per_token": 1e3 * float(np.mean([r.stall_s for r in dec])),
-            "memory_mgmt_ms_per_token": 1e3 * float(np.mean([r.mem_mgmt_s for r in dec])),
-            "flash_bytes_per_token": nbytes / len(dec),
-            "flash_reads_per_token": sum(r.reads_issued for r in dec) / len(dec),
-            "flash_throughput_bytes_per_s": nbytes / io if io > 0 else 0.0,
-            "dram_peak_bytes": max(r.resident_bytes for r in self.tokens),
-            "activation_mass_kept": float(mn[sel].sum() / md[sel].sum()) if md[sel].sum() > 0 else 1.0,
-            "recall": float(rn[sel].sum() / rd[sel].sum()) if rd[sel].sum() > 0 else 1.0,
-            "hit_rate": sum(r.hits for r in dec) / computed if computed else 1.0,
+            MS_PER_TOKEN: 1e3 * float(lat.mean()),
+            TOKENS_PER_S: self.batch * len(dec) / float(lat.sum()) if lat.sum() > 0 else float("inf"),
+            LATENCY_P50_MS: 1e3 * float(np.percentile(lat, 50)),
+            LATENCY_P90_MS: 1e3 * float(np.percentile(lat, 90)),
+            IO_MS_PER_TOKEN: 1e3 * io / len(dec),
+            COMPUTE_MS_PER_TOKEN: 1e3 * float(np.mean([r.compute_s for r in dec])),
+            STALL_MS_PER_TOKEN: 1e3 * float(np.mean([r.stall_s for r in dec])),
+            MEMORY_MGMT_MS_PER_TOKEN: 1e3 * float(np.mean([r.mem_mgmt_s for r in dec])),
+            FLASH_BYTES_PER_TOKEN: nbytes / len(dec),
+            FLASH_READS_PER_TOKEN: sum(r.reads_issued for r in dec) / len(dec),
+            FLASH_THROUGHPUT_BYTES_PER_S: nbytes / io if io > 0 else 0.0,
+            DRAM_PEAK_BYTES: max(r.resident_bytes for r in self.tokens),
+            ACTIVATION_MASS_KEPT: float(mn[sel].sum() / md[sel].sum()) if md[sel].sum() > 0 else 1.0,
+            RECALL: float(rn[sel].sum() / rd[sel].sum()) if rd[sel].sum() > 0 else 1.0,
+            HIT_RATE: sum(r.hits for r in dec) / computed if computed else 1.0,
             **(self.energy or empty_energy()),
             "decode_tokens": len(dec) * self.batch,
             "batch": self.batch,

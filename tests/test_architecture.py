@@ -1,9 +1,10 @@
 """The package layers and the module graph, read from the source with `ast` (not grep, not imports).
 
-Layers, bottom to top: devices < traces < sim < real < analysis < flashsim (the command line). A
-module may import its own package and lower layers only, so `sim` imports only `devices`, `traces` and
-itself. Every import counts: module level, inside functions, under `if TYPE_CHECKING:`, relative
-(`from . import x`), and the literal-string dynamic ones (`importlib.import_module("pkg.mod")`,
+Layers, bottom to top: devices < traces < sim < adapt < real < analysis < flashsim (the command line).
+A module may import its own package and lower layers only, so `sim` imports only `devices`, `traces` and
+itself, and `adapt` (runtime adaptation built on the engine) never imports `real`, `analysis` or the
+command line; `real` may read `adapt`'s GSI files. Every import counts: module level, inside
+functions, under `if TYPE_CHECKING:`, relative (`from . import x`), and the literal-string dynamic ones (`importlib.import_module("pkg.mod")`,
 `__import__("pkg.mod")`). Between modules there is no import cycle (strongly connected components of
 the module graph, function-level imports included).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("devices", "traces", "sim", "real", "analysis", "flashsim")   # bottom to top
+LAYERS = ("devices", "traces", "sim", "adapt", "real", "analysis", "flashsim")   # bottom to top
 RANK = {pkg: i for i, pkg in enumerate(LAYERS)}
 
 def _module_name(path: Path) -> str:
@@ -28,7 +29,7 @@ def _module_name(path: Path) -> str:
 
 
 def _source_files() -> dict[str, Path]:
-    """Every module of the six packages, by dotted name."""
+    """Every module of the layered packages, by dotted name."""
     files: dict[str, Path] = {}
     for pkg in LAYERS:
         for path in sorted((ROOT / pkg).rglob("*.py")):
@@ -107,6 +108,13 @@ def test_the_walk_sees_the_packages():
     crossing = {(_layer(a), _layer(b)) for a, _, b in EDGES if _layer(a) != _layer(b)}
     assert ("sim", "devices") in crossing and ("flashsim", "sim") in crossing
     assert ("real", "sim") in crossing and ("analysis", "sim") in crossing
+    assert ("adapt", "sim") in crossing and ("flashsim", "adapt") in crossing
+
+
+def test_the_simulator_package_holds_no_adaptation():
+    """Runtime adaptation is its own package above sim: nothing of it is left inside sim/."""
+    assert not list((ROOT / "sim" / "adapt").rglob("*.py"))
+    assert not [m for m in MODULES if m.startswith("sim.") and "adapt" in m.split(".")]
 
 
 def _upward(edges: list[tuple[str, int, str]]) -> list[str]:

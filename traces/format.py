@@ -38,6 +38,7 @@ from devices.errors import FlashsimError
 from devices.limits import MAX_TRACE_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
+from devices.suggest import sibling_hint
 from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
 
 SCHEMA_VERSION = 1
@@ -236,6 +237,16 @@ class Trace:
                 f"layers={self.n_layers}, neurons={self.n_neurons}, top_k={self.top_k})")
 
 
+def _beside(path: Path) -> str:
+    """The '; did you mean ...?' tail for the trace folders beside a missing one (a typo, a missing suffix)."""
+    parent = path.parent
+    if not parent.is_dir():
+        return ""
+    siblings = [p.name for p in parent.iterdir() if (p / "manifest.json").is_file()]
+    suggestion = sibling_hint(str(path), siblings)
+    return f"; {suggestion}" if suggestion else ""
+
+
 def open_trace(path: str | Path, verify: bool = True) -> Trace:
     """Open and validate a trace directory; FlashsimError names the file and the field.
 
@@ -245,7 +256,7 @@ def open_trace(path: str | Path, verify: bool = True) -> Trace:
     path = Path(path)
     mpath = path / "manifest.json"
     if not path.is_dir():
-        raise FlashsimError(f"{path}: not a trace directory (no such directory)")
+        raise FlashsimError(f"{path}: not a trace directory (no such directory)" + _beside(path))
     if not mpath.is_file():
         raise FlashsimError(f"{path}: not a trace directory (manifest.json is missing)")
     raw = read_versioned_json(mpath, FORMAT_NAME, SCHEMA_VERSION, kind="trace manifest",

@@ -6,18 +6,18 @@
                         [--tokens N] [--decide-every N] [--static-ratio R] [--headroom H]
                         [--json] [--plot DIR]
 
-Each (controller, budget or timeline) pair is one episode (sim/adapt/episode.py): the decode phase of
+Each (controller, budget or timeline) pair is one episode (adapt/episode.py): the decode phase of
 the workload replayed against the memory timeline, the time of every step from the simulator
 (`dense` preset + `prune.blocks`, on --device), the footprint from sim.blocks.BlockMemory, the quality
-from the GSI file's estimate (sim/adapt/drop_quality.py) or, with `--quality real`, measured on the real
+from the GSI file's estimate (adapt/drop_quality.py) or, with `--quality real`, measured on the real
 model with the dropped blocks skipped (real.studies.pruning.skipped_blocks, one pass per distinct set over the
 GSI file's calibration text; needs torch). Budgets and timeline sizes are
 fractions of the full need (all weights + the KV cache at the workload's last step) unless given with
-a unit; timeline syntax: sim/adapt/timelines.py.
+a unit; timeline syntax: adapt/timelines.py.
 
 A controller "fails" an episode when it exceeds the budget at any step (violations > 0); the static
 baselines are allowed to, every other controller must not. The learned controller runs when its
-module and weights exist (--weights, or the shipped sim/adapt/data/learned-<model>.safetensors);
+module and weights exist (--weights, or the shipped adapt/data/learned-<model>.safetensors);
 otherwise the output says why it was skipped.
 
 --json prints one object:
@@ -56,8 +56,8 @@ STATIC = ("static-ratio", "static-window")
 
 
 def register(asub: argparse._SubParsersAction) -> None:
-    from sim.adapt.controllers import CONTROLLER_NAMES, DEFAULT_CONTROLLERS
-    from sim.adapt.episode import Workload
+    from adapt.controllers import CONTROLLER_NAMES, DEFAULT_CONTROLLERS
+    from adapt.episode import Workload
 
     w = Workload()
     p = asub.add_parser(
@@ -69,7 +69,7 @@ def register(asub: argparse._SubParsersAction) -> None:
                    "smollm2-135m trace)")
     p.add_argument("--device", default=DEFAULT_DEVICE, help=f"device profile (default {DEFAULT_DEVICE})")
     p.add_argument("--gsi", metavar="FILE", help="GSI file (default: the shipped one for the model, "
-                   "sim/adapt/data/<model>.gsi.json)")
+                   "adapt/data/<model>.gsi.json)")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS, metavar="B,B",
                    help=f"constant budgets: fractions of the full need, N%% or sizes (default {DEFAULT_BUDGETS}; "
                    "'' for none)")
@@ -99,8 +99,8 @@ def register(asub: argparse._SubParsersAction) -> None:
 
 
 def _parse_controllers(text: str) -> list[str]:
+    from adapt.controllers import CONTROLLER_NAMES
     from devices.errors import unknown_name
-    from sim.adapt.controllers import CONTROLLER_NAMES
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
@@ -114,12 +114,12 @@ def _parse_controllers(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from adapt.controllers import learned_unavailable, make_controller
+    from adapt.drop_quality import GsiPerplexity
+    from adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
+    from adapt.importance import gsi_path_for, importance_vector, read_gsi_file
+    from adapt.timelines import parse_budgets, parse_timelines
     from devices import load_model, load_profile
-    from sim.adapt.controllers import learned_unavailable, make_controller
-    from sim.adapt.drop_quality import GsiPerplexity
-    from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, requality, run_episode
-    from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-    from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.blocks import BlockMemory
     from sim.policies.presets import preset_config
     from traces.format import open_trace
@@ -219,9 +219,9 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
         import torch  # noqa: F401
     except ImportError:
         raise FlashsimError("--quality real needs torch (pip install -e '.[real]'); use --quality estimate") from None
+    from adapt.drop_quality import MeasuredPerplexity
     from real.studies.gsi import BUILTIN_TEXT, perplexity, tokenize_text
     from real.studies.pruning import skipped_blocks
-    from sim.adapt.drop_quality import MeasuredPerplexity
     from traces.capture.models import load_hf_model
 
     src = doc["text"].get("source", "builtin")

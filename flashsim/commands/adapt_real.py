@@ -159,7 +159,7 @@ def _eval_text(arg: str) -> tuple[str, str]:
 
 
 def _prune_eval(args: argparse.Namespace) -> int:
-    from sim.adapt.importance import read_gsi_file
+    from adapt.importance import read_gsi_file
     from sim.blocks import parse_blocks
 
     if args.drop is not None and args.gsi_steps is not None:

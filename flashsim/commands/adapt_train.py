@@ -1,9 +1,9 @@
 """`flashsim adapt train`: train the learned RAP controller (DQN) and write its weights (safetensors).
 
-Builds `sim.adapt.env.RapEnv` from a model's block bytes (`sim.blocks.BlockMemory`) and a GSI file
-(importances and the log-perplexity estimate), trains with `sim.adapt.train.train_dqn`, writes the
+Builds `adapt.env.RapEnv` from a model's block bytes (`sim.blocks.BlockMemory`) and a GSI file
+(importances and the log-perplexity estimate), trains with `adapt.train.train_dqn`, writes the
 weights atomically, and then scores the trained policy and the GSI-order heuristic
-(`sim.adapt.controllers.heuristic`) on `--eval-points` held-out decision points drawn from a seed
+(`adapt.controllers.heuristic`) on `--eval-points` held-out decision points drawn from a seed
 stream the training never uses. Bad input (unknown model, a missing or mismatched GSI file, --steps < 1,
 an --out folder that does not exist) fails with one line and exit 2 before training.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from devices.errors import FlashsimError
 from flashsim.output import output_file, print_json, print_table
 
-DEFAULT_STEPS = 150_000      # = sim.adapt.train.DqnConfig().steps
+DEFAULT_STEPS = 150_000      # = adapt.train.DqnConfig().steps
 DEFAULT_EVAL_POINTS = 300
 DEFAULT_VISIT = "importance"   # with the full GSI file: held-out 0.7414 vs 0.7345 per byte (docs/adapt.md)
 # Held-out decision points come from this seed's stream, never from a training seed's stream
@@ -29,8 +29,8 @@ HELD_OUT_SEED = 2026_11_29
 
 
 def register(asub: argparse._SubParsersAction) -> None:
-    from sim.adapt.controllers.learned_obs import VISITS
-    from sim.adapt.env import DEFAULT_ALPHA, DEFAULT_BETA
+    from adapt.controllers.learned_obs import VISITS
+    from adapt.env import DEFAULT_ALPHA, DEFAULT_BETA
 
     p = asub.add_parser(
         "train", help="train the learned controller (DQN, NumPy) in the Gymnasium environment",
@@ -39,7 +39,7 @@ def register(asub: argparse._SubParsersAction) -> None:
         "beta*memory_penalty (docs/adapt.md). Writes safetensors weights.")
     p.add_argument("--model", default="smollm2-135m", help="model name or config (default smollm2-135m)")
     p.add_argument("--gsi", metavar="FILE", help="GSI file (`flashsim adapt gsi`); default: the shipped "
-                   "sim/adapt/data/<model>.gsi.json")
+                   "adapt/data/<model>.gsi.json")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=f"environment steps (keep/drop decisions) to train (default {DEFAULT_STEPS})")
     p.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
@@ -58,10 +58,10 @@ def register(asub: argparse._SubParsersAction) -> None:
 def build_env(model: str, gsi: str | None, alpha: float, beta: float,
               visit: str = DEFAULT_VISIT) -> tuple[Any, dict[str, Any], str]:
     """(RapEnv, GSI document, sha256 of the GSI file) for a model; FlashsimError on bad input."""
+    from adapt.drop_quality import GsiPerplexity
+    from adapt.env import RapEnv
+    from adapt.importance import check_names, gsi_path_for, importance_vector, read_gsi_file
     from devices import load_model
-    from sim.adapt.drop_quality import GsiPerplexity
-    from sim.adapt.env import RapEnv
-    from sim.adapt.importance import check_names, gsi_path_for, importance_vector, read_gsi_file
     from sim.blocks import BlockMemory
 
     spec = load_model(model)
@@ -84,14 +84,14 @@ def held_out_states(env: Any, k: int, seed: int = HELD_OUT_SEED) -> list[Any]:
 def compare(env: Any, params: dict[str, np.ndarray], states: list[Any]) -> dict[str, dict[str, float]]:
     """Mean score, quality kept, violations (and safety-rule firings) of the learned policy and the
     heuristics on the same decision points."""
-    from sim.adapt.controllers.heuristic import Heuristic
-    from sim.adapt.controllers.learned import (
+    from adapt.controllers.heuristic import Heuristic
+    from adapt.controllers.learned import (
         CompiledPolicy,
         apply_safety,
         decide_pass,
         single_thread_blas,
     )
-    from sim.adapt.controllers.learned_obs import pass_context
+    from adapt.controllers.learned_obs import pass_context
 
     out: dict[str, dict[str, float]] = {}
     rows: dict[str, list[dict[str, Any]]] = {"learned": [], "heuristic": [], "heuristic-bytes": []}
@@ -121,7 +121,7 @@ def compare(env: Any, params: dict[str, np.ndarray], states: list[Any]) -> dict[
 
 
 def _train(args: argparse.Namespace) -> int:
-    from sim.adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
+    from adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
 
     if args.steps < 1:
         raise FlashsimError(f"--steps {args.steps}: must be >= 1")

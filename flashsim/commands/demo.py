@@ -13,6 +13,13 @@ from analysis.first_order import estimate_fit
 from devices import list_models, list_profiles, load_model, load_profile
 from devices.units import format_bytes
 from flashsim.output import print_json, print_table
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    DRAM_PEAK_BYTES,
+    FLASH_BYTES_PER_TOKEN,
+    MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,9 +63,9 @@ def _demo(args: argparse.Namespace) -> int:
     for d in DEMO_DEVICES:
         for r in (x for x in rep["rows"] if x["device"] == d):
             if r["status"] == "ok":
-                rows.append([d, r["preset"], f"{r['tokens_per_s']:.1f}", f"{r['ms_per_token']:.2f}",
-                             format_bytes(r["dram_peak_bytes"]), f"{r['activation_mass_kept']:.3f}",
-                             format_bytes(int(r["flash_bytes_per_token"]))])
+                rows.append([d, r["preset"], f"{r[TOKENS_PER_S]:.1f}", f"{r[MS_PER_TOKEN]:.2f}",
+                             format_bytes(r[DRAM_PEAK_BYTES]), f"{r[ACTIVATION_MASS_KEPT]:.3f}",
+                             format_bytes(int(r[FLASH_BYTES_PER_TOKEN]))])
             else:
                 rows.append([d, r["preset"], "-", "-", "-", "-", str(r["error"])[:60]])
     print_table(["device", "preset", "tok/s", "ms/token", "DRAM peak", "mass kept", "flash/token"], rows,
@@ -70,8 +77,8 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"trace: {p['trace']}")
     if p["best"]:
         b = p["best"]
-        print(f"feasible: yes; best {b['label']}: {b['tokens_per_s']:.2f} tok/s, DRAM "
-              f"{format_bytes(b['dram_peak_bytes'])}, mass kept {b['activation_mass_kept']:.3f}, "
+        print(f"feasible: yes; best {b['label']}: {b[TOKENS_PER_S]:.2f} tok/s, DRAM "
+              f"{format_bytes(b[DRAM_PEAK_BYTES])}, mass kept {b[ACTIVATION_MASS_KEPT]:.3f}, "
               f"bound by {b['binding_constraint']}")
     else:
         print(f"feasible: no; bound by {p['binding_constraint']}")

@@ -12,6 +12,15 @@ from analysis.planner import Plan
 from devices.errors import FlashsimError
 from devices.units import format_bytes, parse_bytes
 from flashsim.output import print_json, print_table
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    COMPUTE_MS_PER_TOKEN,
+    DRAM_PEAK_BYTES,
+    JOULES_PER_TOKEN,
+    MEMORY_MGMT_MS_PER_TOKEN,
+    STALL_MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -112,11 +121,11 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         peaks = (p.peak_bound or {}).get("configurations", {})
         for r in p.rows:
             status = "ok" if r["feasible"] else "; ".join(x.split(":")[0] for x in r["reasons"])
-            rows.append([r["label"], _tps(r["tokens_per_s"]) if r["fits"] else "-",
-                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r["dram_peak_bytes"]),
-                         "" if r["activation_mass_kept"] is None else f"{r['activation_mass_kept']:.3f}",
+            rows.append([r["label"], _tps(r[TOKENS_PER_S]) if r["fits"] else "-",
+                         _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r[DRAM_PEAK_BYTES]),
+                         "" if r[ACTIVATION_MASS_KEPT] is None else f"{r[ACTIVATION_MASS_KEPT]:.3f}",
                          _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
-                         _mj(r.get("joules_per_token")), r["binding_constraint"], status])
+                         _mj(r.get(JOULES_PER_TOKEN)), r["binding_constraint"], status])
         print()
         print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token",
                      "binding", "feasible"], rows, align="lrrrrrrrll")
@@ -125,25 +134,25 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         b = p.best
         pb = (p.peak_bound or {}).get("best")
         beside = f" expected ({_tps(pb)} peak-bound)" if pb is not None else ""
-        print(f"best: {b['label']}: {_tps(b['tokens_per_s'])} tok/s{beside}, DRAM {format_bytes(b['dram_peak_bytes'])}, "
-              f"mass kept {b['activation_mass_kept']:.3f}, energy {_mj(b.get('joules_per_token'))} mJ/token; "
+        print(f"best: {b['label']}: {_tps(b[TOKENS_PER_S])} tok/s{beside}, DRAM {format_bytes(b[DRAM_PEAK_BYTES])}, "
+              f"mass kept {b[ACTIVATION_MASS_KEPT]:.3f}, energy {_mj(b.get(JOULES_PER_TOKEN))} mJ/token; "
               f"bound by {b['binding_constraint']} "
-              f"(per token: flash stall {b['stall_ms_per_token']:.1f} ms, compute {b['compute_ms_per_token']:.1f} ms, "
-              f"memory mgmt {b['memory_mgmt_ms_per_token']:.1f} ms)")
+              f"(per token: flash stall {b[STALL_MS_PER_TOKEN]:.1f} ms, compute {b[COMPUTE_MS_PER_TOKEN]:.1f} ms, "
+              f"memory mgmt {b[MEMORY_MGMT_MS_PER_TOKEN]:.1f} ms)")
     else:
         why = f"closest: {p.closest['label']} ({'; '.join(p.closest['reasons'])})" if p.closest else \
             "nothing fits the budget"
         print(f"infeasible: no configuration meets the constraints; {why}; bound by {p.binding}")
-    qk = (p.quality or {}).get("axis", "activation_mass_kept")
-    front = ", ".join(f"{r['label']} ({_tps(r['tokens_per_s'])} tok/s, {_gib(r['dram_peak_bytes'])} GiB, "
-                      f"{r[qk]:.2f}, {_mj(r.get('joules_per_token'))} mJ)" for r in p.pareto)
+    qk = (p.quality or {}).get("axis", ACTIVATION_MASS_KEPT)
+    front = ", ".join(f"{r['label']} ({_tps(r[TOKENS_PER_S])} tok/s, {_gib(r[DRAM_PEAK_BYTES])} GiB, "
+                      f"{r[qk]:.2f}, {_mj(r.get(JOULES_PER_TOKEN))} mJ)" for r in p.pareto)
     axis = "measured agreement" if qk == "agreement" else "mass kept"
-    axes = f"tok/s x DRAM x {axis}" + (" x energy" if any(r.get("joules_per_token") is not None for r in p.rows) else "")
+    axes = f"tok/s x DRAM x {axis}" + (" x energy" if any(r.get(JOULES_PER_TOKEN) is not None for r in p.rows) else "")
     print(f"Pareto front ({axes}): {front or 'empty'}")
     for c in p.comparisons:
         print(f"{c['name']}: " + "; ".join(
-            f"{r['label']}: {_tps(r['tokens_per_s']) if r['fits'] else 'does not fit'}"
-            + (f" tok/s, {_gib(r['dram_peak_bytes'])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound'))}, "
+            f"{r['label']}: {_tps(r[TOKENS_PER_S]) if r['fits'] else 'does not fit'}"
+            + (f" tok/s, {_gib(r[DRAM_PEAK_BYTES])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound'))}, "
                f"ppl x{_q(r.get('ppl_ratio'), r.get('quality_bound'), 3, '>=')}" if r["fits"] else "") for r in c["rows"]))
     m = p.min_dram
     what = "the target" if p.target_tps is not None else "the constraints (best configuration only: no --target-tps)"

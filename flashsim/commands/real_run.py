@@ -126,11 +126,12 @@ def _energy_comparison(args: argparse.Namespace, meter: Any, joules: dict | None
     out: dict[str, Any] = {"measured": measured_energy(meter, joules, token_s, len(run.tokens)), "simulated": None}
     if args.trace and profile.energy is not None:
         from sim.engine import simulate
+        from sim.metric_names import ENERGY_MJ_PER_TOKEN, JOULES_PER_TOKEN
         from traces.format import open_trace
 
         s = simulate(open_trace(args.trace), None, profile, cfg).summary()
-        mj = s["energy_mj_per_token"]
-        out["simulated"] = {"joules_per_token": s["joules_per_token"], "energy_mj_per_token": mj,
+        mj = s[ENERGY_MJ_PER_TOKEN]
+        out["simulated"] = {JOULES_PER_TOKEN: s[JOULES_PER_TOKEN], ENERGY_MJ_PER_TOKEN: mj,
                             "joules_per_token_without_flash": (mj["dram"] + mj["compute"] + mj["static"]) / 1e3,
                             "profile": profile.name}
     elif args.trace:

@@ -21,11 +21,29 @@ from typing import Any
 
 from devices.units import format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
+from sim.metric_names import (
+    ACTIVATION_MASS_KEPT,
+    COMPUTE_MS_PER_TOKEN,
+    DRAM_PEAK_BYTES,
+    ENERGY_MJ_PER_TOKEN,
+    FLASH_BYTES_PER_TOKEN,
+    FLASH_READS_PER_TOKEN,
+    FLASH_THROUGHPUT_BYTES_PER_S,
+    IO_MS_PER_TOKEN,
+    JOULES_PER_TOKEN,
+    LATENCY_P50_MS,
+    LATENCY_P90_MS,
+    MEMORY_MGMT_MS_PER_TOKEN,
+    MS_PER_TOKEN,
+    RECALL,
+    STALL_MS_PER_TOKEN,
+    TOKENS_PER_S,
+)
 
 ENGINES = ("auto", "des", "fast")
 # the figures repeated at the datasheet ceiling (`peak_bound` in --json) beside the expected ones
-PEAK_KEYS = ("tokens_per_s", "ms_per_token", "io_ms_per_token", "compute_ms_per_token", "stall_ms_per_token",
-             "flash_throughput_bytes_per_s")
+PEAK_KEYS = (TOKENS_PER_S, MS_PER_TOKEN, IO_MS_PER_TOKEN, COMPUTE_MS_PER_TOKEN, STALL_MS_PER_TOKEN,
+             FLASH_THROUGHPUT_BYTES_PER_S)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="sequences decoded together (default 1)")
     p.add_argument("--prompt-tokens", type=int, help="prompt tokens per sequence (default: the trace's prompts)")
     p.add_argument("--seed", type=int, help="seed of the random streams (default 0)")
+    p.add_argument("--runtime", help="the inference runtime (kernels per layer, dispatch per op; devices/runtimes/): "
+                                     "llama.cpp (default) or eager-pytorch; the same as --set compute.runtime=NAME")
     p.add_argument("--rescale", action="store_true", help="allow a trace of another shape than --model (tiled)")
     p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
                    help="device numbers: achievable (published/measured, the default) or peak (datasheet ceiling); "
@@ -72,7 +92,8 @@ def _config(args: argparse.Namespace) -> Any:
     if args.dram_budget is not None:
         sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     for flag, key in (("tokens", "workload.tokens"), ("batch", "workload.batch"),
-                      ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed")):
+                      ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed"),
+                      ("runtime", "compute.runtime")):
         if getattr(args, flag) is not None:
             sets.append(f"{key}={getattr(args, flag)}")
     if args.rescale:
@@ -131,8 +152,8 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     c = s["config"]
     mode = f" in power mode {s['power_mode']}" if s.get("power_mode") else ""
     print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
-          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, {s.get('bound', 'achievable')} "
-          "device numbers")
+          f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
+          f"{s.get('bound', 'achievable')} device numbers")
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
     if c.get("cache_shares"):   # memory.cache_split other than equal (sim/policies/cache_shares.py)
         sh = c["cache_shares"]
@@ -141,18 +162,18 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     pk = s.get("peak_bound")
     beside = (lambda key, fmt: f"; peak-bound {fmt(pk[key])}") if pk else (lambda key, fmt: "")
     rows = [
-        ["ms per token", f"{s['ms_per_token']:.3f}", f"p50 {s['latency_p50_ms']:.3f}, p90 {s['latency_p90_ms']:.3f}"
-         + beside("ms_per_token", lambda v: f"{v:.3f}")],
-        ["tokens per s", f"{s['tokens_per_s']:.2f}", f"batch {s['batch']}, {s['decode_tokens']} tokens"
-         + beside("tokens_per_s", lambda v: f"{v:.2f} (datasheet ceiling)")],
-        ["  I/O ms", f"{s['io_ms_per_token']:.3f}", "flash busy for the token (may overlap compute)"],
-        ["  compute ms", f"{s['compute_ms_per_token']:.3f}", "attention, predictor, FFN, lm_head"],
-        ["  stall ms", f"{s['stall_ms_per_token']:.3f}", "waiting for flash"],
-        ["  memory mgmt ms", f"{s['memory_mgmt_ms_per_token']:.3f}", "moving cache rows"],
-        ["flash bytes/token", format_bytes(s["flash_bytes_per_token"]), f"{s['flash_reads_per_token']:.0f} reads"],
-        ["flash throughput", format_rate(s["flash_throughput_bytes_per_s"]), "bytes / flash busy time"],
-        ["DRAM peak", format_bytes(s["dram_peak_bytes"]), f"fixed {format_bytes(c['fixed_bytes'])}"],
-        ["activation mass kept", f"{s['activation_mass_kept']:.4f}", f"recall {s['recall']:.4f}"],
+        ["ms per token", f"{s[MS_PER_TOKEN]:.3f}", f"p50 {s[LATENCY_P50_MS]:.3f}, p90 {s[LATENCY_P90_MS]:.3f}"
+         + beside(MS_PER_TOKEN, lambda v: f"{v:.3f}")],
+        ["tokens per s", f"{s[TOKENS_PER_S]:.2f}", f"batch {s['batch']}, {s['decode_tokens']} tokens"
+         + beside(TOKENS_PER_S, lambda v: f"{v:.2f} (datasheet ceiling)")],
+        ["  I/O ms", f"{s[IO_MS_PER_TOKEN]:.3f}", "flash busy for the token (may overlap compute)"],
+        ["  compute ms", f"{s[COMPUTE_MS_PER_TOKEN]:.3f}", "attention, predictor, FFN, lm_head"],
+        ["  stall ms", f"{s[STALL_MS_PER_TOKEN]:.3f}", "waiting for flash"],
+        ["  memory mgmt ms", f"{s[MEMORY_MGMT_MS_PER_TOKEN]:.3f}", "moving cache rows"],
+        ["flash bytes/token", format_bytes(s[FLASH_BYTES_PER_TOKEN]), f"{s[FLASH_READS_PER_TOKEN]:.0f} reads"],
+        ["flash throughput", format_rate(s[FLASH_THROUGHPUT_BYTES_PER_S]), "bytes / flash busy time"],
+        ["DRAM peak", format_bytes(s[DRAM_PEAK_BYTES]), f"fixed {format_bytes(c['fixed_bytes'])}"],
+        ["activation mass kept", f"{s[ACTIVATION_MASS_KEPT]:.4f}", f"recall {s[RECALL]:.4f}"],
     ]
     rows += energy_rows(s)
     if s["prefill"]:
@@ -162,18 +183,18 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     print(inputs_line(s.get("device_inputs", [])))
     for n in s["notes"]:
         print(f"note: {n}")
-    if s["joules_per_token"] is None:
+    if s[JOULES_PER_TOKEN] is None:
         print(f"note: the device profile has no energy section: no energy per token ({c['device']})")
 
 
 def energy_rows(s: dict[str, Any]) -> list[list[str]]:
     """Table rows of the energy per token and its components (none without energy numbers)."""
-    if s.get("joules_per_token") is None:
+    if s.get(JOULES_PER_TOKEN) is None:
         return []
-    mj, inp = s["energy_mj_per_token"], s["energy_inputs_per_token"]
+    mj, inp = s[ENERGY_MJ_PER_TOKEN], s["energy_inputs_per_token"]
     kinds = sorted(set(s["energy_source_kinds"].values()))
-    rows = [["energy per token", f"{s['joules_per_token'] * 1e3:.3f} mJ",
-             f"{s['joules_per_token']:.4g} J; inputs: {', '.join(kinds)} (docs/energy.md)"]]
+    rows = [["energy per token", f"{s[JOULES_PER_TOKEN] * 1e3:.3f} mJ",
+             f"{s[JOULES_PER_TOKEN]:.4g} J; inputs: {', '.join(kinds)} (docs/energy.md)"]]
     notes = {"flash": f"storage active over {inp['flash_busy_s'] * 1e3:.3f} ms busy",
              "dram": f"{format_bytes(inp['dram_bytes'])} moved",
              "compute": f"{inp['flops'] / 1e9:.3f} GFLOP, {inp['compute_busy_s'] * 1e3:.3f} ms busy",

@@ -19,7 +19,7 @@ O(L^2) passes. The first GSI step's scores are the one-shot scores (each block r
 are reused rather than recomputed.
 
 Output file (JSON, written atomically: temp name then os.replace), schema_version 1 (the reader,
-validator and writer are in sim/adapt/importance.py so the simulator reads these files without
+validator and writer are in adapt/importance.py so the simulator reads these files without
 importing real; they are re-exported here):
   schema_version: 1
   model:          model name (e.g. "smollm2-135m") and n_layers
@@ -43,13 +43,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devices.errors import FlashsimError
-from sim.adapt.importance import (
+from adapt.importance import (
     SCHEMA_VERSION,
     make_gsi_document,
     read_gsi_file,
     write_gsi_file,
 )
+from devices.errors import FlashsimError
 from sim.blocks import KINDS, block_names
 
 __all__ = ["BUILTIN_TEXT", "KINDS", "SCHEMA_VERSION", "GsiResult", "block_names", "dropped_blocks", "gsi_document",
@@ -198,7 +198,7 @@ def run_gsi(model: Any, input_ids: Any, steps: int | None = None,
     return GsiResult(dense, gsi, one_shot, n_passes, time.perf_counter() - t0)
 
 
-# ---- file (format and reader/writer live in sim.adapt.importance) ---------------------------------------
+# ---- file (format and reader/writer live in adapt.importance) ---------------------------------------
 def gsi_document(result: GsiResult, *, model_name: str, n_layers: int, text: str, text_source: str,
                  n_tokens: int) -> dict[str, Any]:
     return make_gsi_document(dense_ppl=result.dense_ppl, gsi=result.gsi, one_shot=result.one_shot,

@@ -198,10 +198,10 @@ def measure_drop_sets(model: Any, input_ids: Any, drop_sets: Sequence[Sequence[s
 def gsi_prefixes(doc: dict[str, Any], steps: Sequence[int]) -> list[list[str]]:
     """The first k blocks of a GSI file's removal order, for each k in `steps` (0 <= k <= 2L).
 
-    The removal order is the one the controllers use (sim.adapt.importance.removal_order): the file's
+    The removal order is the one the controllers use (adapt.importance.removal_order): the file's
     greedy GSI steps, then the blocks GSI did not reach by ascending one-shot perplexity. So a file
     made with `--steps N` gives exact GSI prefixes up to k = N and one-shot order beyond."""
-    from sim.adapt.importance import removal_order
+    from adapt.importance import removal_order
 
     names = block_names(int(doc["model"]["n_layers"]))
     order = [names[i] for i in removal_order(doc, names)]

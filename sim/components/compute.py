@@ -10,11 +10,11 @@ memory-bound, so the max() is nearly always the bytes term: the weights (and KV 
 touches, streamed from DRAM once. A sparse FFN first gathers the computed neurons' rows into a
 dense buffer (environment.md measured this copy as two thirds of a sparse FFN on the CPU host).
 
-Kernel counts (each pays one `op_overhead_s`, a launch/dispatch cost):
-  attention 8 (input norm, q/k/v projections, rotary, fused attention, output projection,
-  residual), FFN 3 + matrices (norm, one GEMV per matrix, activation, residual) + 1 gather when
-  sparse, predictor 3 (two low-rank GEMVs and the top selection), lm_head 3 (final norm, GEMV,
-  embedding lookup), memory management 1 (one batched row copy per layer when rows move).
+Kernel counts come from the runtime (devices/runtime.py, `compute.runtime`): per layer, the
+attention's kernels, the FFN's besides one GEMV per matrix (+ 1 gather when sparse), the predictor's,
+the lm_head's per token and one batched row copy when cache rows move. Each pays one op cost: the
+device's launch cost (`op_overhead_s`), or the runtime's host dispatch per op where that is slower
+(an eager framework issuing ops one by one).
 
 **The sparse FFN's measured kernels** (profiles with `compute.sparse_ffn`). A single rate per
 kernel, measured at one size and dtype, does not carry to other widths and dtypes: GEMVs over the
@@ -80,6 +80,7 @@ import numpy as np
 
 from devices.kernel_table import KernelTable, table_row_bytes
 from devices.model_spec import ModelSpec
+from devices.runtime import DEFAULT_RUNTIME, Runtime, load_runtime
 from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 
 # Torch calls per layer of the real backend's Python decoder loop (compute.decoder=python), counted
@@ -90,12 +91,6 @@ from devices.schema import SPARSE_FFN_KERNELS, DeviceProfile
 # `HostCpu.at` places the loop by its seconds per call.
 LOOP_FFN_OPS = 22
 LOOP_ATTENTION_OPS = {"kernels": 22, "hf": 69}
-ATTENTION_KERNELS = 8
-ATTENTION_GEMVS = 4     # of those kernels: the q, k, v and o projections
-FFN_BASE_KERNELS = 3
-PREDICTOR_KERNELS = 3
-HEAD_KERNELS = 3
-MGMT_KERNELS = 1
 # A DMA stream can never take the whole DRAM bandwidth from compute: floor the remaining share.
 MIN_BANDWIDTH_SHARE = 0.05
 # Reads in flight never starve the compute completely: the OS scheduler gives every runnable thread
@@ -226,8 +221,10 @@ class ComputeModel:
     """Phase costs for one model (as stored) on one device."""
 
     def __init__(self, spec: ModelSpec, profile: DeviceProfile, row_bytes: int | None = None,
-                 framework: str = "hf", decoder: str = "python"):
+                 framework: str = "hf", decoder: str = "python", runtime: Runtime | None = None):
         self.spec, self.profile = spec, profile
+        self.runtime = runtime if runtime is not None else load_runtime(DEFAULT_RUNTIME)
+        self.kernels = self.runtime.kernels
         self.python_loop = decoder == "python"   # compute.decoder: how reads contend with it (HostCpu.of)
         # torch calls per layer of that loop (0: a compiled loop), which place it among the probes
         self.loop_attention_ops = LOOP_ATTENTION_OPS[framework] if self.python_loop else 0
@@ -238,7 +235,7 @@ class ComputeModel:
         eff = profile.compute.gemv_efficiency_for(spec.dtype) if profile.bound == "achievable" else 1.0
         self.dram_bytes_per_s = profile.memory.bandwidth_bytes_per_s * eff
         self.gather_bytes_per_s = profile.compute.gather_bytes_per_s
-        self.op_s = profile.compute.op_overhead_s
+        self.op_s = self.runtime.op_s(profile.compute.op_overhead_s)
         self.row_s = profile.compute.gemv_row_s
         self.transpose_bytes_per_s = profile.compute.transpose_bytes_per_s
         self.kv_bytes_per_layer_token = spec.kv_bytes_per_token / spec.n_layers
@@ -266,13 +263,14 @@ class ComputeModel:
         flops = n * 2.0 * s.attn_params_per_layer + 4.0 * s.q_dim * np.asarray(ctx_sum, np.float64)
         flops = flops + n * predictor_flops_per_token
         nbytes = self.attention_bytes(ctx_sum, kv_tokens, decode) + predictor_bytes
-        kernels = ATTENTION_KERNELS + (PREDICTOR_KERNELS if predictor_flops_per_token > 0 else 0)
+        k = self.kernels
+        kernels = k.attention + (k.predictor if predictor_flops_per_token > 0 else 0)
         z = np.zeros_like(n)
         g = self.dense_gemv
         if g is not None:   # the four projections from the table (their dispatch and rows included)
             mem = g.attention_s + (nbytes - g.attention_weight_bytes) / self.dram_bytes_per_s
             return Phase(flops / self.flops_per_s, mem, z,
-                         z + (kernels - ATTENTION_GEMVS) * self.op_s)
+                         z + (kernels - k.attention_gemvs) * self.op_s)
         rows = s.q_dim + 2 * s.kv_dim + s.d_model   # output rows of the q, k, v and o projections
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
                      z + kernels * self.op_s + rows * self.row_s)
@@ -315,7 +313,7 @@ class ComputeModel:
         if self.transpose_bytes_per_s:
             gather = gather + c * s.d_model * s.dtype_bytes / self.transpose_bytes_per_s
         gather = np.where(sparse, gather, 0.0)
-        kernels = np.where(c > 0, FFN_BASE_KERNELS + s.ffn_matrices + sparse, 0)
+        kernels = np.where(c > 0, self.kernels.ffn_base + s.ffn_matrices + sparse, 0)
         # output rows: c per input-side matrix (gate, up), d_model for the down projection
         rows = np.where(c > 0, c * (s.ffn_matrices - 1) + s.d_model, 0.0)
         ph = Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, gather,
@@ -324,7 +322,7 @@ class ComputeModel:
         if g is not None and np.any(dense := (c > 0) & ~sparse):   # contiguous [c, d] and [d, c]: the table
             mem = (s.ffn_matrices - 1) * g.input_s(c) + g.down_s(c)
             ph = Phase(ph.flop_s, np.where(dense, mem, ph.mem_s), ph.gather_s,
-                       np.where(dense, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
+                       np.where(dense, self.kernels.ffn_base * self.op_s, ph.ovh_s))
         if self.sparse_kernels is not None and np.any(sparse):
             ph = self._measured_sparse(ph, c, sparse)
         return ph
@@ -340,7 +338,7 @@ class ComputeModel:
         gemv = (s.ffn_matrices - 1) * k["input_gemv_s"](c) + k["down_gemv_s"](c)
         copy = k["gather_s"](c) * self.gather_row_scale + k["transpose_s"](c)
         return Phase(ph.flop_s, np.where(sparse, gemv, ph.mem_s), np.where(sparse, copy, ph.gather_s),
-                     np.where(sparse, FFN_BASE_KERNELS * self.op_s, ph.ovh_s))
+                     np.where(sparse, self.kernels.ffn_base * self.op_s, ph.ovh_s))
 
     def memory_management(self, moved_neurons: np.ndarray) -> Phase:
         """Move rows inside the cache matrix: a gather of the moved rows and a scatter into the holes,
@@ -351,7 +349,7 @@ class ComputeModel:
         m = np.asarray(moved_neurons, np.float64)
         z = np.zeros_like(m)
         return Phase(z, m * (2.0 * self.spec.ffn_neuron_bytes / self.gather_bytes_per_s), z,
-                     np.where(m > 0, MGMT_KERNELS * self.op_s, 0.0))
+                     np.where(m > 0, self.kernels.mgmt * self.op_s, 0.0))
 
     def head(self, n_sequences: int, n_tokens: np.ndarray) -> Phase:
         """Final norm + lm_head for one logits row per sequence, plus the embedding lookup."""
@@ -363,10 +361,10 @@ class ComputeModel:
         z = np.zeros_like(n)
         g = self.dense_gemv
         if g is not None:   # the lm_head GEMV [vocab, d_model] from the table (tied: the embedding's),
-            mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s   # one of the HEAD_KERNELS
-            return Phase(flops / self.flops_per_s, mem, z, z + (HEAD_KERNELS - 1) * self.op_s)
+            mem = g.head_s + (nbytes - head_bytes) / self.dram_bytes_per_s   # one of the head's kernels
+            return Phase(flops / self.flops_per_s, mem, z, z + (self.kernels.head - 1) * self.op_s)
         return Phase(flops / self.flops_per_s, nbytes / self.dram_bytes_per_s, z,
-                     z + HEAD_KERNELS * self.op_s + s.vocab_size * self.row_s)
+                     z + self.kernels.head * self.op_s + s.vocab_size * self.row_s)
 
 
 def stretch(t0_s: float, work_s: float, segments, ) -> float:  # type: ignore[no-untyped-def]

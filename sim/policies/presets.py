@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.suggest import hint
 from sim.config import PolicyChoice, RunConfig
 from sim.policies.registry import SLOTS
 
@@ -69,7 +70,7 @@ def preset_names() -> list[str]:
 def preset_config(name: str) -> RunConfig:
     """The RunConfig of a preset (unknown names list the valid ones)."""
     if name not in PRESETS:
-        raise FlashsimError(f"unknown preset {name!r}; valid presets: {', '.join(preset_names())}")
+        raise FlashsimError(f"unknown preset {name!r}; {hint(name, preset_names(), 'valid presets')}")
     spec = PRESETS[name]
     kwargs: dict[str, Any] = {"preset": name}
     for slot in SLOTS:

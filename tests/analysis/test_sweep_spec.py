@@ -64,7 +64,7 @@ presets = ["naive"]
 
 @pytest.mark.parametrize(("body", "expect"), [
     ("presets: [naive]\ncolour: red\n", "key 'colour' (line 4): unknown key"),
-    ("presets: [naive, {name: x, sett: {}}]\n", "key 'presets.1.sett' (line 3): unknown key; a preset entry"),
+    ("presets: [naive, {name: x, sett: {}}]\n", "key 'presets.1.sett' (line 3): unknown key; did you mean 'set'? a preset entry"),
     ("presets: [naive]\ndram_budgets: [4 GiBB]\n", "key 'dram_budgets' (line 4): dram_budgets[0]: cannot parse"),
     ("presets: [naive]\nset: {k: []}\n", "key 'set' (line 4): k: give at least one value"),
     ("presets: [naive]\nset: {k: [1, 1]}\n", "k: a value is listed twice"),

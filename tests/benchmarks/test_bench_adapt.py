@@ -7,7 +7,7 @@ asserted (the host is shared: wall time next to CPU time).
 1. Held-out decision points: 300 workloads and budgets from `adapt train`'s held-out seed (disjoint
    from training and validation). The DQN trains with the shipped defaults; every 1/30 of the run the
    current greedy policy (with the safety rule, as deployed, and without it: raw_viol) is scored there
-   next to heuristic (GSI order, `sim.adapt.controllers.heuristic`, and its per-byte
+   next to heuristic (GSI order, `adapt.controllers.heuristic`, and its per-byte
    variant). Printed: the first training time (wall and CPU, the held-out checks excluded) at which
    the learned mean score beats the heuristic's with the policy alone never violating, then the table.
 2. Episodes: the trained policy and the heuristic through episode runner on the simulator
@@ -26,21 +26,21 @@ import time
 import numpy as np
 import pytest
 
-from devices import load_model
-from flashsim.commands.adapt_train import held_out_states
-from sim.adapt.controllers.heuristic import Heuristic
-from sim.adapt.controllers.learned import (
+from adapt.controllers.heuristic import Heuristic
+from adapt.controllers.learned import (
     LearnedController,
     apply_safety,
     decide_pass,
     n_params,
     single_thread_blas,
 )
-from sim.adapt.controllers.learned_obs import pass_context
-from sim.adapt.drop_quality import GsiPerplexity
-from sim.adapt.env import RapEnv
-from sim.adapt.importance import gsi_path_for, importance_vector, read_gsi_file
-from sim.adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
+from adapt.controllers.learned_obs import pass_context
+from adapt.drop_quality import GsiPerplexity
+from adapt.env import RapEnv
+from adapt.importance import gsi_path_for, importance_vector, read_gsi_file
+from adapt.train import DqnConfig, policy_metadata, save_policy, train_dqn
+from devices import load_model
+from flashsim.commands.adapt_train import held_out_states
 from sim.blocks import BlockMemory
 
 STEPS = DqnConfig().steps
@@ -138,10 +138,10 @@ def test_bench_training_time_to_beat_the_heuristic(trained) -> None:  # type: ig
 
 
 def test_bench_episodes_and_decision_cost(trained) -> None:  # type: ignore[no-untyped-def]
+    from adapt.episode import EpisodeSetup, StepTimer, Workload, run_episode
+    from adapt.timelines import parse_budgets, parse_timelines
     from devices import load_profile
     from flashsim.commands.adapt_eval import DEFAULT_DEVICE, DEFAULT_TIMELINES
-    from sim.adapt.episode import EpisodeSetup, StepTimer, Workload, run_episode
-    from sim.adapt.timelines import parse_budgets, parse_timelines
     from sim.policies.presets import preset_config
     from traces.data import shipped_trace_path
     from traces.format import open_trace

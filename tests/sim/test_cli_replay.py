@@ -50,8 +50,9 @@ def test_list_params_documents_every_policy(capsys) -> None:
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--preset", "llm-in-a-fash"], "unknown preset 'llm-in-a-fash'; valid presets: dense, hybrid"),
-    (["--set", "window.kk=2"], "unknown parameter 'kk'; valid parameters: k, insert_copy"),
+    (["--preset", "llm-in-a-fash"],
+     "unknown preset 'llm-in-a-fash'; did you mean 'llm-in-a-flash'? valid presets: dense, hybrid"),
+    (["--set", "window.kk=2"], "unknown parameter 'kk'; did you mean 'k'? valid parameters: k, insert_copy"),
     (["--set", "window.k=-2"], "window.k must be an integer >= 0 or 'inf', got -2"),
     (["--set", "selective.load_ratio=1.2"], "policy 'selective' is not in use"),
     (["--preset", "selectinfer", "--set", "selective.load_ratio=1.2"], "load_ratio must be in [0, 1], got 1.2"),

@@ -250,5 +250,5 @@ def test_config_file_section(tmp_path, small_trace, host):
     r = simulate(small_trace, None, host, cfg, cache=SetAlgebraCache())
     assert r.summary()["prune"]["blocks"] == "ffn:0,mha:1"          # canonical: block-index order
     p.write_text("prune:\n  block: mha:1\n")
-    with pytest.raises(FlashsimError, match="prune: unknown parameter 'block'; valid parameters: blocks"):
+    with pytest.raises(FlashsimError, match="prune: unknown parameter 'block'; did you mean 'blocks'\\? valid parameters: blocks"):
         load_config(p)

@@ -32,6 +32,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec, list_models
+from devices.suggest import did_you_mean, looks_like_path
 
 EMBEDDED_MODELS = {
     # name -> (PyPI distribution, import name, GGUF file inside the package)
@@ -95,16 +96,17 @@ def resolve_model_source(name_or_path: str | Path) -> tuple[str, Path, str]:
                 if embedded_gguf_path(name).resolve() == p.resolve():
                     return "gguf", p, name
         return "gguf", p, p.stem
-    if p.suffix or "/" in text or os.sep in text:
+    if looks_like_path(text) or os.sep in text:
         raise FlashsimError(f"--model {text}: no such model folder or file")
     if text in list_models():
         raise FlashsimError(
             f"model {text!r} is a bundled spec without weights; capture needs real weights: "
             f"{', '.join(sorted(EMBEDDED_MODELS))}, a Hugging Face model folder or a FILE.gguf"
         )
+    suggestion = did_you_mean(text, EMBEDDED_MODELS)
     raise FlashsimError(
-        f"unknown model {text!r}; capture takes {', '.join(sorted(EMBEDDED_MODELS))}, "
-        "a Hugging Face model folder or a FILE.gguf"
+        f"unknown model {text!r}; {suggestion + ' ' if suggestion else ''}capture takes "
+        f"{', '.join(sorted(EMBEDDED_MODELS))}, a Hugging Face model folder or a FILE.gguf"
     )
 
 
