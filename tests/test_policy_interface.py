@@ -146,7 +146,6 @@ def _real_run(store, trace, *sets: str) -> list[str]:
     return args
 
 
-@pytest.mark.slow
 def test_throwaway_policy_runs_on_the_real_backend(throwaway, tiny_store, capsys):
     store, trace = tiny_store
     rc = main(_real_run(store, trace, "residency=throwaway-window", "throwaway-window.pinned=16",
@@ -159,7 +158,6 @@ def test_throwaway_policy_runs_on_the_real_backend(throwaway, tiny_store, capsys
     assert doc["summary"]["steps"] == trace.n_tokens and doc["summary"]["bytes_read_per_token"] > 0
 
 
-@pytest.mark.slow
 def test_real_run_refuses_lookahead_prefetch_in_one_line(tiny_store, capsys):
     """It issues a prefetch at the end of the previous step only: lookahead would be timed as delta."""
     store, trace = tiny_store
