@@ -3,7 +3,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint test-slow test-all bench clean
+.PHONY: setup demo test lint test-slow test-all test-browser bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,12 @@ test: setup lint
 SLOW := slow and not hardware and not browser and not benchmark
 test-slow: setup
 	$(PY) -m pytest -q -m "$(SLOW)"
+
+# The browser tier: the HTML report opened in headless Chromium (Debian's package, installed by
+# scripts/setup_browser.sh when missing; root). Screenshots are kept under artifacts/. CI runs it last.
+test-browser: setup
+	@bash scripts/setup_browser.sh
+	$(PY) -m pytest -q -m browser
 
 # Both tiers in one run.
 test-all: setup lint

@@ -21,16 +21,15 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm import tqdm
 
 from devices.errors import FlashsimError
+from devices.progress import Stages
 from sim.metric_names import (
     ACTIVATION_MASS_KEPT,
     DRAM_PEAK_BYTES,
@@ -164,12 +163,10 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
     t = time.perf_counter()
     p = DEMO_PLAN
     note(f"planning {p['model']} on {p['device']}")
-    with tqdm(total=None, unit="run", desc="plan", file=sys.stderr, leave=False,
-              disable=None if progress is None else not progress) as bar:
+    with Stages(f"demo plan {p['model']}", "simulated runs", enabled=progress is not False) as stages:
         plan = plan_model(str(p["model"]), str(p["device"]), budget_bytes=int(p["budget_bytes"]),
                           target_tps=float(p["target_tps"]), min_quality=float(p["min_quality"]),
-                          tokens=QUICK_PLAN_TOKENS if quick else DEMO_PLAN_TOKENS,
-                          progress=lambda stage: bar.update(1) if stage is None else bar.set_description(stage))
+                          tokens=QUICK_PLAN_TOKENS if quick else DEMO_PLAN_TOKENS, progress=stages)
     plan_json = plan.to_json()
     _write_text(out / "plan.json", json.dumps(_jsonable(plan_json), indent=2) + "\n")
     timings["plan_s"] = time.perf_counter() - t
@@ -190,7 +187,8 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
                  "best": plan_json["best"], "binding_constraint": plan_json["binding_constraint"],
                  "min_dram_bytes": plan_json["min_dram_bytes"], "min_dram_configuration":
                      plan_json["min_dram"]["configuration"], "pareto": [r["label"] for r in plan_json["pareto"]],
-                 "trace": plan_json["trace"]["description"]},
+                 "trace": plan_json["trace"]["description"],
+                 "quality_floor": ((plan_json.get("quality") or {}).get("floor") or {}).get("rule")},
         "report": str(report),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
     }

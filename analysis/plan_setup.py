@@ -20,6 +20,7 @@ from analysis.planner import (
     plan,
     validate_targets,
 )
+from analysis.quality_evidence import DEFAULT_MAX_PPL_RATIO, check_max_ppl_ratio
 from analysis.quality_table import QualityTable
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
@@ -85,7 +86,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
                progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None,
                min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED,
-               bound: str = "achievable") -> Plan:
+               bound: str = "achievable", max_ppl_ratio: float | None = DEFAULT_MAX_PPL_RATIO) -> Plan:
     """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
     temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
     stage name when one starts and with None after every simulated run."""
@@ -94,6 +95,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
     from devices import load_model, load_profile
 
     validate_targets(target_tps, min_quality, min_agreement, max_jpt)
+    check_max_ppl_ratio(max_ppl_ratio)
     if budget_bytes is not None and budget_bytes <= 0:
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
@@ -115,7 +117,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
         result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
                       min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
                       grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
-                      min_agreement=min_agreement, quality=quality)
+                      min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio)
         if bound == "achievable":   # every configuration again at the datasheet ceiling (no bisection)
             note("peak bound")
             pl = Planner(tr, spec, at_bound(raw, "peak"), rescale=rescale, seed=seed, progress=lambda: note(None))

@@ -8,7 +8,7 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
 
   * per configuration: whether it is feasible and, if not, every reason (`does not fit` with the
     simulator's shortfall message, `too slow` below --target-tps, `quality too low` below
-    --min-quality, measured agreement below --min-agreement, `too much energy` above
+    --min-quality, agreement below --min-agreement, perplexity above --max-ppl-ratio, `quality unknown`), `too much energy` above
     --max-joules-per-token), tok/s, DRAM peak (bytes), the quality proxy (activation mass kept), the
     quality measured on the embedded model (next-token agreement and perplexity ratio, from
     analysis/quality_table.py: quantized and sparse configurations on one scale), the energy per token
@@ -46,14 +46,21 @@ from typing import Any
 import pandas as pd
 
 from analysis.pareto import pareto_mask
+from analysis.quality_evidence import (
+    QualityEvidence,
+    check_max_ppl_ratio,
+    evidence_notes,
+    floor_rule,
+    quality_evidence,
+    quality_reasons,
+    row_quality,
+)
 from analysis.quality_table import (
     QualityTable,
     config_bits,
     load_quality_table,
-    measured_quality,
     published,
     quality_key,
-    quality_note,
     quality_ranking,
 )
 from devices.errors import FlashsimError
@@ -214,11 +221,11 @@ def finite_or_none(x: float) -> float | None:
 
 def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
             max_jpt: float | None = None, *, min_agreement: float | None = None,
-            table: QualityTable | None = None) -> list[str]:
+            table: QualityEvidence | None = None, max_ppl_ratio: float | None = None) -> list[str]:
     """Why a configuration is infeasible (empty: feasible). `max_jpt`: the energy limit, joules per
     decode token (a configuration on a device without energy numbers cannot be shown to meet it).
-    `min_agreement` is a floor on the measured next-token agreement from `table` (a configuration the
-    table cannot rate fails it)."""
+    `min_agreement` / `max_ppl_ratio`: floors on the quality the evidence `table` gives (a configuration
+    it cannot rate fails them; analysis/quality_evidence.py)."""
     if not ev.ran:  # the simulator's budget refusals name the DRAM budget and the shortfall
         kind = "does not fit" if "budget" in str(ev.error).lower() else "cannot run"
         return [f"{kind}: {ev.error}"]
@@ -235,20 +242,15 @@ def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
             out.append("energy unknown: the device profile has no energy section")
         elif jpt > max_jpt:
             out.append(f"too much energy: {jpt:.4g} J/token > {max_jpt:g}")
-    if min_agreement is not None:
-        q = measured_quality(ev, table)
-        if q is None:
-            out.append("quality too low: no measured quality for this configuration")
-        elif q["agreement"] < min_agreement:
-            out.append(f"quality too low: measured agreement {q['agreement']:.3f} < {min_agreement:g}")
-    return out
+    return out + quality_reasons(ev, table, min_agreement, max_ppl_ratio)
 
 
 def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
         max_jpt: float | None = None, *, min_agreement: float | None = None,
-        table: QualityTable | None = None) -> dict[str, Any]:
+        table: QualityEvidence | None = None, max_ppl_ratio: float | None = None) -> dict[str, Any]:
     """A configuration's figures (JSON-ready, units in the keys)."""
-    why = reasons(ev, target_tps, min_quality, max_jpt, min_agreement=min_agreement, table=table)
+    why = reasons(ev, target_tps, min_quality, max_jpt, min_agreement=min_agreement, table=table,
+                  max_ppl_ratio=max_ppl_ratio)
     s = ev.summary or {}
     out: dict[str, Any] = {
         "label": ev.label, "preset": ev.preset, "overrides": list(ev.overrides),
@@ -265,14 +267,10 @@ def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
     out["engine"] = s.get("engine")
     bits = config_bits(ev.preset, ev.overrides)
     out["weight_bits"] = bits
-    q = measured_quality(ev, table)
-    out["agreement"] = None if q is None else round(q["agreement"], 4)
-    out["ppl_ratio"] = None if q is None else round(q["ppl_ratio"], 4)
-    out["quality_basis"] = None if q is None else q["basis"]
-    out["quality_bound"] = None if q is None else q["bound"]
+    out.update(row_quality(ev, table))
     if bits is not None:
         out["published_ppl_ratio"] = published(bits)
-        if q is None:
+        if out["ppl_ratio"] is None:
             out["note"] = "the quality proxy does not see quantization error"
     return out
 
@@ -307,19 +305,24 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
          grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
          rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None,
          max_jpt: float | None = None, min_agreement: float | None = None,
-         quality: QualityTable | str | None = SHIPPED) -> Plan:
+         quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
     `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
-    `quality`: the measured-quality table (default: the shipped one; None: the mass-kept proxy only);
-    `min_agreement`: a floor on its measured next-token agreement."""
+    `quality`: the measured-quality table (default: the shipped one; None: the mass-kept proxy only, no
+    quality floor); it and the published ratios rate each configuration for `spec` (quality_evidence.py);
+    `min_agreement` / `max_ppl_ratio`: floors on that rating (`plan_model` and the CLI default to
+    DEFAULT_MAX_PPL_RATIO; here None, no floor)."""
     import time
 
     t0 = time.perf_counter()
     validate_targets(target_tps, min_quality, min_agreement, max_jpt)
-    table = load_quality_table() if quality == SHIPPED else quality
+    check_max_ppl_ratio(max_ppl_ratio)
+    table = None if quality is None else quality_evidence(spec, load_quality_table() if quality == SHIPPED else quality)
     if min_agreement is not None and table is None:
         raise FlashsimError("--min-agreement needs the measured-quality table (analysis/data/quant_quality.json)")
-    floors = {"max_jpt": max_jpt, "min_agreement": min_agreement, "table": table}
+    if table is None:
+        max_ppl_ratio = None   # the proxy alone rates no perplexity
+    floors = {"max_jpt": max_jpt, "min_agreement": min_agreement, "table": table, "max_ppl_ratio": max_ppl_ratio}
     avail = profile.available_bytes
     budget = avail if budget_bytes is None else int(budget_bytes)
     if budget <= 0:
@@ -361,9 +364,9 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
         notes.append("quality is the activation-mass proxy (share of sum |a| computed), not perplexity; it "
                      "does not see quantization error")
     else:
-        qinfo = {**table.provenance(), "measured_on": table.model, "plan_model": spec.name,
-                 "axis": quality_key(rows), "ranking": quality_ranking(rows)}
-        notes.append(quality_note(table, spec.name))
+        qinfo = {**table.info(), "floor": floor_rule(max_ppl_ratio, table), "axis": quality_key(rows),
+                 "ranking": quality_ranking(rows)}
+        notes += evidence_notes(rows)
     comparisons = []
     by_label = {r["label"]: r for r in rows}
     if all(lbl in by_label for lbl in SELECTINFER_VS_INT4):
@@ -387,10 +390,10 @@ def validate_targets(target_tps: float | None, min_quality: float | None,
 
 
 def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    ran = [r for r in rows if r["fits"]]
+    qk = quality_key(rows)
+    ran = [r for r in rows if r["fits"] and r[qk] is not None]   # on the ppl axis: the rows with evidence
     if not ran:
         return []
-    qk = quality_key(rows)
     df = pd.DataFrame({"tokens_per_s": [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.inf
                                         for r in ran],
                        "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
@@ -399,7 +402,9 @@ def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if all(r.get("joules_per_token") is not None for r in ran):  # energy is an axis where every row has it
         df["joules_per_token"] = [r["joules_per_token"] for r in ran]
         minimize += ("joules_per_token",)
-    mask = pareto_mask(df, maximize=("tokens_per_s", qk), minimize=minimize)
+    best_high = qk != "ppl_ratio"
+    mask = pareto_mask(df, maximize=("tokens_per_s", qk) if best_high else ("tokens_per_s",),
+                       minimize=minimize if best_high else (*minimize, qk))
     front = [r for r, m in zip(ran, mask) if m]
     return sorted(front, key=_rank_key)
 

@@ -12,7 +12,8 @@ measured better). So the quality of a sparse configuration is "the measured qual
 when an exact predictor keeps the same share of activation mass"; selection rules that choose worse
 neurons (SelectInfer's static + voted sets) lose more at the same mass (docs/adapt.md).
 
-The planner's side (`measured_quality`, `quality_key`, `quality_ranking`, `quality_note`) lives here too.
+The planner's side (`measured_quality`, `quality_key`, `quality_ranking`) lives here too; which evidence
+stands for a planned model of another size is analysis/quality_evidence.py's job.
 
 The published numbers are wikitext-2 perplexities from llama.cpp (`perplexity`, context 512) as stated
 with each entry; a ratio is the quantized perplexity over the F16 one.
@@ -32,16 +33,18 @@ from sim.metric_names import ACTIVATION_MASS_KEPT, DRAM_PEAK_BYTES, TOKENS_PER_S
 DEFAULT_TABLE = Path(__file__).resolve().parent / "data" / "quant_quality.json"
 _LLAMA_README = ("llama.cpp README.md, 'Quantization' table (marked outdated; late-2023 versions, "
                  "github.com/ggerganov/llama.cpp): wikitext-2 test, context 512")
-# (model, format, F16 ppl, quantized ppl, source): ratio = quantized / F16.
+# (model, its parameter count, format, F16 ppl, quantized ppl, source): ratio = quantized / F16. Parameter
+# counts from the architectures (LLaMA: Touvron et al. 2023, Table 2 shapes; OpenLLaMA-3B-v2: 26 layers,
+# d_model 3200, d_ff 8640, vocab 32000, untied embeddings).
 PUBLISHED: tuple[dict[str, Any], ...] = (
-    {"model": "LLaMA-7B", "format": "Q8_0", "f16_ppl": 5.9066, "ppl": 5.9070, "source": _LLAMA_README},
-    {"model": "LLaMA-7B", "format": "Q4_0", "f16_ppl": 5.9066, "ppl": 6.1565, "source": _LLAMA_README},
-    {"model": "LLaMA-13B", "format": "Q8_0", "f16_ppl": 5.2543, "ppl": 5.2548, "source": _LLAMA_README},
-    {"model": "LLaMA-13B", "format": "Q4_0", "f16_ppl": 5.2543, "ppl": 5.3860, "source": _LLAMA_README},
-    {"model": "OpenLLaMA-3B-v2", "format": "Q8_0", "f16_ppl": 8.5302, "ppl": 8.5695,
+    {"model": "LLaMA-7B", "family": "llama", "params": 6_738_415_616, "format": "Q8_0", "f16_ppl": 5.9066, "ppl": 5.9070, "source": _LLAMA_README},
+    {"model": "LLaMA-7B", "family": "llama", "params": 6_738_415_616, "format": "Q4_0", "f16_ppl": 5.9066, "ppl": 6.1565, "source": _LLAMA_README},
+    {"model": "LLaMA-13B", "family": "llama", "params": 13_015_864_320, "format": "Q8_0", "f16_ppl": 5.2543, "ppl": 5.2548, "source": _LLAMA_README},
+    {"model": "LLaMA-13B", "family": "llama", "params": 13_015_864_320, "format": "Q4_0", "f16_ppl": 5.2543, "ppl": 5.3860, "source": _LLAMA_README},
+    {"model": "OpenLLaMA-3B-v2", "family": "llama", "params": 3_426_473_600, "format": "Q8_0", "f16_ppl": 8.5302, "ppl": 8.5695,
      "source": "ggml-org/ci, llama.cpp commit 4c013bb (2023-07-21), ggml-2-x86-cpu/README.md: the CI's "
                "perplexity run (wikitext-2, its short CI setting)"},
-    {"model": "OpenLLaMA-3B-v2", "format": "Q4_0", "f16_ppl": 8.5302, "ppl": 8.9700,
+    {"model": "OpenLLaMA-3B-v2", "family": "llama", "params": 3_426_473_600, "format": "Q4_0", "f16_ppl": 8.5302, "ppl": 8.9700,
      "source": "ggml-org/ci, llama.cpp commit 4c013bb (2023-07-21), ggml-2-x86-cpu/README.md: the CI's "
                "perplexity run (wikitext-2, its short CI setting)"},
 )
@@ -151,9 +154,13 @@ def measured_quality(ev: Any, table: QualityTable | None) -> dict[str, Any] | No
 
 
 def quality_key(rows: list[dict[str, Any]]) -> str:
-    """The quality axis: measured agreement when every row that ran has one, else the mass-kept proxy."""
+    """The quality axis: measured agreement when every row that ran has one; else the perplexity ratio
+    (lower is better) where any row has one (the rows without are left off that axis); else the
+    mass-kept proxy."""
     ran = [r for r in rows if r["fits"]]
-    return "agreement" if ran and all(r.get("agreement") is not None for r in ran) else ACTIVATION_MASS_KEPT
+    if ran and all(r.get("agreement") is not None for r in ran):
+        return "agreement"
+    return "ppl_ratio" if any(r.get("ppl_ratio") is not None for r in ran) else ACTIVATION_MASS_KEPT
 
 
 def quality_ranking(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,16 +170,3 @@ def quality_ranking(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ran.sort(key=lambda r: (-r["agreement"], r["ppl_ratio"], -(r[TOKENS_PER_S] or 0.0)))
     return [{"label": r["label"], "agreement": r["agreement"], "ppl_ratio": r["ppl_ratio"],
              TOKENS_PER_S: r[TOKENS_PER_S], DRAM_PEAK_BYTES: r[DRAM_PEAK_BYTES]} for r in ran]
-
-
-def quality_note(table: QualityTable, model: str) -> str:
-    """What the agreement / perplexity-ratio columns are, for this plan's model."""
-    what = (f"agreement and ppl ratio are measured on {table.model} (`flashsim real quant-quality`, "
-            f"{table.doc['text']['n_tokens']} tokens of the builtin prompts; native = its weights as shipped): "
-            "quantized rows with Q8_0/Q4_0 weights, sparse rows with an exact top-k FFN predictor keeping "
-            "the configuration's simulated activation mass")
-    if model == table.model:
-        return what
-    pub = "; ".join(f"{e['format']} {e['model']} x{e['ppl_ratio']:.4f}" for b in (8, 4) for e in published(b))
-    return (f"{what}. For {model} they are {table.model}'s measurement, not {model}'s; published wikitext-2 "
-            f"perplexity ratios for larger models (llama.cpp; rows carry them as published_ppl_ratio): {pub}")

@@ -1,10 +1,12 @@
-"""The HTML report: one self-contained page (figures embedded as base64 PNG, inline CSS, no script,
-no external resource) that opens from disk in any browser with no server.
+"""The HTML report: one self-contained page (figures embedded as base64 PNG, inline CSS, one inline
+script for the what-if panel, no external resource: a Content-Security-Policy forbids any) that opens
+from disk in any browser with no server.
 
 `build_report(results, out_dir)` reads a sweep directory (or a results table) and writes
 `out_dir/report.html` plus every figure as PNG and SVG under `out_dir/figures/`. Sections: the
 provenance (flashsim version, commit, spec and input hashes, seed), the fastest configuration per
-device, the figures that the results can make (each one that cannot says why), the device read
+device (at any quality, and under the quality floor by each row's rated perplexity ratio:
+analysis/report_quality.py), the what-if panel (analysis/report_whatif.py), the figures that the results can make (each one that cannot says why), the device read
 curves, the statistics of each replayed trace (window coverage, hot neurons), optional validation
 and memory figures, the results table (display units: ms, tok/s, MiB,
 GiB), failed points, and the resolved configuration (the sweep spec and each preset's resolved
@@ -28,6 +30,8 @@ import yaml
 from analysis import tables as T
 from analysis.figures import FIGURES, draw_figure, load_input, trace_statistics, trace_stats_figure
 from analysis.figures.common import TooCrowded, save
+from analysis.report_quality import EVIDENCE, FLOOR, PPL, meets_floor, with_quality
+from analysis.report_whatif import whatif_html
 from analysis.tables import ResultSet, load_results
 from devices.errors import FlashsimError
 from devices.units import format_bytes
@@ -150,6 +154,7 @@ DISPLAY = (  # (column, header, scale)
     (T.DRAM_PEAK, "DRAM peak GiB", 2.0**-30),
     (T.MASS_KEPT, "mass kept", 1.0),
     (T.JOULES_PER_TOKEN, "mJ/token", 1e3),
+    (PPL, "ppl ratio", 1.0),
 )
 
 
@@ -168,6 +173,8 @@ def display_table(df: pd.DataFrame, keep_dims: bool = False) -> pd.DataFrame:
     for col, header, scale in DISPLAY:
         if col in df:
             out[header] = pd.to_numeric(df[col], errors="coerce") * scale
+    if EVIDENCE in df:
+        out["quality evidence"] = df[EVIDENCE]
     if T.STATUS in df:
         out["status"] = df[T.STATUS]
     if keep_dims:
@@ -176,20 +183,17 @@ def display_table(df: pd.DataFrame, keep_dims: bool = False) -> pd.DataFrame:
     return out[[c for c in out.columns if c not in dims or out[c].astype(str).nunique(dropna=False) > 1]]
 
 
-FULL_QUALITY = 0.99  # activation mass kept at which a configuration counts as dense quality
-
-
-def _best(rs: ResultSet, min_mass: float | None = None) -> str:
-    ok = rs.ok
+def _best(rated: pd.DataFrame, floor: float | None = None) -> str:
+    """The fastest row per trace/model/device; with `floor`, among rows whose rated perplexity ratio is
+    at most it (the activation mass cannot see quantization error: it is not the test)."""
+    ok = rated[rated[T.STATUS] == "ok"] if T.STATUS in rated else rated
     if T.TOKENS_PER_S in ok:
         ok = ok[ok[T.TOKENS_PER_S].notna()]
-    if min_mass is not None:
-        if T.MASS_KEPT not in ok:
-            return ""
-        ok = ok[ok[T.MASS_KEPT] >= min_mass]
+    if floor is not None:
+        ok = ok[meets_floor(ok, floor)]
     if ok.empty or T.TOKENS_PER_S not in ok:
-        return "<p class=note>No point ran successfully.</p>" if min_mass is None else \
-            f"<p class=note>No point kept at least {min_mass:.0%} of the activation mass.</p>"
+        return "<p class=note>No point ran successfully.</p>" if floor is None else \
+            f"<p class=note>No point that ran has a perplexity ratio known to be at most x{floor:g}.</p>"
     keys = [c for c in (T.TRACE, T.MODEL, T.DEVICE) if c in ok]
     by = [ok[k].astype(str) for k in keys]
     best = ok.loc[ok.groupby(by, sort=False, dropna=False)[T.TOKENS_PER_S].idxmax()]
@@ -250,9 +254,11 @@ th{background:#f4f4f4;position:sticky;top:0}
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 1em;font-size:.9em}dt{font-weight:600}
 dd{margin:0;font-family:ui-monospace,monospace;word-break:break-all}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+.whatif label{margin-right:1.2em}.best{font-weight:600}
 """
 
 
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"  # no network
 PLAN_KEYS = ("model", "device", "feasible", "best", "configurations", "min_dram_bytes", "trace")
 
 
@@ -270,20 +276,30 @@ def _plan_section(path: Path) -> Section:
     best = p["best"]
     verdict = (f"feasible: best <b>{html.escape(best['label'])}</b>, {best['tokens_per_s']:.2f} tok/s, "
                f"{best['dram_peak_bytes'] / 2**30:.2f} GiB, activation mass kept {best['activation_mass_kept']:.3f}"
+               + (f", perplexity x{best['ppl_ratio']:.4f} ({html.escape(_evidence(best))})"
+                  if best.get("ppl_ratio") is not None else "")
                if p["feasible"] and best else "infeasible: no configuration meets the constraints")
+    floor = ((p.get("quality") or {}).get("floor") or {}).get("rule")
+    floor_html = f"<p class=note>quality floor: {html.escape(floor)}</p>" if floor else ""
     min_dram = ("none meets the target" if p["min_dram_bytes"] is None
                 else f"{p['min_dram_bytes'] / 2**30:.2f} GiB")
     rows = pd.DataFrame([{
         "configuration": c["label"], "feasible": c["feasible"], "tok/s": c["tokens_per_s"],
         "DRAM GiB": None if c["dram_peak_bytes"] is None else c["dram_peak_bytes"] / 2**30,
-        "mass kept": c["activation_mass_kept"], "binding": c["binding_constraint"],
+        "mass kept": c["activation_mass_kept"], "ppl ratio": c.get("ppl_ratio"),
+        "quality evidence": _evidence(c), "binding": c["binding_constraint"],
         "why not": "; ".join(c.get("reasons") or []),
     } for c in p["configurations"]])
     notes = "".join(f"<p class=note>{html.escape(str(n))}</p>" for n in p.get("notes") or [])
     trace = p["trace"].get("description", "") if isinstance(p["trace"], dict) else str(p["trace"])
-    body = (f"<p>{verdict}; smallest DRAM meeting the target: {min_dram}.</p>"
+    body = (f"<p>{verdict}; smallest DRAM meeting the target: {min_dram}.</p>{floor_html}"
             f"<p class=note>trace: {html.escape(trace)}</p>{notes}{_table(rows)}")
     return Section(f"What-if plan: {p['model']} on {p['device']}", body)
+
+
+def _evidence(row: dict[str, Any]) -> str:
+    e = row.get("quality_evidence")
+    return e.get("short", "") if isinstance(e, dict) else ""
 
 
 def build_report(results: str | Path, out_dir: str | Path, *, title: str | None = None,
@@ -298,10 +314,16 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
     fig_dir = out / "figures"
     out.mkdir(parents=True, exist_ok=True)
     name = title or ((rs.manifest or {}).get("spec") or {}).get("name") or Path(results).name
+    rated = with_quality(rs.table)
+    floor_note = (f"<p class=note>Quality floor: perplexity at most x{FLOOR:g} the native model's, each row rated "
+                  "by the closest evidence for its model (measured on it or a model of its size; exact for native "
+                  "weights with every neuron computed; else the published ratio of the model nearest in size). "
+                  "A row without evidence is left out.</p>")
     sections = [Section("Provenance", _provenance(rs)),
-                Section("Fastest configuration (any quality)", _best(rs)),
-                Section(f"Fastest configuration keeping >= {FULL_QUALITY:.0%} of the activation mass",
-                        _best(rs, FULL_QUALITY))]
+                Section("Fastest configuration (any quality)", _best(rated)),
+                Section(f"Fastest configuration with perplexity <= x{FLOOR:g} of the native model",
+                        floor_note + _best(rated, FLOOR)),
+                Section("What if: device, budget and quality floor", whatif_html(rated))]
     figs = "".join(_results_figure(k, rs, fig_dir) for k in RESULT_FIGURES)
     sections.append(Section("Figures", figs))
     curves = []
@@ -324,7 +346,7 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
             "memory", load_input("records", records), fig_dir, "memory")))
     if plan_section is not None:
         sections.append(plan_section)
-    sections.append(Section("Results", _table(display_table(rs.table))))
+    sections.append(Section("Results", _table(display_table(rated))))
     failed = rs.table[rs.table[T.STATUS] != "ok"] if T.STATUS in rs.table else rs.table.iloc[:0]
     if len(failed):
         cols = [c for c in (T.LABEL, T.DEVICE, T.BUDGET, T.ERROR) if c in failed]
@@ -333,6 +355,7 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
     body = "".join(f"<section><h2>{html.escape(s.title)}</h2>{s.body}</section>" for s in sections)
     page = (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             f"<meta name=viewport content='width=device-width,initial-scale=1'>"
+            f"<meta http-equiv=Content-Security-Policy content=\"{CSP}\">"
             f"<title>flashsim report: {html.escape(str(name))}</title><style>{CSS}</style></head>"
             f"<body><h1>flashsim report: {html.escape(str(name))}</h1>{body}</body></html>\n")
     path = out / "report.html"

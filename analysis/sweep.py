@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from analysis import sweep_store as store
 from analysis.sweep_spec import (
     LoadedSpec,
@@ -48,6 +46,7 @@ from analysis.sweep_spec import (
     trace_sha256,
 )
 from devices.errors import FlashsimError
+from devices.progress import Stage
 from devices.suggest import hint
 
 DEFAULT_EVALUATOR = "analysis.sweep_point:evaluate_point"
@@ -153,7 +152,8 @@ def build_manifest(loaded: LoadedSpec, points: list[SweepPoint], evaluator: str)
 def run_sweep(spec: str | Path | LoadedSpec, out_dir: str | Path, *, workers: int | None = None,
               engine: str = "local", scheduler: str | None = None, evaluator: str = DEFAULT_EVALUATOR,
               progress: bool | None = None) -> SweepOutcome:
-    """Run (or resume) a sweep into `out_dir`; see the module docstring. `progress=None`: a bar on a tty."""
+    """Run (or resume) a sweep into `out_dir`; see the module docstring. `progress=None`/True: a bar on a
+    terminal, one line at the end in a log (devices/progress.py); False: none."""
     t0 = time.perf_counter()
     if engine not in ENGINES:
         raise FlashsimError(f"unknown engine {engine!r}; {hint(engine, ENGINES, 'use one of')}")
@@ -205,11 +205,11 @@ def _run_points(loaded: LoadedSpec, points: list[SweepPoint], out: Path, evaluat
         writer = store.ResultWriter(out)
         n_errors = 0
         flush_every = max(1, min(100, math.ceil(len(points) / 50)))
-        bar = tqdm(total=len(points), initial=len(done), unit="pt", desc="sweep", file=sys.stderr,
-                   disable=None if progress is None else not progress, dynamic_ncols=True)
+        bar = Stage(f"sweep {out}", len(points), "points", initial=len(done), enabled=progress is not False)
         last_flush = time.monotonic()
         rows = (_run_local(todo, evaluator, workers) if engine == "local"
                 else _run_dask(todo, evaluator, workers, scheduler))
+        finished = False
         try:
             for row in rows:
                 writer.add(row)
@@ -219,10 +219,11 @@ def _run_points(loaded: LoadedSpec, points: list[SweepPoint], out: Path, evaluat
                 if len(writer.rows) >= flush_every or time.monotonic() - last_flush >= _FLUSH_S:
                     writer.flush()
                     last_flush = time.monotonic()
+            finished = True
         finally:
             rows.close()  # stops the engine: pending points cancelled, running ones finished
             writer.flush()
-            bar.close()
+            bar.close(finished=finished)
     return SweepOutcome(out, len(points), len(done), writer.n_written, n_errors,
                         time.perf_counter() - t0, engine, workers), first_error
 

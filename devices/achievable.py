@@ -25,7 +25,9 @@ fields the simulator reads:
     request_cpu_s / cpu_cores of the decoder's time while both run (flash.host_cpu_s_per_read and
     compute_lost_s_per_read, sim/components/compute.py HostCpu); the read itself is not delayed
     (the kernel's completion work preempts user compute).
-`at_bound(profile, "peak")` drops every achievable number: the datasheet ceiling.
+`at_bound(profile, "peak")` drops every achievable number and, on a profile that is not measured, the
+estimated per-kernel launch overhead (a fused or graph-replayed runtime pays close to none): the
+datasheet ceiling, which no real run beats.
 
 Power modes (`power_modes` in the profile, `name@MODE` on the command line, devices/power_modes.py)
 are applied when the profile is loaded, before the bound is folded. A mode that sets energy numbers
@@ -80,6 +82,10 @@ def at_bound(profile: DeviceProfile, bound: str = "achievable") -> DeviceProfile
             per_read = fl["request_cpu_s"] / comp["cpu_cores"]
             fl.update(host_cpu_s_per_read=per_read, compute_lost_s_per_read=per_read, read_delay_s_per_read=0.0)
     else:
+        if profile.source.kind != "measured":
+            # a datasheet profile's per-kernel launch overhead is an estimate of one runtime; a runtime
+            # that fuses kernels or replays a graph pays close to none, so the ceiling charges none
+            comp["op_overhead_s"] = 0.0
         mem["sustained_bandwidth_bytes_per_s"] = mem["sustained_bandwidth_source"] = None
         comp["gemv_efficiency"] = comp["gemv_efficiency_source"] = None
         comp["sparse_gemv_efficiency"] = comp["sparse_gemv_efficiency_source"] = None
@@ -140,6 +146,14 @@ def inputs(profile: DeviceProfile, bound: str = "achievable", dtype: str | None 
     if ach and f.request_cpu_s and f.request_cpu_source is not None and not f.measured_io_cpu:
         add("flash_request_cpu_s", f.request_cpu_s, f.request_cpu_source.kind,
             f.request_cpu_source.source + f" (I/O path on {f.io_cores or 1} cores)")
+    cal = profile.source.calibration
+    if cal is not None:
+        # what `flashsim calibrate` found when it wrote this profile (devices/section_base.py Calibration)
+        add("calibration", f"{cal.mode} calibration on {cal.date}, verdict {cal.verdict}", "measured",
+            "; ".join(x for x in (cal.detail, f"next: {cal.next_step}" if cal.next_step else None) if x))
+    elif profile.source.kind == "measured":
+        add("calibration", "no verdict recorded", "measured",
+            "written by flashsim bench or an earlier calibrate, which did not record one: run flashsim calibrate")
     if profile.power_modes is not None and profile.power_mode is not None:
         pm = profile.power_modes.modes[profile.power_mode]
         add("power_mode", profile.power_mode, "datasheet", f"{pm.description} [{pm.source}]")

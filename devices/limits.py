@@ -74,13 +74,37 @@ THREADS = Limit(0, 65536, "threads", "no host runs 65,536 compute threads")
 BATCH_READS = Limit(0, 1e9, "reads", "10^9 reads per batch is more than any device serves in minutes")
 WIDTH = Limit(0, 2**22, "", "no layer is 4M wide: the widest published FFN (PaLM-540B) has 196,608 neurons")
 
+# Orders of magnitude a device's headline numbers cannot fall below: a value under the floor is a unit
+# slip (MB/s typed as bytes/s, GiB typed as bytes), never a device the simulator is meant for.
+FLASH_SEQUENTIAL = Limit(1e7, 1e12, "bytes/s", "a flash device the weights stream from reads 10 MB/s (an "
+                         "SD card) to 1 TB/s (PCIe 6.0 x16 carries ~128 GB/s); below 1e7, MB/s was typed as bytes/s")
+DRAM_BANDWIDTH = Limit(1e9, 1e13, "bytes/s", "DRAM moves 1 GB/s (one 16-bit LPDDR2 channel: ~3 GB/s) to 10 TB/s "
+                       "(HBM3e GPUs: ~5-8 TB/s); below 1e9, GB/s or MB/s was typed as bytes/s")
+GEMV_RATE = Limit(1e8, 1e17, "FLOP/s", "a processor computes 10^8 FLOP/s (one small in-order core: ~10^9) to "
+                  "10^17 (the largest reach ~10^16 at 4 bits); below 1e8, GFLOP/s was typed as FLOP/s")
+DRAM_CAPACITY = Limit(2**26, 16 * TiB, "bytes", "a device that runs a model has 64 MiB to 16 TiB of DRAM; below "
+                      "64 MiB, GiB or MiB was typed as bytes")
+READ_LATENCY = Limit(1e-6, 1.0, "s", "one small read takes 1 us (storage-class memory: ~10 us) to 1 s (a hard "
+                     "disk seeks in ~10 ms); outside it, us or ms was typed as seconds")
+IOPS_RATED = Limit(100.0, 1e9, "reads/s", "storage serves 100 reads/s (a hard disk) to 10^9 (the fastest NVMe: "
+                   "~10^7)")
+
 FIELD_LIMITS: list[tuple[str, Limit]] = [
+    # headline numbers with a plausible order of magnitude (above), before their unit's wide range
+    ("FlashSpec.sequential_read_bytes_per_s", FLASH_SEQUENTIAL),
+    ("FlashSpec.link_bytes_per_s", FLASH_SEQUENTIAL),
+    ("FlashSpec.read_latency_s", READ_LATENCY),
+    ("MemorySpec.bandwidth_bytes_per_s", DRAM_BANDWIDTH),
+    ("MemorySpec.sustained_bandwidth_bytes_per_s", DRAM_BANDWIDTH),
+    ("MemorySpec.capacity_bytes", DRAM_CAPACITY),
+    ("ComputeSpec.gemv_flops_per_s", GEMV_RATE),
     # flash rates: the table's throughput and the sequential bandwidth
     ("FlashSpec.*bytes_per_s", FLASH_RATE),
     ("ReadTable.bytes_per_s", FLASH_RATE),
-    ("FlashSpec.iops_max", IOPS),
+    ("FlashSpec.iops_max", IOPS_RATED),
     ("FlashSpec.max_in_flight", QUEUE),
     ("ReadTable.in_flight", QUEUE),
+    ("MoECosts.expert_reads_in_flight", QUEUE),
     ("ReadTable.chunk_bytes", SIZE),
     ("FlashSpec.host_cpu_batch_reads", BATCH_READS),
     ("FlashSpec.cold_batch_reads", BATCH_READS),
@@ -192,6 +216,7 @@ MAX_PARAMS = 10**14                   # parameters of one model spec (devices/mo
 
 # Work sizes refused before allocating: what one command may build at once.
 MAX_TRACE_CELLS = 2 * 10**10          # tokens x layers x neurons of one trace: 2.5 GB of packed masks
+MAX_ROUTING_CELLS = 10**9             # tokens x MoE layers x top-k of one routing trace: 6 GB of ids + weights
 MAX_GRID_POINTS = 10**6               # points of one sweep: a million simulations is days of CPU
 MAX_READ_CALLS = 10**7                # tokens x layers of one `real read`
 READER_THREADS = Limit(1, 1024, "reads", "each read in flight is a reader thread; a process cannot start "

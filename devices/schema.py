@@ -42,6 +42,7 @@ from devices.section_compute import (
 )
 from devices.section_energy import EnergySpec
 from devices.section_flash import FlashSpec, ReadTable
+from devices.section_moe import MoECosts
 
 __all__ = [
     "BUNDLED_DIR",
@@ -115,6 +116,7 @@ class DeviceProfile(Strict):
     compute: ComputeSpec
     flash: FlashSpec
     energy: EnergySpec | None = None
+    moe: MoECosts | None = None
     power_modes: PowerModes | None = None
     # set by devices/achievable.py, never read from a file
     _power_mode: str | None = PrivateAttr(default=None)

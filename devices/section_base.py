@@ -42,6 +42,20 @@ class Strict(BaseModel):
         return check_field(cls.__name__, str(info.field_name), v)
 
 
+class Calibration(Strict):
+    """What `flashsim calibrate` found when it wrote the profile: how thoroughly it measured (`quick`:
+    the benches' small grids, 64 MiB; `full`), the validation's verdict on this host (PASS / FAIL
+    against the host's own repeat spread, or `not validated` while validation has not finished), the
+    date, the verdict's figures in one line and the next step. replay and plan print it beside the
+    device inputs; bench flash / bench compute drop it (the sections it judged have changed)."""
+
+    mode: Literal["quick", "full"]
+    verdict: Literal["PASS", "FAIL", "not validated"]
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    detail: str | None = None
+    next_step: str | None = None
+
+
 class Source(Strict):
     """Provenance of a profile as a whole."""
 
@@ -51,6 +65,7 @@ class Source(Strict):
     host: str | None = None
     tool: str | None = None
     notes: str | None = None
+    calibration: Calibration | None = None
 
 
 # Where one achievable number comes from (devices/achievable.py folds them in; `devices show` prints
@@ -60,10 +75,15 @@ SourceKind = Literal["measured", "published", "datasheet", "estimate"]
 
 
 class Provenance(Strict):
-    """The source of one achievable number: its kind and the citation with its conditions."""
+    """The source of one achievable number: its kind and the citation with its conditions, and for a
+    published figure what was measured: `component` (a kernel, a bandwidth test, an SSD test: the
+    number itself) or `end_to_end` (derived from a whole decode of one model and framework, which
+    holds every other term too; analysis/baselines.py refuses such a constant under a row it is
+    scored against, tests/analysis/test_published_baselines.py checks)."""
 
     kind: SourceKind
     source: str
+    evidence: Literal["component", "end_to_end"] | None = None
 
 
 def needs_source(value: object, source: Provenance | None, name: str) -> None:

@@ -32,6 +32,26 @@ class ReadTable(Strict):
         return self
 
 
+# An achievable read table reaches at least this share of its SSD's rated sequential read and IOPS
+# (FlashSpec._achievable_agrees); a table may exceed a peak by rounding only.
+REACH = 0.6
+ROUNDING = 1.01
+
+
+def _within_ceiling(t: ReadTable, name: str, ceiling: float, ceiling_name: str, iops_max: float | None) -> None:
+    """Every cell of table `name` at or below `ceiling` bytes/s and `iops_max` x its request size."""
+    for c, row in zip(t.chunk_bytes, t.bytes_per_s):
+        for q, v in zip(t.in_flight, row):
+            if v > ROUNDING * ceiling:
+                raise ValueError(f"{name} holds {v / 1e9:.2f} GB/s at {c} B x {q} in flight, above {ceiling_name} "
+                                 f"{ceiling / 1e9:.2f} GB/s (a peak bounds what is achieved): lower the table or "
+                                 f"correct {ceiling_name}")
+            if iops_max is not None and v > ROUNDING * iops_max * c:
+                raise ValueError(f"{name} holds {v / c:,.0f} reads/s at {c} B x {q} in flight, above iops_max "
+                                 f"{iops_max:,.0f} (a peak bounds what is achieved): lower the table or correct "
+                                 "iops_max")
+
+
 class FlashSpec(Strict):
     """The storage the weights are read from."""
 
@@ -133,7 +153,39 @@ class FlashSpec(Strict):
     def _achievable(self) -> FlashSpec:
         needs_source(self.read_table_achievable, self.read_table_achievable_source, "read_table_achievable")
         needs_source(self.request_cpu_s, self.request_cpu_source, "request_cpu")
+        if self.read_table is not None and self.link_bytes_per_s is not None:
+            _within_ceiling(self.read_table, "read_table", self.link_bytes_per_s, "link_bytes_per_s", None)
+        if self.read_table_achievable is not None:
+            self._achievable_agrees(self.read_table_achievable)
         return self
+
+    def _achievable_agrees(self, t: ReadTable) -> None:
+        """The achievable table is a measurement of the SSD the closed-form numbers rate: never above
+        them (peak >= achievable: sequential read, link, IOPS x request size), and reaching most of
+        them (published random-read tables of NVMe and UFS drives reach 0.93-1.0 of the rated
+        sequential read at large requests and deep queues, and 0.67-1.0 of the rated IOPS at 4 KiB:
+        the bundled profiles' sources). A table far below its own peaks was written for other
+        numbers (a copied profile whose flash numbers were edited): the simulator would read at the
+        table's speed and ignore the edit, so the profile is refused, naming both fields."""
+        ceiling, ceiling_name = self.sequential_read_bytes_per_s, "sequential_read_bytes_per_s"
+        if self.link_bytes_per_s is not None and self.link_bytes_per_s < ceiling:
+            ceiling, ceiling_name = self.link_bytes_per_s, "link_bytes_per_s"
+        _within_ceiling(t, "read_table_achievable", ceiling, ceiling_name, self.iops_max)
+        remedy = ("scale read_table_achievable (and its source) with the number you changed, or remove both "
+                  "to use the closed form")
+        best = max(max(row) for row in t.bytes_per_s)
+        if best < REACH * ceiling:
+            raise ValueError(f"read_table_achievable reaches at most {best / 1e9:.2f} GB/s, {best / ceiling:.0%} of "
+                             f"{ceiling_name} {ceiling / 1e9:.2f} GB/s, below the {REACH:.0%} a measurement of the "
+                             f"same SSD reaches: {remedy}")
+        if self.iops_max is not None:
+            c0 = t.chunk_bytes[0]
+            rated = min(self.iops_max, ceiling / c0)
+            iops = max(t.bytes_per_s[0]) / c0
+            if iops < REACH * rated:
+                raise ValueError(f"read_table_achievable serves at most {iops:,.0f} reads/s of {c0} B, "
+                                 f"{iops / rated:.0%} of iops_max {self.iops_max:,.0f} (capped by {ceiling_name}), "
+                                 f"below the {REACH:.0%} a measurement of the same SSD reaches: {remedy}")
 
     @property
     def measured_io_cpu(self) -> bool:

@@ -1,6 +1,11 @@
 """Parsing and formatting of human units at the edges (CLI, files). Internally: bytes and seconds.
 
 `parse_bytes("4GiB") == 4 * 2**30`, `parse_bytes("4 GB") == 4 * 10**9`, `parse_seconds("50 us")`.
+A size a person types (a command-line option, a sweep file's budget) must carry its unit: `3` could be
+bytes, MB or GiB, and a budget of 3 bytes is never meant, so `parse_bytes("3")` is refused with the
+fix ("3: give a unit, e.g. 3GiB"); `B` says bytes (`4096B`), and `0` needs none. A value whose key
+already names its unit (`memory.dram_budget_bytes=4096`, a file's `available_bytes`) is read with
+`parse_bytes(v, unit="bytes")`. `GB` is 10^9 bytes and `GiB` 2^30: outputs say which they print.
 """
 
 from __future__ import annotations
@@ -19,20 +24,26 @@ _SECOND_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1
 _NUM_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Zµ]*)\s*$")
 
 
-def parse_bytes(value: str | int | float, what: str = "size") -> int:
-    """Parse a byte size such as ``4GiB``, ``512 MB``, ``4096`` or an int; raise FlashsimError."""
+def parse_bytes(value: str | int | float, what: str = "size", unit: str | None = None) -> int:
+    """Parse a byte size such as ``4GiB``, ``512 MB`` or ``4096B``; raise FlashsimError. A number
+    without a unit (``"3"``, ``3``) is refused with the fix, unless `unit="bytes"` (the key it came
+    from names its unit) or it is zero."""
     if isinstance(value, bool):
         raise FlashsimError(f"{what}: expected a size like '4GiB', got {value!r}")
     if isinstance(value, (int, float)):
-        number, unit = float(value), ""
+        number, suffix = float(value), ""
     else:
         m = _NUM_UNIT.match(str(value))
         if not m or m.group(2).lower() not in _BYTE_UNITS:
             raise FlashsimError(
-                f"{what}: cannot parse {value!r} as a size; use e.g. '4GiB', '512MiB', '3.5GB' or bytes"
+                f"{what}: cannot parse {value!r} as a size; use e.g. '4GiB', '512MiB', '3.5GB' or '4096B'"
             )
-        number, unit = float(m.group(1)), m.group(2).lower()
-    result = number * _BYTE_UNITS[unit]
+        number, suffix = float(m.group(1)), m.group(2).lower()
+    if suffix == "" and unit != "bytes" and number != 0:
+        text = str(value).strip()
+        raise FlashsimError(f"{what}: {text}: give a unit, e.g. {text}GiB (GiB = 2^30 bytes, GB = 10^9, "
+                            "B = bytes)")
+    result = number * _BYTE_UNITS[suffix]
     if not math.isfinite(result):
         raise FlashsimError(f"{what}: {value!r} is not a finite size; use e.g. '4GiB' or a number of bytes")
     if result < 0:
@@ -52,6 +63,10 @@ def parse_seconds(value: str | int | float, what: str = "duration") -> float:
     if number < 0:
         raise FlashsimError(f"{what}: must be >= 0, got {value!r}")
     return number * _SECOND_UNITS[unit]
+
+
+# printed under every header that shows sizes (replay, plan): which of the two conventions each figure uses
+UNITS_NOTE = "units: sizes in binary KiB/MiB/GiB (2^10/2^20/2^30 bytes); rates in decimal MB/s, GB/s (10^6, 10^9 bytes/s)"
 
 
 def format_bytes(n: float) -> str:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from devices.errors import FlashsimError
+from devices.progress import quiet_third_party
 from devices.suggest import did_you_mean
 
 # Each module defines `register(subparsers)`; its sub-commands set `func(args) -> int`.
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0
+    quiet_third_party()   # model-loading libraries' bars: none in logs (devices/progress.py)
     try:
         check_thread_counts(args)
         return int(args.func(args) or 0)

@@ -37,14 +37,23 @@ def print_convergence(conv: dict | None) -> None:
           "calibration's (the host while calibrated against its average over the passes)")
 
 
+def print_raw_held_out(raw: dict | None) -> None:
+    """real.validation.validate_score.raw_held_out: the figure to quote, printed first."""
+    if not raw or raw.get("median") is None:
+        return
+    fitted = (f"; {raw['n_fitted_left_out']} configuration(s) a calibration step saw left out"
+              if raw.get("n_fitted_left_out") else "")
+    print(f"raw held-out latency error (runs no calibration saw, nothing divided out): median {_pct(raw['median'])}, "
+          f"p90 {_pct(raw['p90'])}, max {_pct(raw['max'])} over {raw['n_configs']} configurations{fitted}")
+
+
 def print_level_removed(level: dict | None) -> None:
-    """real.validation.validate_score.level_removed in words (a diagnostic, not the score)."""
+    """real.validation.validate_score.level_removed in words: shape-only, never the score."""
     if not level:
         return
-    print(f"with its level taken out (simulated / real per mode: "
-          f"{', '.join(f'{m} {f:.3f}' for m, f in level['factor'].items())}), the simulator's latency error would be "
-          f"median {_pct(level['median'])}, p90 {_pct(level['p90'])}, max {_pct(level['max'])}: a diagnostic, not the "
-          "score (the level is the calibration's moment; what is left, the model's shape and the host's scatter)")
+    print(f"shape-only (a level factor per mode fitted on {level.get('fitted_on', 'the calibration runs')}: "
+          f"{', '.join(f'{m} {f:.3f}' for m, f in level['factor'].items())}): latency error median "
+          f"{_pct(level['median'])}, p90 {_pct(level['p90'])}, max {_pct(level['max'])}; not the score")
 
 
 def print_between_grids(between: dict | None) -> None:
@@ -160,6 +169,10 @@ def print_validation(report: dict, as_json: bool, plot: str | None) -> int:
     elif report.get("kept"):
         print(f"kept the executed traces and real runs in {report['kept']} (score another profile: "
               f"flashsim validate --rescore {report['kept']} --profile P, or --profile kept for this one)")
+    print_raw_held_out(report.get("raw_held_out"))
+    for w in (report.get("load_warning"), report.get("drift_warning")):
+        if w:   # also on stderr as it happened; here so that it stays with the figures it qualifies
+            print(f"warning: {w.removeprefix('WARNING: ')}")
     print_floor(report.get("floor"))
     tables = [("all", report)] + (list(report["per_mode"].items()) if len(report["per_mode"]) > 1 else [])
     for name, summary in tables:

@@ -161,7 +161,7 @@ def profile_for(doc: dict, term: str | None) -> Any:
 def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, float]:
     """The grid's real runs against the simulator on `profile`: latency error median / p90, raw and
     with one factor per mode out."""
-    from real.validation.validate_score import compare, summarize
+    from real.validation.validate_score import compare, level_removed, summarize
     from sim.engine import simulate
     from traces.format import open_trace
 
@@ -172,7 +172,7 @@ def score(grid: Grid, profile: Any, overrides: tuple[str, ...]) -> dict[str, flo
         sim = simulate(open_trace(trace), spec, profile, cfg, fast=False)
         rows.append({**row, "metrics": compare(runs[0], sim.tokens, runs[1:])})
     s = summarize(rows)
-    lv = s["level_removed"]
+    lv = level_removed(rows)     # in sample: compares terms on one grid, never a score to quote
     return {"median": s["latency_error_median"], "p90": s["latency_error_p90"],
             "level_median": lv["median"], "level_p90": lv["p90"]}
 

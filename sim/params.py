@@ -73,7 +73,7 @@ def coerce(value: Any, tp: Any, where: str, unit: str | None = None) -> Any:
         raise FlashsimError(f"{where}: expected true or false, got {value!r}")
     if tp is int:
         if unit == "bytes" and not isinstance(value, bool):
-            return parse_bytes(value, where)
+            return parse_bytes(value, where, unit="bytes")
         if isinstance(value, bool):
             raise FlashsimError(f"{where}: expected an integer, got {value!r}")
         if isinstance(value, int):

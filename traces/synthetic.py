@@ -62,6 +62,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
+from devices.progress import Stage, phase
 from traces.format import DECODE, PromptInfo, SparsityRule, Trace, TraceWriter, check_trace_size
 from traces.outputs import check_output_dir
 from traces.stats import (
@@ -282,11 +283,12 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
 def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, like: Trace | None = None,
                like_phase: str = "all", active_fraction: float | None = None, overlap: float | None = None,
                hot_skew: float | None = None, magnitudes: bool = True, prompt_tokens: int | None = None,
-               overwrite: bool = False, provenance: dict | None = None) -> Path:
+               overwrite: bool = False, provenance: dict | None = None, progress: bool = False) -> Path:
     """Fit, generate and write a synthetic trace atomically; returns its path.
 
     The trace is cut into prompts (chains restart at each): of `prompt_tokens` each if given, else
-    the source's prompt lengths (cycled) with `like`, else one prompt."""
+    the source's prompt lengths (cycled) with `like`, else one prompt. `progress`: the fit and the
+    layers as stages on stderr (devices/progress.py)."""
     if n_tokens < 2:
         raise FlashsimError(f"--tokens {n_tokens}: a synthetic trace needs at least 2 tokens")
     check_trace_size(spec, n_tokens, spec.d_ff if magnitudes else 0)   # before any array is built
@@ -306,11 +308,12 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
     if like is not None:
         if like.n_tokens < 2:
             raise FlashsimError(f"--like {like.path}: the source trace needs at least 2 tokens")
-        plans = plan_like(like, spec, fit_rng, phase=like_phase, magnitudes=magnitudes)
-        like_measured = measured_tokens(like.phase, like_phase)
-        task_fit = source_tasks(like, like_measured, spec.d_ff)
-        if task_fit.active:
-            apply_tasks(plans, like, like_measured, task_fit, np.random.default_rng(task_ss))
+        with phase(f"trace synth: fit to {like.path}", enabled=progress):
+            plans = plan_like(like, spec, fit_rng, phase=like_phase, magnitudes=magnitudes)
+            like_measured = measured_tokens(like.phase, like_phase)
+            task_fit = source_tasks(like, like_measured, spec.d_ff)
+            if task_fit.active:
+                apply_tasks(plans, like, like_measured, task_fit, np.random.default_rng(task_ss))
         params: dict[str, Any] = {"mode": "like", "source": {
             "path": str(like.path), "model": like.spec.name, "n_tokens": like.n_tokens,
             "n_layers": like.n_layers, "n_neurons": like.n_neurons, "phase": like_phase,
@@ -336,7 +339,8 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
     measured = np.ones(n_tokens, bool)
     layer_ss, mlayer_ss = mask_ss.spawn(spec.n_layers), mag_ss.spawn(spec.n_layers)
     rule = SparsityRule(rule="synthetic", target_fraction=min(1.0, max(mean_f, 1e-9)))
-    with TraceWriter(out, spec, n_tokens, k, rule, prompts, provenance=provenance, overwrite=overwrite) as w:
+    with TraceWriter(out, spec, n_tokens, k, rule, prompts, provenance=provenance, overwrite=overwrite) as w, \
+            Stage(f"trace synth: {spec.name}, {n_tokens} tokens", len(plans), "layers", enabled=progress) as stage:
         w.token_ids[:] = -1
         w.phase[:] = DECODE
         w.prompt_index[:] = prompt_index
@@ -354,6 +358,7 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
                 else:
                     w.abs_sum[layer, t0:t1] = x.sum(axis=1)
             counts.append(count_packed(w.masks[layer], spec.d_ff, measured, n_before, None, FIT_WINDOWS))
+            stage.update()
         overall, per_layer = summarize_counts(counts)
         keep = ("active_fraction", "overlap_prev", "window_coverage", "hot80_fraction", "hot_cdf")
         w.synthetic = {

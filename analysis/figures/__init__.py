@@ -109,18 +109,18 @@ def trace_stats_figure(kind: str, stats: dict[str, Any], out_dir: str | Path) ->
     """Draw one trace statistics figure with `analysis.figures.trace_stats` (its own files)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plot = getattr(importlib.import_module(TRACE_STATS), "plot_" + kind.removeprefix("trace-").replace("-", "_"))
-    return plot(stats, out)
+    mod = importlib.import_module(TRACE_STATS)
+    return mod.plot_figure(kind.removeprefix("trace-").replace("-", "_"), stats, out)
 
 
 def _register_trace_stats() -> None:
-    """Trace statistics figures (another module's: `FIGURES` names, `plot_<name>(stats, out_dir)`)
-    join the registry as `trace-<name>` when that module exists."""
+    """Trace statistics figures (that module's `FIGURES` names, each drawn by `draw_<name>(stats)` and
+    written by `plot_figure(name, stats, out_dir)`) join the registry as `trace-<name>`."""
     if importlib.util.find_spec(TRACE_STATS) is None:
         return
     mod = importlib.import_module(TRACE_STATS)
     for name in getattr(mod, "FIGURES", ()):
-        if callable(getattr(mod, f"plot_{name}", None)):
+        if callable(getattr(mod, f"draw_{name}", None)):
             FIGURES.setdefault("trace-" + name.replace("_", "-"), (TRACE_STATS, "trace"))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +74,38 @@ def varying(df: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c in df and df[c].astype(str).nunique(dropna=False) > 1]
 
 
+@lru_cache(maxsize=32)
+def device_available_bytes(device: str) -> int | None:
+    """The DRAM a device profile leaves to the model (the budget a sweep's `null` stands for), or None."""
+    from devices import load_profile
+
+    try:
+        return load_profile(device).available_bytes
+    except (FlashsimError, OSError, ValueError):
+        return None
+
+
+def budget_text(budget: object, device: object = None) -> str:
+    """A budget as text: its size, and for the device default (NaN) the device's available DRAM."""
+    if not pd.isna(budget):
+        return format_bytes(budget)
+    avail = device_available_bytes(str(device)) if device is not None and not pd.isna(device) else None
+    return "device default" if avail is None else f"{format_bytes(avail)} (device default)"
+
+
 def describe(row: pd.Series, columns: Sequence[str]) -> str:
     """A short text naming a row by the given columns (trace by folder name, budgets in GiB)."""
     parts = []
     for c in columns:
         v = row[c]
         if c == T.BUDGET:
-            parts.append("budget " + ("device" if pd.isna(v) else format_bytes(v)))
+            parts.append("budget " + budget_text(v, row.get(T.DEVICE)))
         elif c == T.TRACE:
             parts.append(Path(str(v)).name)
         elif c == T.DEVICE:
             parts.append(Path(str(v)).stem)
+        elif c == T.MODEL and (v is None or pd.isna(v)):
+            parts.append("the trace's model")
         elif c.startswith(T.PARAM_PREFIX):
             parts.append(f"{c[len(T.PARAM_PREFIX):]}={v}")
         else:
@@ -186,5 +208,25 @@ def bar_panels(df: pd.DataFrame, kind: str, max_bars: int, bar_height_in: float,
         order = ["_rank", T.POINT_INDEX] if T.POINT_INDEX in g else ["_rank"]
         draw(ax, g.assign(_rank=g[T.PRESET].map(preset_rank)).sort_values(order))
         ax.set_title(name, fontsize=10, loc="left")
+    xmax = max(ax.get_xlim()[1] for ax in axes)
+    for ax in axes:   # one scale for every panel, so bars compare across panels
+        ax.set_xlim(0, xmax)
     axes[-1].set_xlabel(xlabel)
     return fig, axes
+
+
+def spread(fracs: Sequence[float], gap: float, lo: float = 0.0, hi: float = 1.0) -> list[float]:
+    """Positions (axes fraction) for labels wanted at `fracs`, moved apart to at least `gap` from each
+    other within [lo, hi] (as little as possible: up from the lowest, then back down from the top)."""
+    order = sorted(range(len(fracs)), key=lambda i: fracs[i])
+    pos = [min(max(float(fracs[i]), lo), hi) for i in order]
+    for k in range(1, len(pos)):
+        pos[k] = max(pos[k], pos[k - 1] + gap)
+    if pos and pos[-1] > hi:
+        pos[-1] = hi
+        for k in range(len(pos) - 2, -1, -1):
+            pos[k] = min(pos[k], pos[k + 1] - gap)
+    out = [0.0] * len(fracs)
+    for k, i in enumerate(order):
+        out[i] = pos[k]
+    return out

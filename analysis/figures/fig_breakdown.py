@@ -5,7 +5,9 @@ from the results' own columns: compute, memory management (moving neurons in DRA
 the decoder waited for flash); whatever of `ms_per_token` the three leave unexplained is drawn grey
 as "other". Flash I/O busy time is drawn as a thin bar under each one: it is not stacked because
 with prefetching it overlaps compute, and only its unhidden part (the stall) adds to latency.
-Panels: one per device / model / trace / budget combination present in the results.
+A configuration that did not run (a budget too small for it) keeps its row, with no bar and the
+reason in red, so every panel lists the same configurations. Panels: one per device / model / trace /
+budget combination present in the results, all on one x scale (ms are comparable across panels).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ MAX_BARS = 24
 
 
 def draw(results: ResultSet, where: Sequence[str] | None = None) -> Figure:
-    df = C.filter_rows(results.ok, where, results.source)
-    if df.empty:
+    df = C.filter_rows(results.table, where, results.source)
+    if T.STATUS in df and not (df[T.STATUS] == "ok").any():
         raise FlashsimError(f"{KIND}: no point of the results ran successfully")
     C.need_columns(df, [T.MS_PER_TOKEN, T.IO_MS, *STACK], KIND)
     fig, axes = C.bar_panels(df, KIND, MAX_BARS, 0.42, _panel, "milliseconds per decoded token")
@@ -50,16 +52,30 @@ def _panel(ax, g) -> None:
         v = np.nan_to_num(g[col].to_numpy(float))
         ax.barh(y - 0.1, v, left=left, height=0.55, color=C.COLORS[col])
         left += v
-    other = np.clip(total - left, 0, None)
+    other = np.nan_to_num(np.clip(total - left, 0, None))
     other[other < 0.005 * total] = 0  # rounding, not a component
     ax.barh(y - 0.1, other, left=left, height=0.55, color=C.COLORS["other"])
     io = np.nan_to_num(g[T.IO_MS].to_numpy(float))
     ax.barh(y + 0.32, io, height=0.18, facecolor="white", edgecolor=C.COLORS[T.IO_MS], hatch="////",
             linewidth=0.6)
-    xmax = max(float(np.nanmax(total)), float(np.nanmax(io)) if len(io) else 0.0)
-    for yi, t in zip(y, total):
-        ax.text(t + 0.01 * xmax, yi - 0.1, C.fmt_ms(t), va="center", fontsize=8)
+    xmax = max(float(np.nanmax(total)) if np.isfinite(total).any() else 0.0, float(np.nanmax(io)) if len(io) else 0.0)
+    failed = (g[T.STATUS] != "ok").to_numpy() if T.STATUS in g else np.zeros(len(g), bool)
+    errors = g[T.ERROR].tolist() if T.ERROR in g else [None] * len(g)
+    for yi, t, bad, err in zip(y, total, failed, errors):
+        if bad:
+            ax.text(0, yi, " " + _short(err), va="center", fontsize=8, color="#C44E52")
+        else:
+            ax.text(t + 0.01 * xmax, yi - 0.1, C.fmt_ms(t), va="center", fontsize=8)
     ax.set_yticks(y, g[T.LABEL].tolist(), fontsize=8)
     ax.set_ylim(len(g) - 0.4, -0.7)
     ax.set_xlim(0, xmax * 1.15 if xmax > 0 else 1)
     ax.grid(axis="x", alpha=0.3)
+
+
+def _short(err: object, n: int = 60) -> str:
+    """A failed point's reason in a few words: 'does not fit: ...' for a budget refusal."""
+    text = "" if err is None or err != err else str(err)
+    head = "does not fit" if "budget" in text.lower() or "fit" in text.lower() else "did not run"
+    if not text or text.lower().startswith(head):
+        return text[:n] or head
+    return f"{head}: {text[:n]}" + ("..." if len(text) > n else "")

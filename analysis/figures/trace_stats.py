@@ -50,7 +50,8 @@ def _title(stats: dict[str, Any]) -> str:
     return (f"{stats.get('model', '?')} ({kind}), {stats['n_tokens']} tokens, phase {stats.get('phase', 'all')}")
 
 
-def plot_window_coverage(stats: dict[str, Any], out_dir: Path) -> list[Path]:
+def draw_window_coverage(stats: dict[str, Any]) -> Any:
+    """The window coverage figure (a matplotlib Figure) of one trace's statistics."""
     fig = _figure()
     ax = fig.add_subplot()
     layers = stats["per_layer"]
@@ -67,10 +68,11 @@ def plot_window_coverage(stats: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(title="thin: layers (dark = first)", loc="lower right")
     ax.set_title("Window coverage: " + _title(stats), fontsize=9)
-    return _save(fig, out_dir, "window_coverage")
+    return fig
 
 
-def plot_hot_cdf(stats: dict[str, Any], out_dir: Path) -> list[Path]:
+def draw_hot_cdf(stats: dict[str, Any]) -> Any:
+    """The hot cdf figure (a matplotlib Figure) of one trace's statistics."""
     fig = _figure()
     ax = fig.add_subplot()
     grid = [0.0, *stats["hot_cdf_grid"]]
@@ -92,10 +94,11 @@ def plot_hot_cdf(stats: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title("Hot-neuron CDF: " + _title(stats), fontsize=9)
-    return _save(fig, out_dir, "hot_cdf")
+    return fig
 
 
-def plot_per_layer(stats: dict[str, Any], out_dir: Path) -> list[Path]:
+def draw_per_layer(stats: dict[str, Any]) -> Any:
+    """The per layer figure (a matplotlib Figure) of one trace's statistics."""
     fig = _figure(7.0, 4.2)
     ax = fig.add_subplot()
     layers = stats["per_layer"]
@@ -115,7 +118,12 @@ def plot_per_layer(stats: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left", ncols=2, framealpha=0.9)
     ax.set_title("Per layer: " + _title(stats), fontsize=9)
-    return _save(fig, out_dir, "per_layer")
+    return fig
+
+
+def plot_figure(name: str, stats: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write one figure (`name` of FIGURES) as PNG and SVG into `out_dir`; returns the files."""
+    return _save(globals()[f"draw_{name}"](stats), Path(out_dir), name)
 
 
 def plot_trace_stats(stats: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -126,6 +134,6 @@ def plot_trace_stats(stats: dict[str, Any], out_dir: str | Path) -> list[Path]:
     except OSError as e:
         raise FlashsimError(f"--plot {out_dir}: cannot create the folder ({e.strerror})") from None
     paths: list[Path] = []
-    for plot in (plot_window_coverage, plot_hot_cdf, plot_per_layer):
-        paths += plot(stats, out_dir)
+    for name in FIGURES:
+        paths += plot_figure(name, stats, out_dir)
     return paths

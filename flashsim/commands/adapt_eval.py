@@ -39,11 +39,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.progress import Stage, note, phase
 from flashsim.output import print_json, print_table
 
 DEFAULT_DEVICE = "jetson-orin-nano-8gb"
@@ -172,11 +172,14 @@ def run(args: argparse.Namespace) -> int:
     kv_max = int(setup.kv_tokens[-1])
 
     results = []
-    for spec_t, tl in timelines:
-        for name in controllers:
-            ctrl = make_controller(name, spec=spec, kv_tokens_max=kv_max, static_ratio=args.static_ratio,
-                                   headroom=args.headroom, weights=args.weights)
-            results.append(run_episode(setup, ctrl, tl, spec_t.label))
+    with Stage("adapt eval", len(timelines) * len(controllers), "episodes") as stage:
+        for spec_t, tl in timelines:
+            for name in controllers:
+                stage.set_postfix(f"{name} on {spec_t.label}")
+                ctrl = make_controller(name, spec=spec, kv_tokens_max=kv_max, static_ratio=args.static_ratio,
+                                       headroom=args.headroom, weights=args.weights)
+                results.append(run_episode(setup, ctrl, tl, spec_t.label))
+                stage.update()
 
     quality_name = "estimate"
     if args.quality == "real":
@@ -235,13 +238,14 @@ def _real_quality(args: argparse.Namespace, spec: Any, doc: dict, names: tuple[s
     if hashlib.sha256(text.encode("utf-8")).hexdigest() != doc["text"].get("sha256"):
         raise FlashsimError(f"--quality real: the calibration text {src} differs from the one the GSI file was "
                             "computed on (sha256 mismatch)")
-    model, tokenizer, _ = load_hf_model(args.model or spec.name, notify=lambda m: print(m, file=sys.stderr))
+    with phase(f"loading {args.model or spec.name}"):
+        model, tokenizer, _ = load_hf_model(args.model or spec.name, notify=note)
     ids = tokenize_text(tokenizer, text, int(doc["text"]["n_tokens"]))
 
     def measure(sets: list[list[str]]) -> list[float]:
         # one teacher-forced pass per set, blocks skipped (not zeroed): the GSI file's perplexity
         # definition (real.studies.gsi.perplexity) on its own text, so a GSI prefix reproduces its ppl_after
-        print(f"measuring the perplexity of {len(sets)} dropped sets on the real model", file=sys.stderr)
+        note(f"measuring the perplexity of {len(sets)} dropped sets on the real model")
         out = []
         for s in sets:
             with skipped_blocks(model, s):

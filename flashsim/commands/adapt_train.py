@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 from typing import Any
 
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import Stage
 from flashsim.output import output_file, print_json, print_table
 
 DEFAULT_STEPS = 150_000      # = adapt.train.DqnConfig().steps
@@ -133,11 +133,13 @@ def _train(args: argparse.Namespace) -> int:
     env, doc, gsi_sha = build_env(args.model, args.gsi, args.alpha, args.beta, args.visit)
     config = DqnConfig(steps=args.steps, seed=args.seed)
 
-    def progress(step: int, mean_score: float) -> None:
-        if not args.json:
-            print(f"step {step}: mean episode score {mean_score:.4f}", file=sys.stderr)
+    with Stage("adapt train", args.steps, "steps") as stage:
+        def progress(step: int, mean_score: float) -> None:
+            stage.set_postfix(f"mean episode score {mean_score:.4f}")
+            stage.update(step - stage.n)
 
-    result = train_dqn(env, config, progress=progress)
+        result = train_dqn(env, config, progress=progress)
+        stage.update(args.steps - stage.n)
     meta = policy_metadata(result, alpha=args.alpha, beta=args.beta, model=str(doc["model"].get("name")),
                            gsi_sha256=gsi_sha)
     save_policy(out, result.params, meta)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.progress import Stage, phase
 from devices.units import format_bytes, format_rate, parse_bytes
 from flashsim.output import print_json, print_table
 
@@ -140,8 +140,13 @@ def _flash(args: argparse.Namespace) -> int:
                    + (f" --path {args.path}" if args.path else "") + (f" --size {size}" if not path.exists() else "")
                    + (" --buffered" if args.buffered else "")
                    + (" --no-host-cpu" if args.no_host_cpu else f" --compute-threads {cfg.compute_threads}"))
-        result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=_progress(
-            len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 4 + (0 if args.no_host_cpu else cfg.passes), args.json))
+        n_steps = len(cfg.chunks) * len(cfg.in_flight) * cfg.passes + 4 + (0 if args.no_host_cpu else cfg.passes)
+        with Stage("bench flash", n_steps, "points") as stage:
+            def step(label: str) -> None:
+                stage.set_postfix(label)
+                stage.update(1)
+
+            result = run_flash_bench(path, size, cfg, keep_file=args.keep_file, progress=step)
         how = (f"{'direct I/O' if result['direct_io'] else 'BUFFERED reads, page cache dropped per point'}, "
                f"python threads + os.preadv, {format_bytes(result['file_bytes'])} file, {cfg.duration_s:g} s per point")
     result["command"] = command
@@ -218,22 +223,6 @@ def _int(text: str, what: str) -> int:
         raise FlashsimError(f"{what}: {text!r} is not an integer") from None
 
 
-def _progress(total: int, quiet: bool) -> Any:
-    if quiet or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc="bench flash", unit="point", file=sys.stderr, leave=False)
-
-    def step(label: str) -> None:
-        bar.set_postfix_str(label)
-        bar.update(1)
-        if bar.n >= total:
-            bar.close()
-
-    return step
-
-
 # ---- compute -------------------------------------------------------------------------------------------
 def _print_sparse_ffn(tables: dict) -> None:  # type: ignore[type-arg]
     """The sparse-FFN kernel table at its largest width's middle neuron count, per dtype."""
@@ -262,12 +251,14 @@ def _compute(args: argparse.Namespace) -> int:
     from devices.schema import load_profile
     from real.bench.bench_compute import compute_sections, run_compute_bench
 
-    if args.device == "cpu":
-        result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
-    else:
-        from real.bench.bench_cuda import run_on
+    with phase(f"bench compute on {args.device}{' (quick)' if args.quick else ''}"):
+        if args.device == "cpu":
+            result = run_compute_bench(quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+        else:
+            from real.bench.bench_cuda import run_on
 
-        result = run_on(args.device, quick=args.quick, framework=args.framework, seed=args.seed, threads=args.threads)
+            result = run_on(args.device, quick=args.quick, framework=args.framework, seed=args.seed,
+                            threads=args.threads)
     command = (f"flashsim bench compute --framework {args.framework} --seed {args.seed}" + (" --quick" if args.quick else "")
                + (f" --threads {args.threads}" if args.threads is not None else "")
                + (f" --device {args.device}" if args.device != "cpu" else ""))

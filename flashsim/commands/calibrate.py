@@ -19,11 +19,13 @@ real.validation.validate.run_validation. Units: bytes, seconds, bytes/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,69 @@ def _say(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def quiet_third_party() -> Iterator[None]:
+    """Silence third-party progress bars while calibrating (transformers' "Loading weights", the GGUF
+    reader's "Converting and de-quantizing" bar, huggingface_hub's downloads): one model load drew
+    about 30 redraws into a log, and the stage lines already say what runs. The environment reaches
+    libraries imported later and child processes; tqdm, already imported by then, is told directly
+    (every bar it makes is disabled until the block ends)."""
+    import functools
+
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__dict__["__init__"]          # as stored (tqdm wraps it in a partialmethod)
+    tqdm.std.tqdm.__init__ = functools.partialmethod(tqdm.std.tqdm.__init__, disable=True)  # type: ignore[method-assign]
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tqdm.std.tqdm.__init__ = init  # type: ignore[method-assign]
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class WarningTee:
+    """stderr as it was, keeping every line that warns (`WARNING: ...`, Python's `...Warning: ...`) for
+    the printed summary: warnings must not scroll away with the progress lines."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.lines, self._part = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self._part += text
+        *done, self._part = self._part.split("\n")
+        self.lines += [line.strip() for line in done if "WARNING" in line or "Warning:" in line]
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def _calibrate(args: argparse.Namespace) -> int:
+    tee = WarningTee(sys.stderr)
+    sys.stderr = tee
+    try:
+        with quiet_third_party():
+            return _calibrate_teed(args, tee)
+    finally:
+        sys.stderr = tee.stream
+
+
+def _calibrate_teed(args: argparse.Namespace, tee: WarningTee) -> int:
     from flashsim.validation_output import print_validation, validate_progress
     from real.validation.calibration import calibrate
     from real.validation.profile_writer import default_path
@@ -83,9 +147,12 @@ def _calibrate(args: argparse.Namespace) -> int:
         check_keep_target(args.keep)
         check_writable(Path(args.keep).parent, f"--keep {args.keep}")
     from real.runtime.device import choose_device
+    from real.validation.profile_writer import record_calibration
+    from real.validation.verdict import calibration_verdict, verdict_line
 
     dev = choose_device(args.device) if args.device != "cpu" else None
     t0 = time.perf_counter()
+    mode = "quick" if args.quick else "full"
 
     # 1-3. bench flash, bench compute, the profile (real.validation.calibration; written atomically, read back)
     _say(args, f"[1/4] bench flash, [2/4] bench compute ({args.threads} thread(s)) on "
@@ -94,7 +161,10 @@ def _calibrate(args: argparse.Namespace) -> int:
                     size_bytes=size, say=lambda text: _say(args, f"      {text}"))
     profile, flash, comp, flash_cmd, comp_cmd = (cal.profile, cal.flash, cal.compute, cal.flash_command,
                                                  cal.compute_command)
-    _say(args, f"[3/4] profile {profile.name!r} written: {target} (source: {profile.source.kind})")
+    # recorded before validating: a validation that does not finish leaves the profile saying so
+    profile = record_calibration(target, mode, "not validated",
+                                 next_step="validation did not finish: rerun flashsim calibrate")
+    _say(args, f"[3/4] profile {profile.name!r} written: {target} (source: {profile.source.kind}, {mode} calibration)")
     cuda = None
     if dev is not None and dev.kind == "cuda":
         _say(args, f"      bench compute on the GPU ({dev.name})")
@@ -121,11 +191,19 @@ def _calibrate(args: argparse.Namespace) -> int:
                        "op_overhead_s": comp["op_overhead_s"], "command": comp_cmd}
     from real.validation.profile_writer import measured_fields
 
+    verdict = calibration_verdict(report, args.quick, str(target))
+    record = {k: verdict[k] for k in ("detail", "next_step")}
+    profile = record_calibration(target, mode, verdict["verdict"], **record)
+    if cuda:   # validated with the CPU profile: the GPU's profile carries the same verdict, said so
+        record_calibration(Path(cuda["path"]), mode, verdict["verdict"], next_step=verdict["next_step"],
+                           detail=f"validated with the CPU profile {target}: {verdict['detail']}")
+    # the validation's own warnings are in its report (printed with it); the rest were seen on stderr
+    warnings = [w for w in dict.fromkeys(tee.lines) if w not in verdict["warnings"]]
     measured, carried = measured_fields(profile.model_dump(mode="json", exclude_none=True))
     if args.json:
         print_json({"profile": {"name": profile.name, "path": str(target), "measured": measured, "carried_over": carried},
                     "cuda_profile": cuda, "kept": args.keep, "flash": flash_summary, "compute": compute_summary, "validate": report,
-                    "wall_s": time.perf_counter() - t0})
+                    "verdict": {**verdict, "warnings": [*verdict["warnings"], *warnings]}, "wall_s": time.perf_counter() - t0})
         return 0
     print(f"profile {profile.name!r}: {target}")
     print(f"  measured here: {', '.join(measured)}; carried over: {', '.join(carried)}")
@@ -142,7 +220,10 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"{cuda['fp16_gemv_flops_per_s'] / 1e9:.1f} GFLOP/s, GPU memory {format_rate(cuda['dram_bytes_per_s'])}; "
               "plan and replay with this one (validate ran the CPU profile: its real runs compute on the CPU)")
     print_validation(report, False, None)
-    print(f"calibrated in {time.perf_counter() - t0:.0f} s")
+    for w in warnings:
+        print(f"warning: {w.removeprefix('WARNING: ')}")
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s ({mode}); the profile records the verdict and date")
+    print(verdict_line(verdict))
     return 0
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import note, phase
 from devices.units import format_bytes
 from flashsim.output import print_json, print_table
 
@@ -94,12 +94,12 @@ def _capture(args: argparse.Namespace) -> int:
         raise FlashsimError(f"{out}: already exists; choose another --out, remove it or pass --overwrite")
     prompts = load_prompts(args.prompts, limit=args.limit_prompts)
     resolve_model_source(args.model)
-
-    def note(msg: str) -> None:
-        print(f"flashsim: {msg}", file=sys.stderr)
+    if _is_moe_folder(args.model):
+        return _capture_routing(args, prompts)
 
     t0 = time.perf_counter()
-    loaded = load_hf_model(args.model, notify=note)
+    with phase(f"loading {args.model}"):
+        loaded = load_hf_model(args.model, notify=note)
     t1 = time.perf_counter()
     capture_trace(loaded, prompts, out, max_new_tokens=args.max_new_tokens, sparsity=args.sparsity,
                   magnitude_fraction=args.magnitude_fraction, seed=args.seed, temperature=args.temperature,
@@ -124,6 +124,39 @@ def _capture(args: argparse.Namespace) -> int:
           f"({summary['tokens_per_s']:.1f} tokens/s)")
     print_table(["task", "prompts", "prefill", "decode"],
                 [[t, v["prompts"], v["prefill_tokens"], v["decode_tokens"]] for t, v in summary["tasks"].items()])
+    return 0
+
+
+def _is_moe_folder(model: str) -> bool:
+    from devices.moe_spec import is_moe_model
+
+    return Path(model).expanduser().is_dir() and is_moe_model(Path(model).expanduser())
+
+
+def _capture_routing(args: argparse.Namespace, prompts: list) -> int:
+    """An MoE model folder: record its routers (traces/capture/routing.py) into a routing trace."""
+    from traces.capture.routing import capture_routing
+    from traces.routing import open_routing_trace
+
+    if args.sparsity or args.magnitude_fraction is not None:
+        raise FlashsimError("capture: --sparsity and --magnitude-fraction are for FFN activation traces; an MoE "
+                            "model folder gives a routing trace")
+    t0 = time.perf_counter()
+    out = capture_routing(args.model, prompts, args.out, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                          temperature=args.temperature, chat_template=not args.no_chat_template,
+                          provenance={"command": command_line(args)}, overwrite=args.overwrite)
+    t = open_routing_trace(out)
+    phase = np.asarray(t.phase)
+    summary = {"trace": str(out), "kind": "routing", "model": t.manifest.model, "n_prompts": len(prompts),
+               "n_tokens": t.n_tokens, "n_prefill_tokens": int((phase == 0).sum()),
+               "n_decode_tokens": int((phase == 1).sum()), "moe_layers": t.manifest.moe_layers,
+               "n_experts": t.n_experts, "top_k": t.top_k, "capture_s": round(time.perf_counter() - t0, 3)}
+    if args.json:
+        print_json(summary)
+        return 0
+    print(f"routing trace {out}: {summary['model']}, {len(prompts)} prompts, {t.n_tokens} tokens "
+          f"({summary['n_prefill_tokens']} prefill + {summary['n_decode_tokens']} decode), "
+          f"{t.n_moe_layers} MoE layers x {t.n_experts} experts, top-{t.top_k}; see `flashsim trace stats {out}`")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from devices import list_models, list_profiles, load_model, load_profile
-from devices.model_spec import DTYPE_BITS
+from devices.moe_spec import MOE_DTYPE_BITS, is_moe_model
 from devices.schema import DeviceProfile
 from devices.units import format_bytes, format_rate
 from flashsim.output import print_json, print_table
@@ -23,12 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("models", help="list bundled model specs, or show one")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--dtype", choices=list(DTYPE_BITS), default="fp16", help="weight dtype (default fp16)")
+    p.add_argument("--dtype", choices=list(MOE_DTYPE_BITS), default=None,
+                   help="weight dtype (default fp16; an MoE spec's own, e.g. mxfp4 for gpt-oss)")
     p.set_defaults(func=_models_list)
     msub = p.add_subparsers(dest="models_cmd", metavar="show")
     s = msub.add_parser("show", help="show one model's derived sizes and FLOPs")
-    s.add_argument("name", help="bundled name, a Hugging Face model folder, or a config.json")
-    s.add_argument("--dtype", choices=list(DTYPE_BITS), default="fp16", help="weight dtype (default fp16)")
+    s.add_argument("name", help="bundled name (dense or MoE), a Hugging Face model folder, or a config.json")
+    s.add_argument("--dtype", choices=list(MOE_DTYPE_BITS), default=None,
+                   help="weight dtype (default fp16; an MoE spec's own, e.g. mxfp4 for gpt-oss)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=_models_show)
 
@@ -115,7 +117,9 @@ def _speeds(p: DeviceProfile) -> dict:
 
 
 def _models_list(args: argparse.Namespace) -> int:
-    specs = [load_model(n, dtype=args.dtype) for n in list_models()]
+    from flashsim.commands.moe_models import moe_table
+
+    specs = [load_model(n, dtype=args.dtype or "fp16") for n in list_models()]
     if args.json:
         print_json([s.summary() for s in specs])
         return 0
@@ -123,12 +127,17 @@ def _models_list(args: argparse.Namespace) -> int:
              format_bytes(s.ffn_neuron_bytes), format_bytes(s.total_weight_bytes),
              format_bytes(s.kv_bytes_per_token)] for s in specs]
     print_table(["model", "family", "params", "layers", "d_model", "d_ff", "ffn", "neuron",
-                 f"weights ({args.dtype})", "KV/token"], rows, align="llrrrrlrrr")
+                 f"weights ({args.dtype or 'fp16'})", "KV/token"], rows, align="llrrrrlrrr")
+    moe_table(args.dtype)
     return 0
 
 
 def _models_show(args: argparse.Namespace) -> int:
-    s = load_model(args.name, dtype=args.dtype)
+    if is_moe_model(args.name):
+        from flashsim.commands.moe_models import show_moe
+
+        return show_moe(args)
+    s = load_model(args.name, dtype=args.dtype or "fp16")
     d = s.summary()
     if args.json:
         print_json(d)

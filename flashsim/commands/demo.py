@@ -75,6 +75,8 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"\n== Plan: {q['model']} on {q['device']}, {format_bytes(q['budget_bytes'])} free, "
           f">= {q['target_tps']:g} tok/s, activation mass kept >= {q['min_quality']:g} ==")
     print(f"trace: {p['trace']}")
+    if p.get("quality_floor"):
+        print(f"quality floor: {p['quality_floor']}")
     if p["best"]:
         b = p["best"]
         print(f"feasible: yes; best {b['label']}: {b[TOKENS_PER_S]:.2f} tok/s, DRAM "

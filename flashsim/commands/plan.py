@@ -8,9 +8,11 @@ import argparse
 import sys
 
 from analysis.plan_setup import DEFAULT_PLAN_TOKENS, plan_model
-from analysis.planner import Plan
+from analysis.planner import SHIPPED, Plan
+from analysis.quality_evidence import DEFAULT_MAX_PPL_RATIO, parse_max_ppl_ratio
+from analysis.quality_table import load_quality_table
 from devices.errors import FlashsimError
-from devices.units import format_bytes, parse_bytes
+from devices.units import UNITS_NOTE, format_bytes, parse_bytes
 from flashsim.output import print_json, print_table
 from sim.metric_names import (
     ACTIVATION_MASS_KEPT,
@@ -37,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-agreement", type=float, default=None,
                    help="required next-token agreement with the native model, 0..1 (measured on the embedded model: "
                    "analysis/data/quant_quality.json)")
+    p.add_argument("--max-ppl-ratio", default=str(DEFAULT_MAX_PPL_RATIO), metavar="X",
+                   help=f"quality floor: perplexity at most X times the native model's, by the closest evidence "
+                   f"for the model (default {DEFAULT_MAX_PPL_RATIO:g}; none: no floor)")
+    p.add_argument("--quality-table", default=None, metavar="FILE.json",
+                   help="quality measured on your model (`flashsim real quant-quality --model LOCAL --out FILE.json`); "
+                   "default: the shipped SmolLM2-135M table, used only for models of its size")
     p.add_argument("--trace", default=None, help="trace to replay (default: synthesize one of the model's shape)")
     p.add_argument("--tokens", type=int, default=DEFAULT_PLAN_TOKENS,
                    help=f"decode tokens of the synthetic trace (default {DEFAULT_PLAN_TOKENS})")
@@ -47,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="device numbers: achievable (published/measured, the default; each speed is shown with its "
                         "peak-bound figure beside it) or peak (datasheet ceiling only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from flashsim.commands.moe_plan import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_plan)
 
 
@@ -59,6 +70,8 @@ def run_plan(args: argparse.Namespace) -> Plan:
         budget = parse_bytes(args.dram_free, "--dram-free")
         if budget <= 0:
             raise FlashsimError(f"--dram-free {args.dram_free}: must be > 0 bytes")
+    max_ppl = parse_max_ppl_ratio(getattr(args, "max_ppl_ratio", str(DEFAULT_MAX_PPL_RATIO)))
+    quality = SHIPPED if getattr(args, "quality_table", None) is None else load_quality_table(args.quality_table)
     from tqdm import tqdm
 
     with tqdm(total=None, unit="run", file=sys.stderr, leave=False, disable=None) as bar:
@@ -71,10 +84,17 @@ def run_plan(args: argparse.Namespace) -> Plan:
         return plan_model(args.model, args.device, budget_bytes=budget, target_tps=args.target_tps,
                           min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
                           native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
-                          min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"))
+                          min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"),
+                          max_ppl_ratio=max_ppl, quality=quality)
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from devices.moe_spec import is_moe_model
+
+    if is_moe_model(args.model):
+        from flashsim.commands.moe_plan import plan_moe
+
+        return plan_moe(args)
     result = run_plan(args)
     if args.json:
         print_json(result.to_json())
@@ -101,6 +121,12 @@ def _q(v: float | None, bound: bool | None, digits: int = 3, mark: str = "<=") -
     return "" if v is None else (mark if bound else "") + f"{v:.{digits}f}"
 
 
+def _evidence(r: dict) -> str:
+    """The short name of the quality evidence a row used (its source is a note)."""
+    e = r.get("quality_evidence")
+    return "" if not e else e["short"]
+
+
 def print_plan(p: Plan, *, full: bool = True) -> None:
     """The plan as text: trace, constraints, table, best, Pareto front, minimum DRAM."""
     targets = []
@@ -115,7 +141,11 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     mode = f" in power mode {p.power_mode}" if p.power_mode else ""
     print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
+    print(UNITS_NOTE)
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")
+    floor = (p.quality or {}).get("floor")
+    if floor:
+        print(f"quality floor: {floor['rule']}")
     if full:
         rows = []
         peaks = (p.peak_bound or {}).get("configurations", {})
@@ -125,17 +155,19 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
                          _tps(peaks[r["label"]]) if r["label"] in peaks else "-", _gib(r[DRAM_PEAK_BYTES]),
                          "" if r[ACTIVATION_MASS_KEPT] is None else f"{r[ACTIVATION_MASS_KEPT]:.3f}",
                          _q(r.get("agreement"), r.get("quality_bound")), _q(r.get("ppl_ratio"), r.get("quality_bound"), 3, ">="),
-                         _mj(r.get(JOULES_PER_TOKEN)), r["binding_constraint"], status])
+                         _evidence(r), _mj(r.get(JOULES_PER_TOKEN)), r["binding_constraint"], status])
         print()
-        print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x", "mJ/token",
-                     "binding", "feasible"], rows, align="lrrrrrrrll")
+        print_table(["configuration", "tok/s", "peak-bound", "DRAM GiB", "mass kept", "agree", "ppl x",
+                     "quality evidence", "mJ/token", "binding", "feasible"], rows, align="lrrrrrrlrll")
     print()
     if p.best is not None:
         b = p.best
         pb = (p.peak_bound or {}).get("best")
         beside = f" expected ({_tps(pb)} peak-bound)" if pb is not None else ""
         print(f"best: {b['label']}: {_tps(b[TOKENS_PER_S])} tok/s{beside}, DRAM {format_bytes(b[DRAM_PEAK_BYTES])}, "
-              f"mass kept {b[ACTIVATION_MASS_KEPT]:.3f}, energy {_mj(b.get(JOULES_PER_TOKEN))} mJ/token; "
+              f"mass kept {b[ACTIVATION_MASS_KEPT]:.3f}, "
+              + (f"ppl x{b['ppl_ratio']:.4f} ({_evidence(b)}), " if b.get("ppl_ratio") is not None else "")
+              + f"energy {_mj(b.get(JOULES_PER_TOKEN))} mJ/token; "
               f"bound by {b['binding_constraint']} "
               f"(per token: flash stall {b[STALL_MS_PER_TOKEN]:.1f} ms, compute {b[COMPUTE_MS_PER_TOKEN]:.1f} ms, "
               f"memory mgmt {b[MEMORY_MGMT_MS_PER_TOKEN]:.1f} ms)")
@@ -145,15 +177,17 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
         print(f"infeasible: no configuration meets the constraints; {why}; bound by {p.binding}")
     qk = (p.quality or {}).get("axis", ACTIVATION_MASS_KEPT)
     front = ", ".join(f"{r['label']} ({_tps(r[TOKENS_PER_S])} tok/s, {_gib(r[DRAM_PEAK_BYTES])} GiB, "
-                      f"{r[qk]:.2f}, {_mj(r.get(JOULES_PER_TOKEN))} mJ)" for r in p.pareto)
-    axis = "measured agreement" if qk == "agreement" else "mass kept"
+                      f"{r[qk]:.3f}, {_mj(r.get(JOULES_PER_TOKEN))} mJ)" for r in p.pareto)
+    axis = {"agreement": "measured agreement", "ppl_ratio": "perplexity ratio (rows with quality evidence)"}.get(
+        qk, "mass kept")
     axes = f"tok/s x DRAM x {axis}" + (" x energy" if any(r.get(JOULES_PER_TOKEN) is not None for r in p.rows) else "")
     print(f"Pareto front ({axes}): {front or 'empty'}")
     for c in p.comparisons:
         print(f"{c['name']}: " + "; ".join(
             f"{r['label']}: {_tps(r[TOKENS_PER_S]) if r['fits'] else 'does not fit'}"
-            + (f" tok/s, {_gib(r[DRAM_PEAK_BYTES])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound'))}, "
-               f"ppl x{_q(r.get('ppl_ratio'), r.get('quality_bound'), 3, '>=')}" if r["fits"] else "") for r in c["rows"]))
+            + (f" tok/s, {_gib(r[DRAM_PEAK_BYTES])} GiB, agreement {_q(r.get('agreement'), r.get('quality_bound')) or '?'}, "
+               f"ppl x{_q(r.get('ppl_ratio'), r.get('quality_bound'), 3, '>=') or '?'} ({_evidence(r)})" if r["fits"] else "")
+            for r in c["rows"]))
     m = p.min_dram
     what = "the target" if p.target_tps is not None else "the constraints (best configuration only: no --target-tps)"
     if m.get("bytes") is not None:

@@ -128,7 +128,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     common: dict[str, Any] = dict(layout=args.layout, alignment=args.alignment, file_mode=args.files,
                                   order=args.order, profile=args.profile, task=args.profile_task,
-                                  overwrite=args.overwrite, progress=not args.json)
+                                  overwrite=args.overwrite, progress=True)
     if args.shape:
         from devices.model_spec import load_model
 

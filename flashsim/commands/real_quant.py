@@ -135,7 +135,8 @@ def _quant_quality(args: argparse.Namespace) -> int:
     eval_s = time.perf_counter() - t1
     doc: dict[str, Any] = {
         "kind": DOC_KIND, "version": DOC_VERSION,
-        "model": {"name": spec.name, "source": os.path.basename(str(path)), "native_formats": native_formats(kind, path),
+        "model": {"name": spec.name, "total_params": spec.total_params, "source": os.path.basename(str(path)),
+                  "native_formats": native_formats(kind, path),
                   "native": "the weights as loaded (dequantized to fp32 when the source is a GGUF), no sparsity"},
         "text": {"source": source, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                  "n_tokens": int(ids.shape[1])},

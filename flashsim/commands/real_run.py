@@ -11,12 +11,12 @@ Registered under `flashsim real` by `register_real(rsub)` (called from flashsim/
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from devices.progress import note, phase
 from devices.units import format_bytes, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 
@@ -54,7 +54,7 @@ def _config(args: argparse.Namespace) -> Any:
 
     sets = ["workload.prompt_tokens=0", *args.settings]
     if args.dram_budget:
-        sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget)}")
+        sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     if getattr(args, "tokens", None):
         sets.append(f"workload.tokens={args.tokens}")
     return preset_config(args.preset).with_overrides(sets)
@@ -84,7 +84,9 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.predictor:
             raise FlashsimError("--predictor is for model mode (--model); shape mode takes --set predictor=...")
-        run = run_shape(store, open_trace(args.trace), profile, cfg, device=args.device, threads=args.threads)
+        trace = open_trace(args.trace)
+        with phase(f"real run (shape mode): {trace.n_tokens} tokens of {args.trace}"):
+            run = run_shape(store, trace, profile, cfg, device=args.device, threads=args.threads)
     else:
         if args.predictor and len(args.predictor) > 1:
             if args.records or args.trace_out:
@@ -172,13 +174,19 @@ def _model_runs(args: argparse.Namespace, store: Any, profile: Any, cfg: Any) ->
     for p in predictors:
         if p is not None:
             parse_predictor(p)   # bad names and missing files before the model loads
-    loaded = load_hf_model(args.model, notify=lambda m: print(f"note: {m}", file=sys.stderr))
+    with phase(f"loading {args.model}"):
+        loaded = load_hf_model(args.model, notify=note)
     check_store_matches(store, loaded.spec)
     ids = np.asarray(loaded.tokenizer(text_path.read_text())["input_ids"], np.int64)[: args.max_tokens]
+    runs = []
     with tempfile.TemporaryDirectory(prefix="flashsim-run-") as tmp:
-        ref = prepare(loaded.model, loaded.spec, store, ids, keep_fraction=args.keep, workdir=tmp)
-        return [run_prepared(ref, loaded.model, loaded.spec, store, profile, cfg, predictor=p, device=args.device,
-                             threads=args.threads) for p in predictors]
+        with phase(f"dense reference pass: {len(ids)} tokens"):
+            ref = prepare(loaded.model, loaded.spec, store, ids, keep_fraction=args.keep, workdir=tmp)
+        for p in predictors:
+            with phase(f"real run: {len(ids)} tokens, predictor {p or cfg.predictor.name}"):
+                runs.append(run_prepared(ref, loaded.model, loaded.spec, store, profile, cfg, predictor=p,
+                                         device=args.device, threads=args.threads))
+    return runs
 
 
 QUALITY_COLUMNS = ("predictor_recall", "predictor_precision", "predicted_fraction", "perplexity", "dense_perplexity",

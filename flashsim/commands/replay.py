@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from devices.units import format_bytes, format_rate, parse_bytes
+from devices.units import UNITS_NOTE, format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 from sim.metric_names import (
     ACTIVATION_MASS_KEPT,
@@ -74,6 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--records", help="write per-token records to this Parquet file")
     p.add_argument("--timeline", help="write a Chrome/Perfetto trace of the run to this JSON file")
     p.add_argument("--list-params", action="store_true", help="document every slot, policy, parameter and preset")
+    from flashsim.commands.moe_replay import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -111,6 +114,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.list_params:
         return _list_params(args)
+    from flashsim.commands.moe_replay import is_moe_replay, run_moe_replay
+
+    if is_moe_replay(args):
+        return run_moe_replay(args)
     missing = [f"--{n}" for n in ("trace", "device") if not getattr(args, n)]
     if missing:
         raise FlashsimError(f"replay: {' and '.join(missing)} required (or --list-params)")
@@ -154,6 +161,7 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
           f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
           f"{s.get('bound', 'achievable')} device numbers")
+    print(UNITS_NOTE)
     print("policies: " + "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in c["policies"].items()))
     if c.get("cache_shares"):   # memory.cache_split other than equal (sim/policies/cache_shares.py)
         sh = c["cache_shares"]
@@ -207,8 +215,10 @@ def inputs_line(rows: list[dict[str, Any]]) -> str:
     """One line naming which device inputs are measured, published, datasheet figures or estimates."""
     from devices.achievable import inputs_by_kind
 
-    kinds = inputs_by_kind(rows)
-    return "device inputs: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+    cal = [r for r in rows if r["input"] == "calibration"]
+    kinds = inputs_by_kind([r for r in rows if r["input"] != "calibration"])
+    return ("device inputs: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in kinds.items())
+            + "".join(f"; {r['value']}" for r in cal))
 
 
 def _params(p: dict[str, Any]) -> str:

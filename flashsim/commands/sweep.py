@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler address (tcp://host:8786); default with --engine dask: a local cluster")
     p.add_argument("--dry-run", action="store_true", help="list the points and check the names, run nothing")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (default: a bar on a terminal, one line per stage in a log)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_sweep)
 

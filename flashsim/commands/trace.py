@@ -12,12 +12,13 @@ from devices.errors import FlashsimError
 from flashsim.output import print_json, print_table
 from traces.format import open_trace
 from traces.profiler import load_neuron_profile, profile_traces, save_profile
+from traces.routing import is_routing_trace
 from traces.stats import PHASES, trace_stats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="trace statistics, synthetic traces and the offline neuron profiler")
-    tsub = p.add_subparsers(dest="trace_cmd", metavar="stats|synth|profile")
+    tsub = p.add_subparsers(dest="trace_cmd", metavar="stats|synth|profile|import-routing|synth-routing")
     p.set_defaults(func=lambda args: _usage(p))
 
     s = tsub.add_parser("stats", help="sparsity, reuse across tokens and hot-neuron skew of a trace")
@@ -59,6 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=_profile)
 
+    from flashsim.commands.trace_routing import register as register_routing
+
+    register_routing(tsub)
+
 
 def _usage(p: argparse.ArgumentParser) -> int:
     p.print_help()
@@ -71,6 +76,10 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 # ---- stats ------------------------------------------------------------------------------------
 def _stats(args: argparse.Namespace) -> int:
+    if is_routing_trace(args.trace):
+        from flashsim.commands.trace_routing import stats as routing_stats
+
+        return routing_stats(args)
     trace = open_trace(args.trace)
     st = trace_stats(trace, phase=args.phase)
     data = st.to_json()
@@ -111,6 +120,17 @@ def _stats(args: argparse.Namespace) -> int:
 
 # ---- synth ------------------------------------------------------------------------------------
 def _synth(args: argparse.Namespace) -> int:
+    if _wants_routing(args):
+        from flashsim.commands.trace_routing import synth as routing_synth
+
+        for flag, v in (("--active-fraction", args.active_fraction), ("--overlap", args.overlap),
+                        ("--hot-skew", args.hot_skew), ("--prompt-tokens", args.prompt_tokens)):
+            if v is not None:
+                raise FlashsimError(f"trace synth: {flag} is for activation traces; a routing trace takes the "
+                                    "options of `trace synth-routing`")
+        ns = argparse.Namespace(**{**vars(args), "sigma": None, "phi": None, "psi": None, "skew": 0.0,
+                                   "sequence_tokens": None})
+        return routing_synth(ns)
     from traces.synthetic import synthesize
 
     params = {"--active-fraction": args.active_fraction, "--overlap": args.overlap, "--hot-skew": args.hot_skew}
@@ -135,7 +155,7 @@ def _synth(args: argparse.Namespace) -> int:
     out = synthesize(args.out, spec, n_tokens, args.seed, like=like, like_phase=args.phase,
                      active_fraction=args.active_fraction, overlap=args.overlap, hot_skew=args.hot_skew,
                      magnitudes=args.magnitudes, prompt_tokens=args.prompt_tokens, overwrite=args.force,
-                     provenance=provenance)
+                     provenance=provenance, progress=True)
     trace = open_trace(out, verify=False)
     syn = trace.manifest.synthetic or {}
     summary = {"out": str(out), "model": spec.name, "n_layers": spec.n_layers, "n_neurons": spec.d_ff,
@@ -188,6 +208,17 @@ def _print_tasks(tasks: dict) -> None:
                            for name, res in [("count", cnt), ("|a|", mag)] if res is not None)
     print(f"profiler top-n sets, n = {cnt['top_n']} per layer (chance {_f(cnt['chance'])}), mean over layers; "
           f"floor = the source's split-half overlap: {verdict} it")
+
+
+def _wants_routing(args: argparse.Namespace) -> bool:
+    """A routing --like trace, or an MoE --model without --like, makes `trace synth` a routing synthesis."""
+    if args.like:
+        return is_routing_trace(args.like)
+    if args.model:
+        from devices.moe_spec import is_moe_model
+
+        return is_moe_model(args.model)
+    return False
 
 
 def _synth_command(args: argparse.Namespace, model: str, n_tokens: int) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import Stage
 
 FORMAT = "flashsim-lowrank-predictor"
 VERSION = 1
@@ -413,8 +414,9 @@ def train_on_prompts(loaded: Any, prompts: Sequence[Any], *, rank: int = DEFAULT
         raise FlashsimError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
     check_settings(rank=rank, epochs=epochs, threshold=threshold, holdout=holdout, n_prompts=len(prompts))
     t0 = time.perf_counter()
-    seqs = prompt_sequences(loaded, prompts, max_new_tokens,
-                            (lambda i, n: progress(f"generated prompt {i}/{n}")) if progress else None, chat_template)
+    with Stage("train-predictor: prompts through the model", len(prompts), "prompts",
+               enabled=progress is not None) as stage:
+        seqs = prompt_sequences(loaded, prompts, max_new_tokens, lambda i, n: stage.update(), chat_template)
     pairs = collect_pairs(loaded.model, seqs)
     collect_s = time.perf_counter() - t0
     if progress:

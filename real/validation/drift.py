@@ -309,10 +309,13 @@ def profile_at_drift(profile: Any, disk: float, cpu: float,
         else:
             row_r = np.full(len(table["chunk_bytes"]), disk)
         table["bytes_per_s"] = [[v / float(r) for v in row] for row, r in zip(table["bytes_per_s"], row_r, strict=True)]
-    else:   # the closed-form model
+    else:   # the closed-form model, and the achievable table measured beside it (the same SSD)
         flash["sequential_read_bytes_per_s"] /= disk
         flash["iops_max"] /= disk
         flash["read_latency_s"] *= disk
+        if "read_table_achievable" in flash:
+            ach = flash["read_table_achievable"]
+            ach["bytes_per_s"] = [[v / disk for v in row] for row in ach["bytes_per_s"]]
     if "batch_overhead_s" in flash:
         flash["batch_overhead_s"] = [v * disk for v in flash["batch_overhead_s"]]
     if "segment_s" in flash:   # device time too

@@ -122,6 +122,7 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
     src.update(kind="measured" if measured else "mixed", references=refs, date=today,
                host=host_description(), tool=tool_version())
     src["notes"] = provenance_note(data, base_from)
+    src.pop("calibration", None)      # a calibrate verdict judged the sections this bench just replaced
     data["source"] = src
     try:
         profile = DeviceProfile.model_validate(data)
@@ -129,6 +130,25 @@ def write_profile(path: Path, name: str, *, flash: dict[str, Any] | None = None,
         raise FlashsimError(f"{path}: the measured profile is invalid: {validation_message(e)}") from None
     return write_profile_text(path, profile_yaml(profile, f"Written by `{command}`; merged sections keep their "
                                                           "own sources."))
+
+
+def record_calibration(path: Path, mode: str, verdict: str, *, detail: str | None = None,
+                       next_step: str | None = None, date: str | None = None) -> DeviceProfile:
+    """Write `flashsim calibrate`'s mode (quick / full), verdict and date into the profile at `path`
+    (source.calibration, devices/section_base.py Calibration), atomically; every other field kept."""
+    data = read_mapping(path)
+    src = dict(data.get("source", {}))
+    cal = {"mode": mode, "verdict": verdict, "date": date or dt.date.today().isoformat()}
+    cal.update({k: v for k, v in (("detail", detail), ("next_step", next_step)) if v})
+    src["calibration"] = cal
+    data["source"] = src
+    try:
+        profile = DeviceProfile.model_validate(data)
+    except ValidationError as e:
+        raise FlashsimError(f"{path}: cannot record the calibration: {validation_message(e)}") from None
+    return write_profile_text(path, profile_yaml(profile, f"Written by `flashsim calibrate{' --quick' if mode == 'quick' else ''}`"
+                                                          f" ({cal['date']}): verdict {verdict}; merged sections keep "
+                                                          "their own sources."))
 
 
 def measured_fields(data: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -27,9 +27,11 @@ Over several kept grids (`--rescore A B ...`), `between_grids` scores the host a
 real runs of one grid against another's on the configurations they share, raw and after one factor
 per mode. That is the floor under the calibration's part: two measurements of the same
 configurations that disagree by x after the best single factor leave no simulator calibrated once
-closer than about x / sqrt(2) to each. Its counterpart for the simulator is `level_removed` (in
-every summary): the simulator's error after one factor per mode, what a calibration that caught
-the grid's mean speed would leave.
+closer than about x / sqrt(2) to each. Its counterpart for the simulator is `level_removed`: the
+simulator's error after one factor per mode, shape-only, its factor fitted on the calibration's runs
+and never on the runs it scores (a summary carries it only when some configurations were fitted on).
+Every summary leads with `raw_held_out`: the error on the configurations no calibration saw, nothing
+divided out: the figure to quote.
 """
 
 from __future__ import annotations
@@ -200,11 +202,15 @@ def summarize(rows: list[dict[str, Any]], exclude: Any = ()) -> dict[str, Any]:
         if sp:
             noise[m] = error_stats(sp)
     lat = per["latency_s"]
-    out = {"n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
+    excluded = set(exclude)
+    held = [r for r in rows if r.get("config") not in excluded]
+    out = {"raw_held_out": raw_held_out(held, len(rows) - len(held)),
+           "n_configs": len(rows), "latency_error_median": lat["median"], "latency_error_p90": lat["p90"],
            "latency_error_max": lat["max"], "per_metric": per}
     if noise:   # (max - min) / min of the repeated real runs: errors below this are noise
         out["noise_floor"] = noise
-    level = level_removed(rows)
+    fit = [r for r in rows if r.get("config") in excluded]
+    level = level_removed(held, fit_rows=fit) if fit and held else {}
     if level:
         out["level_removed"] = level
     rep = repeatability(rows)
@@ -257,21 +263,41 @@ def floor(rows: list[dict[str, Any]], exclude: Any = ()) -> dict[str, Any]:
     return out
 
 
-def level_removed(rows: list[dict[str, Any]], metric: str = "latency_s") -> dict[str, Any]:
-    """A diagnostic, never the score: the simulator's error on `metric` with its level taken out, one
-    factor per mode (`factor`: the median of sim / real over the mode's configurations) dividing
-    every simulated value of that mode; `error_stats` of what is left. The level is what a
-    calibration carries from the host's state while it was measured into every configuration alike;
-    what is left is the model's error from configuration to configuration plus the real runs' own
-    scatter. A score far above this one is the calibration's moment; one close to it is the shape
-    of the model (or the host's scatter, which `between_grids` measures). {} without rows that have
-    `metric` with both sides > 0."""
-    items = [(r["mode"], m["sim"] / m["real"]) for r in rows
-             if "mode" in r and (m := r["metrics"].get(metric)) and m.get("real", 0) > 0 and m.get("sim", 0) > 0]
-    if not items:
+def raw_held_out(rows: list[dict[str, Any]], n_fitted: int = 0, metric: str = "latency_s") -> dict[str, Any]:
+    """The score a user reads first: the simulator's error on `metric` over the configurations no
+    calibration step saw (`rows`, the fitted ones already left out), nothing divided out; median,
+    p90 and max over configurations of |mean sim - mean real| / mean real."""
+    errs = [r["metrics"][metric]["error"] for r in rows if metric in r["metrics"]]
+    return {"metric": metric, "n_configs": len(errs), "n_fitted_left_out": n_fitted,
+            **(error_stats(errs) if errs else {"median": None, "p90": None, "max": None})}
+
+
+def _ratios(rows: list[dict[str, Any]], metric: str) -> list[tuple[str, float]]:
+    return [(r["mode"], m["sim"] / m["real"]) for r in rows
+            if "mode" in r and (m := r["metrics"].get(metric)) and m.get("real", 0) > 0 and m.get("sim", 0) > 0]
+
+
+def level_removed(rows: list[dict[str, Any]], metric: str = "latency_s",
+                  fit_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Shape-only, never the score: the simulator's error on `metric` over `rows` with a level taken
+    out, one factor per mode (`factor`: the median of sim / real over the mode's `fit_rows`)
+    dividing every simulated value of that mode; `error_stats` of what is left. The factor is fitted
+    on the calibration's runs (`fit_rows`: `summarize` passes the configurations a fitting step
+    saw, and scores the others), never on the runs it scores, so what is left is the model's shape
+    plus a level the calibration did not catch. `fit_rows=None` fits on `rows` themselves: an
+    in-sample diagnostic (scripts/ablation.py compares machine-model terms with it), labelled so.
+    Modes without fit rows are left out; {} when nothing is left."""
+    fitted_in_sample = fit_rows is None
+    fit = _ratios(rows if fit_rows is None else fit_rows, metric)
+    if not fit:
         return {}
-    factor, left = per_mode_factor([m for m, _ in items], [x for _, x in items])
-    return {"metric": metric, "factor": factor, **error_stats(np.abs(left - 1))}
+    factor, _ = per_mode_factor([m for m, _ in fit], [x for _, x in fit])
+    left = np.array([x / factor[m] for m, x in _ratios(rows, metric) if m in factor])
+    if left.size == 0:
+        return {}
+    return {"metric": metric, "shape_only": True,
+            "fitted_on": "the scored runs (in sample)" if fitted_in_sample else f"{len(fit)} calibration run(s)",
+            "factor": factor, **error_stats(np.abs(left - 1))}
 
 
 def signed_error(metric: dict[str, float]) -> float:

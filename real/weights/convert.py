@@ -30,6 +30,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
+from devices.progress import phase, quiet_third_party, track
 from real.weights.dtypes import SAFETENSORS_NAME, check_dtype, encode
 from real.weights.store import LAYOUTS, OrderInfo, sha256_file
 from real.weights.store_writer import BLOCK_ROWS, StoreWriter
@@ -98,6 +99,7 @@ def load_model_for_store(model: str | Path) -> tuple[Mapping[str, Any], ModelSpe
             import torch
             from transformers import AutoModelForCausalLM
 
+            quiet_third_party()
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         except ImportError:
             raise FlashsimError("converting a model needs torch and transformers: install flashsim[real]") from None
@@ -184,7 +186,7 @@ def convert_state_dict(sd: Mapping[str, Any], spec: ModelSpec, out: str | Path, 
                          resident_bytes_estimate=resident_estimate)
     with writer:
         used: set[str] = set()
-        for layer in _progress(range(spec.n_layers), progress, "convert"):
+        for layer in track(range(spec.n_layers), "convert FFN weights", "layers", enabled=progress):
             mats, keys = _ffn_matrices(sd, f"{prefix}.{layer}", spec)
             writer.write_layer(layer, mats)
             used |= keys
@@ -203,7 +205,8 @@ def convert_state_dict(sd: Mapping[str, Any], spec: ModelSpec, out: str | Path, 
 
 def convert_model(model: str | Path, out: str | Path, **kw: Any) -> Path:
     """`flashsim real convert --model ...`: load (via traces.capture) and convert."""
-    sd, spec, where = load_model_for_store(model)
+    with phase(f"loading {model}", enabled=bool(kw.get("progress"))):
+        sd, spec, where = load_model_for_store(model)
     return convert_state_dict(sd, spec, out, source={"model": str(model), "weights": where}, **kw)
 
 
@@ -223,7 +226,7 @@ def write_shape_store(spec: ModelSpec, out: str | Path, *, seed: int, dtype: str
     writer = StoreWriter(out, spec, dtype, layouts=layouts_of(layout), neuron_at=neuron_at, order=order_info,
                          alignment=alignment, file_mode=file_mode, overwrite=overwrite)
     with writer:
-        for layer in _progress(range(L), progress, "write"):
+        for layer in track(range(L), "write random FFN weights", "layers", enabled=progress):
             rng = layer_rngs[layer]
 
             def blocks(rng: np.random.Generator = rng, layer: int = layer):
@@ -256,14 +259,6 @@ def _shape_resident(spec: ModelSpec, dtype: str, rng: np.random.Generator) -> di
             out[f"model.layers.{i}.mlp.down_proj.bias"] = (st, encode(SHAPE_STD * rng.standard_normal(d, dtype=np.float32), dtype))
     out["model.norm.weight"] = (st, norm())
     return out
-
-
-def _progress(it: range, enabled: bool, what: str):
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, desc=what, unit="layer", file=sys.stderr, disable=None, leave=False)
 
 
 def _command() -> str:

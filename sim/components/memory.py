@@ -123,7 +123,7 @@ def _point(path: Path, where: str, t: object, b: object) -> tuple[float, int]:
         t_s = float(t)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise FlashsimError(f"{path}: {where}: t_s {t!r} is not a number of seconds") from None
-    return t_s, parse_bytes(b if not isinstance(b, str) else b.strip(), f"{path}: {where}: available_bytes")  # type: ignore[arg-type]
+    return t_s, parse_bytes(b if not isinstance(b, str) else b.strip(), f"{path}: {where}: available_bytes", unit="bytes")  # type: ignore[arg-type]
 
 
 class MemoryModel:

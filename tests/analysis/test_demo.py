@@ -44,8 +44,12 @@ def test_quick_demo_on_shipped_trace(tmp_path, capsys) -> None:
     assert d["trace"]["source"] == "shipped" and "switched off" in d["trace"]["reason"]
     assert "using the shipped SmolLM2 trace" in captured.err
     _check_summary(d, out)
-    # the 3B plan: int4 Llama-3.2-3B (~1.7 GiB) fits 3 GiB and runs at tens of tok/s on the Orin Nano
-    assert d["plan"]["feasible"] and d["plan"]["best"]["tokens_per_s"] >= 5
+    # the 3B plan under the default quality floor (perplexity <= 1.05x native): int4 (~1.7 GiB, published
+    # OpenLLaMA-3B Q4_0 x1.052) misses it, so 3 GiB is not enough; int8 (~3.2 GiB) meets 5 tok/s
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["quality"]["floor"]["max_ppl_ratio"] == 1.05
+    assert not d["plan"]["feasible"] and 3 * 2**30 < d["plan"]["min_dram_bytes"] <= 4 * 2**30
+    assert plan["min_dram"]["configuration"] == "quantized quantized.bits=8"
 
 
 def test_demo_refuses_a_folder_it_did_not_write(tmp_path, capsys) -> None:

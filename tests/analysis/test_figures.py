@@ -44,8 +44,9 @@ def test_breakdown_bars_are_the_table_columns(results_file: Path) -> None:
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == ["naive", "hybrid", "llm-in-a-flash[window.k=1]", "llm-in-a-flash[window.k=2]",
-                      "llm-in-a-flash[window.k=4]", "llm-in-a-flash[window.k=8]"]  # failed 'dense' left out
-    widths = np.array([p.get_width() for p in ax.patches]).reshape(5, 6)  # compute, mm, stall, other, io
+                      "llm-in-a-flash[window.k=4]", "llm-in-a-flash[window.k=8]", "dense"]  # failed 'dense' kept
+    widths = np.array([p.get_width() for p in ax.patches]).reshape(5, 7)[:, :6]  # compute, mm, stall, other, io
+    assert not np.array([p.get_width() for p in ax.patches]).reshape(5, 7)[:, 6].any()  # no bar for 'dense'
     t = results_table().iloc[:6]
     np.testing.assert_allclose(widths[0], t["compute_ms_per_token"])
     np.testing.assert_allclose(widths[1], t["memory_mgmt_ms_per_token"])
@@ -54,6 +55,83 @@ def test_breakdown_bars_are_the_table_columns(results_file: Path) -> None:
     np.testing.assert_allclose(widths[4], t["io_ms_per_token"])
     # Two budgets -> two panels when not filtered.
     assert len(draw_figure("breakdown", load_results(results_file)).axes) == 2
+
+
+def two_device_table() -> pd.DataFrame:
+    """results_table() on the M1 Max (2 and 4 GiB) plus a copy on the Orin Nano at 256 MiB and 4 GiB with
+    1.5x the latency (the same bytes: the trace decides them), hybrid reading nearly what naive reads, and
+    five configurations that do not fit 256 MiB."""
+    a = results_table()
+    a.loc[a["preset"] == "hybrid", "flash_bytes_per_token"] = 390.0 * MIB
+    b = a.copy()
+    b["device"], b["point_id"] = "jetson-orin-nano-8gb", [f"q{i:03d}" for i in range(len(b))]
+    b["point_index"] = b["point_index"] + len(a)
+    b["ms_per_token"] *= 1.5
+    b["tokens_per_s"] = 1e3 / b["ms_per_token"]
+    b.loc[b["dram_budget_bytes"] == 2 * GIB, "dram_budget_bytes"] = 256 * MIB
+    small = (b["dram_budget_bytes"] == 256 * MIB) & b["preset"].isin(["llm-in-a-flash", "dense"])
+    b.loc[small, ["status", "error", "ms_per_token", "tokens_per_s"]] = ["error", "DRAM budget too small", None, None]
+    return pd.concat([a, b], ignore_index=True)
+
+
+@pytest.fixture
+def two_devices(tmp_path: Path) -> Path:
+    path = tmp_path / "two.parquet"
+    two_device_table().to_parquet(path)
+    return path
+
+
+def _solid(ax) -> list:
+    return [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+
+
+def test_window_merges_equal_series_and_keeps_labels_apart(two_devices: Path) -> None:
+    from analysis.figures.fig_window import LABEL_GAP
+
+    fig = draw_figure("window", load_results(two_devices))
+    ax_bytes, ax_ms = fig.axes[:2]
+    # bytes per token: the same for every device and budget (one line); latency: one line per device
+    assert [ln.get_label() for ln in _solid(ax_bytes)] == ["2 devices, 2 budgets (same numbers)"]
+    assert sorted(ln.get_label() for ln in _solid(ax_ms)) == ["apple-m1-max, 2 budgets (same numbers)",
+                                                              "jetson-orin-nano-8gb, budget 4.00 GiB"]
+    for ax, n_refs in ((ax_bytes, 2), (ax_ms, 4)):   # naive and hybrid, per device where they differ
+        dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        assert len(dashed) == n_refs
+        labels = [t for t in ax.texts if t.get_text().startswith(("naive", "hybrid"))]
+        assert len(labels) == n_refs
+        ys = sorted(t.xyann[1] for t in labels)
+        assert all(b - a >= LABEL_GAP - 1e-9 for a, b in zip(ys, ys[1:]))  # none on top of another
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts] + [ln.get_label() for ln in ax_ms.get_lines()]
+    assert not any("budget device" in t for t in texts)
+
+
+def test_budget_panels_have_their_own_budgets_and_every_failure_marked(two_devices: Path) -> None:
+    fig = draw_figure("budget", load_results(two_devices))
+    m1, nano = fig.axes[:2]
+    assert m1.get_title(loc="left").startswith("apple-m1-max")
+    assert nano.get_title(loc="left").startswith("jetson-orin-nano-8gb")
+    lo, hi = m1.get_xlim()   # 2 and 4 GiB in GiB: the Orin Nano's 256 MiB is not on it
+    assert 1.0 <= lo < 2.0 and 4.0 < hi <= 5.0
+    assert [t.get_text() for t in nano.get_xticklabels()] == ["256.00 MiB", "4.00 GiB"]  # 16x: evenly spaced
+    marks = [ln for ln in nano.get_lines() if ln.get_marker() == "x"]
+    xs = [x for ln in marks for x in ln.get_xdata()]
+    at_small = [x for x in xs if abs(x - 0) < 0.5]              # beside the 256 MiB tick (position 0)
+    assert len(at_small) == 5 and len(set(np.round(at_small, 6))) == 5   # five configurations, five marks
+    assert [x for x in xs if x not in at_small] == [1.0]         # dense fails at 4 GiB as well
+    assert "6 points" in nano.get_title(loc="left")
+    m1_marks = [x for ln in m1.get_lines() if ln.get_marker() == "x" for x in ln.get_xdata()]
+    assert sorted(m1_marks) == [2.0, 4.0]   # dense fails at both M1 budgets
+
+
+def test_breakdown_keeps_failed_configurations_on_one_scale(two_devices: Path) -> None:
+    fig = draw_figure("breakdown", load_results(two_devices), where=["device=jetson-orin-nano-8gb"])
+    panels = [ax for ax in fig.axes if ax.get_yticklabels()]
+    assert len(panels) == 2 and panels[0].get_title(loc="left") == "budget 256.00 MiB"
+    labels = [t.get_text() for t in panels[0].get_yticklabels()]
+    assert len(labels) == 7 and labels[-1] == "dense"
+    red = [t.get_text() for t in panels[0].texts if t.get_text().strip().startswith("does not fit")]
+    assert len(red) == 5
+    assert panels[0].get_xlim() == panels[1].get_xlim()   # one scale for both panels
 
 
 def test_window_lines_follow_k(results_file: Path) -> None:
@@ -224,3 +302,52 @@ def test_sim_vs_real_reads_the_json_of_flashsim_validate(tmp_path: Path) -> None
     path.write_text(json.dumps({"configs": [{"config": "x"}]}))
     with pytest.raises(FlashsimError, match=r"configs\[0\] has no 'metrics' mapping"):
         load_validation(path)
+
+
+def test_sim_vs_real_draws_one_point_per_configuration_and_metric() -> None:
+    df = pd.DataFrame({"config": ["a", "b", "c", "a", "b"], "metric": ["ms_per_token"] * 3 + ["io_ms_per_token"] * 2,
+                       "sim": [11.0, 20.0, 27.0, 5.0, 6.0], "real": [10.0, 20.0, 30.0, 4.0, 6.0]})
+    fig = draw_figure("sim-vs-real", df)
+    panels = [ax for ax in fig.axes if ax.collections]
+    assert len(panels) == 2   # one panel per metric
+    for ax, metric in zip(panels, ("ms_per_token", "io_ms_per_token")):
+        want = df[df["metric"] == metric][["real", "sim"]].to_numpy()
+        np.testing.assert_allclose(np.asarray(ax.collections[-1].get_offsets()), want)  # [0]: the ±20% band
+
+
+def test_adapt_draws_budget_footprints_actions_and_overruns() -> None:
+    """Two controllers on one timeline: the budget line, one footprint line each, a drop and a restore
+    mark where the actions say, red shading where a footprint exceeds the budget."""
+    mib = 2**20
+    df = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.0, 0.1, 0.2], "controller": ["a"] * 3 + ["b"] * 3,
+                       "timeline": ["drop"] * 6, "resident_bytes": [300 * mib, 200 * mib, 250 * mib,
+                                                                    300 * mib, 300 * mib, 300 * mib],
+                       "budget_bytes": [320 * mib, 220 * mib, 320 * mib] * 2, "n_dropped": [0, 2, 1, 0, 0, 0],
+                       "action": ["", "drop ffn:2", "restore ffn:1", "", "", ""]})
+    fig = draw_figure("adapt", df)
+    ax = fig.axes[0]
+    steps = [ln for ln in ax.get_lines() if ln.get_drawstyle() == "steps-post"]
+    assert [ln.get_label() for ln in steps] == ["available", "a", "b"]
+    np.testing.assert_allclose(steps[1].get_ydata(), [300, 200, 250])   # MiB
+    marks = {ln.get_marker(): list(ln.get_xdata()) for ln in ax.get_lines()
+             if ln.get_linestyle() == "None" and len(ln.get_xdata())}
+    assert marks == {"v": [100.0], "^": [200.0]}                         # ms: drop at 0.1 s, restore at 0.2 s
+    assert len(ax.collections) == 1                                      # b over budget at 0.1 s only
+
+
+def test_trace_statistics_figures_draw_one_line_per_layer_and_the_aggregate(tiny_trace_dir: Path) -> None:
+    from analysis.figures.trace_stats import draw_hot_cdf, draw_per_layer, draw_window_coverage
+    from traces.format import open_trace
+    from traces.stats import trace_stats
+
+    stats = trace_stats(open_trace(tiny_trace_dir)).to_json()
+    n = len(stats["per_layer"])
+    cov = draw_window_coverage(stats).axes[0].get_lines()
+    assert len(cov) == n + 1 and cov[-1].get_label() == "all layers"   # thin per-layer lines, then the whole
+    ks = [int(k) for k, v in stats["window_coverage"].items() if v is not None]
+    np.testing.assert_allclose(cov[-1].get_ydata(), [stats["window_coverage"][str(k)] for k in ks])
+    hot = draw_hot_cdf(stats).axes[0]
+    assert [ln.get_label() for ln in hot.get_lines()][n:n + 2] == ["all layers", "no skew"]
+    per = draw_per_layer(stats).axes[0]
+    assert all(list(ln.get_xdata()) == list(range(n)) for ln in per.get_lines())
+    assert per.get_ylim() == (0, 1)

@@ -30,6 +30,10 @@ def test_folding_nano():
     assert ach.flash.bytes_per_s(4096, 64) == pytest.approx(4096 * 4 / 20e-6)
     assert peak.flash.bytes_per_s(4096, 64) > ach.flash.bytes_per_s(4096, 64)
     assert peak.compute.gemv_efficiency is None and ach.compute.gemv_efficiency_for("int4") == 0.70
+    # the ceiling charges no estimated launch overhead (a fused runtime pays close to none)
+    assert peak.compute.op_overhead_s == 0.0 and ach.compute.op_overhead_s == raw.compute.op_overhead_s > 0
+    assert at_bound(load_profile("this-host"), "peak").compute.op_overhead_s == \
+        load_profile("this-host").compute.op_overhead_s          # measured: kept
     assert at_bound(ach, "achievable") is ach
     with pytest.raises(FlashsimError):
         at_bound(ach, "peak")

@@ -116,7 +116,7 @@ def test_shape_mode_cache_too_small_is_one_line(padded_setup, capsys):
     finally:
         torch.set_num_threads(before)
     assert main(["real", "run", "--store", str(store.path), "--trace", str(trace.path), "--set", "window.k=2",
-                 "--set", "predictor.rank=0", "--dram-budget", str(budget)]) == 2
+                 "--set", "predictor.rank=0", "--dram-budget", f"{budget}B"]) == 2
     err = capsys.readouterr().err
     assert "DRAM budget too small" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 

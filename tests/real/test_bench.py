@@ -91,7 +91,7 @@ def test_existing_file_is_read_not_removed_and_no_write(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--chunks", "5000"], "multiple of 4096"),
+    (["--chunks", "5000B"], "multiple of 4096"),
     (["--in-flight", "4,2"], "strictly increasing"),
     (["--in-flight", "x"], "not an integer"),
     (["--duration-s", "0"], "must be > 0"),

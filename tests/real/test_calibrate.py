@@ -47,6 +47,10 @@ def test_calibrate_end_to_end_quick(monkeypatch, tmp_path, capsys):
     assert prof.source.notes.startswith("measured here by flashsim bench: flash, compute, memory.capacity_bytes")
     assert prof.source.host and prof.source.tool and prof.source.date
     assert rep["cuda_profile"] is None
+    # the verdict (validate's pass rule) and the next step, recorded in the profile with mode and date
+    assert rep["verdict"]["verdict"] in ("PASS", "FAIL") and rep["verdict"]["next_step"]
+    cal = prof.source.calibration
+    assert (cal.mode, cal.verdict, cal.date) == ("quick", rep["verdict"]["verdict"], prof.source.date)
 
 
 def test_calibrate_bad_input_exits_2(tmp_path, capsys):

@@ -206,12 +206,32 @@ def test_level_removed_by_hand():
                                           for m in S.METRICS}}
 
     rows = [row("shape", 2.0, 2.0), row("shape", 1.2, 1.0), row("shape", 3.3, 3.0), row("model", 1.0, 2.0)]
-    lv = S.level_removed(rows)
+    lv = S.level_removed(rows)     # in sample (fit_rows=None): a diagnostic, labelled so
     assert lv["factor"] == pytest.approx({"shape": 1.1, "model": 0.5})
     assert lv["median"] == pytest.approx(1 / 22) and lv["max"] == pytest.approx(1 / 11)
-    assert S.summarize(rows)["level_removed"] == lv      # every summary carries it
+    assert lv["shape_only"] and lv["fitted_on"] == "the scored runs (in sample)"
+    # a summary never fits the level on the runs it scores: without calibration runs, no level-removed figure
+    assert "level_removed" not in S.summarize(rows)
     assert S.level_removed([row("shape", 1.0, 0.0)]) == {} and "level_removed" not in S.summarize(
         [{"metrics": {m: {"error": 0.1} for m in S.METRICS}}])
+
+
+def test_level_removed_is_fitted_on_the_calibration_runs_only():
+    """The factor comes from the configurations a calibration step saw (left out of the score) and
+    divides the others: fitted on sim / real = 2 (the calibration runs), scored rows at 1.0 are left
+    off by 1/2 (before: the factor was the scored runs' own median and left nothing)."""
+    def row(cfg, sim, real):
+        return {"config": cfg, "mode": "shape",
+                "metrics": {m: {"sim": sim, "real": real, "error": abs(sim - real) / real} for m in S.METRICS}}
+
+    rows = [row("fit-a", 2.0, 1.0), row("fit-b", 4.0, 2.0), row("x", 1.0, 1.0), row("y", 3.0, 3.0)]
+    s = S.summarize(rows, exclude=["fit-a", "fit-b"])
+    assert list(s)[0] == "raw_held_out"                           # the figure to quote comes first
+    assert s["raw_held_out"]["median"] == 0.0 and s["raw_held_out"]["n_configs"] == 2
+    assert s["raw_held_out"]["n_fitted_left_out"] == 2
+    lv = s["level_removed"]
+    assert lv["factor"] == {"shape": 2.0} and lv["median"] == pytest.approx(0.5)
+    assert lv["fitted_on"] == "2 calibration run(s)" and lv["shape_only"]
 
 
 def test_floor_by_hand():

@@ -23,7 +23,7 @@ DEVICE = ["--device", "jetson-orin-nano-8gb"]
     (["--batch", "1000000000"], "workload.batch"),
     (["--tokens", "1000000000000"], "workload.tokens"),
     (["--prompt-tokens", "1000000000000"], "prompt_tokens"),
-    (["--dram-budget", "1e30"], "dram_budget"),
+    (["--dram-budget", "1e30B"], "dram_budget"),
     (["--dram-budget", "inf"], "--dram-budget"),
     (["--seed", "-5"], "seed"),
     (["--set", "workload.batch=nan"], "workload.batch"),

@@ -32,6 +32,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec, list_models
+from devices.progress import quiet_third_party
 from devices.suggest import did_you_mean, looks_like_path
 
 EMBEDDED_MODELS = {
@@ -145,9 +146,8 @@ def load_hf_model(name_or_path: str | Path, *, use_cache: bool = True,
 def _load_folder(folder: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a cached load takes ~0.2 s: its progress bar is only noise
+    quiet_third_party()  # a cached load takes ~0.2 s: its per-tensor progress bar is only noise
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -160,6 +160,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_third_party()
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.errors import FlashsimError
+from devices.progress import Stage
 from traces.capture.assemble import ActivationStore, default_rule
 from traces.capture.generate import Decoder, encode_prompt, eos_token_ids
 from traces.capture.hooks import FfnRecorder
@@ -54,7 +55,6 @@ def capture_trace(loaded: LoadedModel, prompts: Sequence[Prompt], out: str | Pat
     share of neurons whose |a| is stored per token (None: just enough to re-derive the masks).
     """
     import torch
-    from tqdm import tqdm
 
     spec = loaded.spec
     if max_new_tokens < 0:
@@ -84,12 +84,11 @@ def capture_trace(loaded: LoadedModel, prompts: Sequence[Prompt], out: str | Pat
     store = ActivationStore(L, N)
     infos: list[PromptInfo] = []
     total = sum(len(ids) for ids in encoded) + len(prompts) * max_new_tokens
-    # disable=None: tqdm shows the bar only when stderr is a terminal (no noise in logs and pipes).
-    with tqdm(total=total, unit="tok", desc=f"capture {spec.name}", file=sys.stderr,
-              disable=None if progress else True, leave=False) as bar, recorder:
+    # A bar on a terminal, one line at the end in a log (devices/progress.py).
+    with Stage(f"capture {spec.name}", total, "tokens", enabled=progress) as bar, recorder:
         for prompt, ids, child in zip(prompts, encoded, children):
             recorder.reset(buffer)
-            bar.set_postfix_str(prompt.id, refresh=False)
+            bar.set_postfix(prompt.id)
             bar.update(len(ids))  # the prefill pass starts now
             generated = decoder.run(ids, max_new_tokens, np.random.default_rng(child),
                                     on_token=lambda _t: bar.update(1))
