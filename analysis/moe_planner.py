@@ -9,13 +9,14 @@ token-to-token locality and cross-layer coupling): a synthetic answer, marked as
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
 from devices.achievable import at_bound
 from devices.errors import FlashsimError
+from devices.moe_prefetch import PrefetchAccuracy
 from devices.moe_spec import MoESpec
 from devices.schema import DeviceProfile
 from sim.moe.run import MoERunConfig, capacity_for_budget, dram_bytes, simulate, slots_total
@@ -69,8 +70,11 @@ def dram_for_target(spec: MoESpec, ach: DeviceProfile, routing: dict[str, Any], 
 def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = None, target_tps: float | None = None,
              routing: dict[str, Any] | None = None, tokens: int = 48, seed: int = 0,
              dtypes: tuple[str, ...] = PLAN_DTYPES, policies: tuple[str, ...] = PLAN_POLICIES,
-             scope: str = "layer", context_tokens: int = 1024) -> dict[str, Any]:
-    """Rows (dtype x policy), the ideal bound per dtype, the best feasible row and the DRAM for a target."""
+             scope: str = "layer", context_tokens: int = 1024,
+             prefetch: PrefetchAccuracy | None = None) -> dict[str, Any]:
+    """Rows (dtype x policy), the ideal bound per dtype, the best feasible row and the DRAM for a target;
+    with `prefetch` every row (and the DRAM search) runs speculative next-layer prefetch at its accuracy."""
+    pf = {"prefetch_accuracy": prefetch.accuracy, "prefetch_memory": prefetch.memory} if prefetch else {}
     ach, peak = at_bound(raw, "achievable"), at_bound(raw, "peak")
     budget = budget_bytes if budget_bytes is not None else raw.available_bytes
     routing = routing or synthetic_routing(spec, tokens, seed)
@@ -81,7 +85,7 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
     warm = 1                                         # steady state: one untimed pass over the trace first
     for dt in dtypes:
         base = MoERunConfig(scope=scope, dtype=dt, context_tokens=context_tokens, seed=seed,  # type: ignore[arg-type]
-                            warm_passes=warm)
+                            warm_passes=warm, **pf)
         cap = capacity_for_budget(spec, base, budget)
         if cap < 0:
             unfit.append({"dtype": dt, "dram_needed_without_cache_bytes": dram_bytes(spec, base, 0)})
@@ -91,17 +95,17 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
             # pinned: the hot set profiled on the first quarter of the tokens (mlx-moe profiles on separate prompts)
             params = {"profile_tokens": max(1, len(routing["experts"]) // 4)} if pol == "pinned" else {}
             rows.append(_row(spec, ach, peak, routing, replace(base, policy=pol, params=params)))
-        ib = simulate(spec, ach, routing["experts"], replace(base, policy="belady", prefetch_accuracy=1.0),
+        ib = simulate(spec, ach, routing["experts"], replace(base, policy="belady", prefetch_accuracy=1.0, prefetch_memory=0.0),
                       weights=routing["weights"], phase=routing["phase"]).summary
         ideal[dt] = {"tokens_per_s": ib["tokens_per_s"], "hit_rate": ib["hit_rate"], "capacity": cap}
     best = max(rows, key=lambda r: r["tokens_per_s"], default=None)
     need = None
     if target_tps is not None and best is not None:
         cfg = MoERunConfig(policy=best["policy"], params=best["params"], scope=scope, dtype=best["dtype"],  # type: ignore[arg-type]
-                           context_tokens=context_tokens, seed=seed, warm_passes=warm)
+                           context_tokens=context_tokens, seed=seed, warm_passes=warm, **pf)
         need = dram_for_target(spec, ach, routing, cfg, target_tps)
     return {"model": spec.name, "device": raw.name, "budget_bytes": budget, "target_tps": target_tps,
-            "warm_passes": warm,
+            "warm_passes": warm, "prefetch": asdict(prefetch) if prefetch else None,
             "routing_source": routing["source"], "rows": rows, "ideal_policy_bound": ideal, "best": best,
             "meets_target": None if target_tps is None or best is None else best["tokens_per_s"] >= target_tps,
             "dram_for_target": need, "does_not_fit": unfit, "resident_bytes": {d: spec.resident_bytes(d) for d in dtypes},

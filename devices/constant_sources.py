@@ -25,7 +25,7 @@ from devices.errors import FlashsimError
 # achievable numbers whose provenance key is not `<name>_source`
 SOURCE_OF = {"sustained_bandwidth_bytes_per_s": "sustained_bandwidth_source", "request_cpu_s": "request_cpu_source",
              "io_cores": "request_cpu_source", "gemv_efficiency": "gemv_efficiency_source",
-             "sparse_gemv_efficiency": "sparse_gemv_efficiency_source"}
+             "sparse_gemv_efficiency": "sparse_gemv_efficiency_source", "host_copy_link_bytes_per_s": "host_copy_source"}
 # keys that describe rather than measure (no source needed)
 NOT_CONSTANTS = {"schema_version", "unified", "default"}
 

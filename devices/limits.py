@@ -105,6 +105,8 @@ FIELD_LIMITS: list[tuple[str, Limit]] = [
     ("FlashSpec.max_in_flight", QUEUE),
     ("ReadTable.in_flight", QUEUE),
     ("MoECosts.expert_reads_in_flight", QUEUE),
+    ("MoECosts.host_copy*bytes_per_s", Limit(0, 1e12, "bytes/s", "no host-to-accelerator link carries 1 TB/s: "
+                                             "PCIe 6.0 x16 ~128 GB/s, NVLink-C2C ~450 GB/s")),
     ("ReadTable.chunk_bytes", SIZE),
     ("FlashSpec.host_cpu_batch_reads", BATCH_READS),
     ("FlashSpec.cold_batch_reads", BATCH_READS),

@@ -8,11 +8,16 @@
   `/sys/block/*/queue/read_ahead_kb`): the read size of the page-cache baseline's misses.
 - `expert_reads_in_flight`: how many expert reads the engine keeps outstanding at once (default the
   flash's `max_in_flight`).
+- `host_copy_bytes_per_s` (discrete accelerators): an expert read from the SSD lands in host memory (a
+  pinned buffer) and is then copied to the accelerator's memory over its link: the second hop of the
+  read, after the SSD's, at this achievable rate (with its source); the peak bound uses the link's
+  datasheet rate `host_copy_link_bytes_per_s`. Unset: the reads land where the compute reads them
+  (unified memory, or a CPU host).
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from devices.section_base import Provenance, Strict
 
@@ -29,3 +34,19 @@ class MoECosts(Strict):
     expert_reads_in_flight: int | None = Field(default=None, ge=1, description="expert reads kept outstanding "
                                                "at once (default: flash.max_in_flight)")
     expert_reads_in_flight_source: Provenance | None = None
+    host_copy_bytes_per_s: float | None = Field(default=None, gt=0, description="achievable rate of "
+                                                "the host-to-accelerator copy of each read expert (second hop)")
+    host_copy_link_bytes_per_s: float | None = Field(default=None, gt=0, description="the link's "
+                                                     "datasheet rate: the second hop at the peak bound")
+    host_copy_source: Provenance | None = None
+
+    @model_validator(mode="after")
+    def _copy_sourced(self) -> MoECosts:
+        if self.host_copy_bytes_per_s is not None and (self.host_copy_source is None
+                                                        or self.host_copy_link_bytes_per_s is None):
+            raise ValueError("moe.host_copy_bytes_per_s needs host_copy_source (kind and citation) and "
+                             "host_copy_link_bytes_per_s (the link's datasheet rate, for the peak bound)")
+        if (self.host_copy_bytes_per_s or 0) > (self.host_copy_link_bytes_per_s or float("inf")):
+            raise ValueError("moe.host_copy_bytes_per_s is above host_copy_link_bytes_per_s: the achievable "
+                             "rate cannot beat the link's datasheet rate")
+        return self

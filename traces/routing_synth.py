@@ -167,7 +167,7 @@ def fit_like(v: RoutingView, seed: int = 0) -> tuple[SynthParams, dict[str, Any]
 
     coarse = [(s, f) for s in SIGMAS for f in PHIS if not (s == 0 and f > 0)]
     s0, f0 = min(coarse, key=lambda sf: _loss(point(sf[0], sf[1], 0.0)[1], target, FIT_KEYS))
-    fine = [(max(0.0, s0 + ds), min(0.99, max(0.0, f0 + df))) for ds in (-0.25, -0.125, 0, 0.125, 0.25)
+    fine = [(max(0.0, s0 + ds), round(min(0.99, max(0.0, f0 + df)), 4)) for ds in (-0.25, -0.125, 0, 0.125, 0.25)
             for df in (-0.06, -0.03, 0, 0.03, 0.06)]
     s1, f1 = min(fine, key=lambda sf: _loss(point(sf[0], sf[1], 0.0, True)[1], target, FIT_KEYS))
     want_nmi, lo, hi = target["cross_layer_nmi"], 0.0, 0.99

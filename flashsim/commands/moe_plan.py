@@ -17,10 +17,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(repeatable; default int4 and int8)")
     g.add_argument("--cache-scope", choices=("layer", "global"), default="layer",
                    help="expert cache slots per MoE layer (default) or one pool")
+    g.add_argument("--prefetch", action="store_true", help="every row with speculative next-layer prefetch at the "
+                   "published accuracy of the model's family (devices/models/moe/prefetch/); off by default")
+    g.add_argument("--prefetch-accuracy", type=float, help="speculative prefetch with this accuracy instead "
+                   "(implies --prefetch)")
+    g.add_argument("--prefetch-memory", type=float, default=None,
+                   help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
 
 
 def plan_moe(args: argparse.Namespace) -> int:
     from analysis.moe_planner import PLAN_DTYPES, moe_plan
+    from devices.moe_prefetch import PrefetchAccuracy, resolve_prefetch
     from devices.moe_spec import load_moe_model
     from devices.schema import load_profile
 
@@ -36,7 +43,9 @@ def plan_moe(args: argparse.Namespace) -> int:
                    "source": {"kind": t.manifest.source.get("kind"), "path": str(t.path)}}
     out = moe_plan(spec, raw, budget_bytes=budget, target_tps=args.target_tps, routing=routing,
                    tokens=min(args.tokens, 64), seed=args.seed, dtypes=tuple(args.expert_dtype or PLAN_DTYPES),
-                   scope=args.cache_scope)
+                   scope=args.cache_scope, prefetch=resolve_prefetch(
+                       spec.family, enabled=args.prefetch, accuracy=args.prefetch_accuracy,
+                       memory=args.prefetch_memory))
     if args.json:
         print_json(out)
         return 0
@@ -44,6 +53,9 @@ def plan_moe(args: argparse.Namespace) -> int:
     where = src.get("path") or f"{src.get('generator')}, Zipf skew {src.get('zipf_skew')}"
     print(f"{out['model']} on {out['device']} with {format_bytes(out['budget_bytes'])} of DRAM; routing: "
           f"{src['kind']} ({where}); caches warmed by {out['warm_passes']} untimed pass over it")
+    pf = out["prefetch"]
+    print(PrefetchAccuracy(**pf).line() if pf else "speculative prefetch: off (--prefetch: the model family's "
+          "published accuracy)")
     rows = [[r["dtype"], r["policy"], f"{r['cache_slots_per_layer']:.0f}", f"{r['hit_rate']:.3f}",
              f"{r['tokens_per_s']:.2f}", f"{r['peak_bound_tokens_per_s']:.2f}",
              f"{out['ideal_policy_bound'][r['dtype']]['tokens_per_s']:.2f}", format_bytes(r["dram_bytes"]),

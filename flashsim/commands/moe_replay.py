@@ -22,16 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "budget leaves after resident weights, staging and KV")
     g.add_argument("--expert-dtype", default=None, help="weight precision (default: the spec's, e.g. int4)")
     g.add_argument("--context", type=int, default=1024, help="context tokens for the KV cache (default 1024)")
-    g.add_argument("--prefetch-accuracy", type=float, help="speculative next-layer prefetch with this accuracy "
-                   "(a measured or published figure); off by default")
+    g.add_argument("--prefetch", action="store_true", help="speculative next-layer prefetch (the next layer's "
+                   "router on the current hidden state) at the published accuracy of the model's family "
+                   "(devices/models/moe/prefetch/); off by default")
+    g.add_argument("--prefetch-accuracy", type=float, help="speculative prefetch with this accuracy instead (a "
+                   "measured figure, e.g. from a captured trace); implies --prefetch")
     g.add_argument("--warm-passes", type=int, default=1, help="untimed replays of the whole trace before the timed "
                    "one, so caches start in steady state (default 1; 0 with --warmup-tokens for a cold start)")
     g.add_argument("--warmup-tokens", type=int, default=None, help="with --warm-passes 0: decode tokens that only "
                    "warm the cache before timing starts (default: a quarter of the trace's decode tokens)")
     g.add_argument("--plot", metavar="DIR", help="also write the MoE figures for this trace and device: hit rate "
                    "vs cache size per policy (moe_hit_rate.png/.svg) and tok/s vs DRAM (moe_dram.png/.svg)")
-    g.add_argument("--prefetch-memory", type=float, default=0.0,
-                   help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
+    g.add_argument("--prefetch-memory", type=float, default=None,
+                   help="persistence of prefetch errors from token to token, in [0, 1) (default 0: no published "
+                        "figure)")
 
 
 def is_moe_replay(args: argparse.Namespace) -> bool:
@@ -42,6 +46,7 @@ def is_moe_replay(args: argparse.Namespace) -> bool:
 
 def run_moe_replay(args: argparse.Namespace) -> int:
     from devices.errors import FlashsimError
+    from devices.moe_prefetch import resolve_prefetch
     from devices.moe_spec import load_moe_model
     from devices.schema import load_profile
     from sim.moe.base import parse_cache_arg
@@ -56,9 +61,11 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     spec = load_moe_model(args.model or trace.manifest.model)
     raw = load_profile(args.device)
     dtype = args.expert_dtype or ("int4" if spec.dtype in ("bf16", "fp16") else spec.dtype)
+    pf = resolve_prefetch(spec.family, enabled=args.prefetch, accuracy=args.prefetch_accuracy,
+                          memory=args.prefetch_memory)
     base = MoERunConfig(capacity=args.cache_slots or 0, scope=args.cache_scope, dtype=dtype,
-                        context_tokens=args.context, prefetch_accuracy=args.prefetch_accuracy,
-                        prefetch_memory=args.prefetch_memory, seed=args.seed or 0,
+                        context_tokens=args.context, prefetch_accuracy=pf.accuracy if pf else None,
+                        prefetch_memory=pf.memory if pf else 0.0, seed=args.seed or 0,
                         engine="des" if args.engine == "des" else "fast")
     budget = parse_bytes(args.dram_budget, "--dram-budget") if args.dram_budget else raw.available_bytes
     if args.cache_slots is None:
@@ -68,7 +75,7 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     ex, w, ph = trace.experts, trace.weights, trace.phase
     if n is not None:
         ex, w, ph = ex[:n], w[:n], ph[:n]
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     warm = args.warmup_tokens if args.warmup_tokens is not None else int((ph == 1).sum()) // 4
     base = replace(base, warmup_tokens=warm, warm_passes=args.warm_passes)
@@ -76,7 +83,8 @@ def run_moe_replay(args: argparse.Namespace) -> int:
     out.update({"routing_trace": str(path), "dram_budget_bytes": budget,
                 "routing_source": trace.manifest.source.get("kind"),
                 "router_sync_s": raw.moe.router_sync_s if raw.moe else None,
-                "router_sync_source": raw.moe.router_sync_source.model_dump() if raw.moe else None})
+                "router_sync_source": raw.moe.router_sync_source.model_dump() if raw.moe else None,
+                "prefetch": asdict(pf) if pf else None})
     if args.plot:
         out["figures"] = [str(p) for p in _plot(args.plot, spec, raw.name, ex, w, ph, base, policies)]
     if args.json:
@@ -111,6 +119,8 @@ def _plot(out_dir: str, spec: Any, device: str, ex: Any, w: Any, ph: Any, base: 
 
 
 def _print(out: dict[str, Any], spec: Any) -> None:
+    from devices.moe_prefetch import PrefetchAccuracy
+
     c = out["config"]
     warm = (f"{c['warm_passes']} untimed pass(es) first" if c["warm_passes"]
             else f"{c['warmup_tokens']} warm-up tokens")
@@ -137,6 +147,9 @@ def _print(out: dict[str, Any], spec: Any) -> None:
     else:
         print(f"router read-back: {out['router_sync_s'] * 1e6:.0f} us per MoE layer "
               f"({out['router_sync_source']['kind']})")
+    pf = out.get("prefetch")
+    print(PrefetchAccuracy(**pf).line() if pf else "speculative prefetch: off (--prefetch: the model family's "
+          "published accuracy; --prefetch-accuracy P: your own)")
     print_table(["expert cache", "tok/s", "peak tok/s", "hit rate", "prefetch hits", "flash/token", "io ms",
                  "mass replaced", "DRAM", "J/token"], rows, align="lrrrrrrrrr")
     print("tok/s: expected (achievable device numbers); peak tok/s: the same policy on datasheet peaks (a bound); "

@@ -118,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true", help="print the metadata (with recall/precision) as JSON")
     t.set_defaults(func=_train_predictor)
     __import__("flashsim.commands.real_run", fromlist=["register_real"]).register_real(rsub)  # `real run` (real_run.py)
+    __import__("flashsim.commands.real_moe", fromlist=["register_store"]).register_store(rsub)  # `real moe-store`
     __import__("flashsim.commands.real_predictor_errors", fromlist=["register_real"]).register_real(rsub)  # `real predictor-errors`
 
 

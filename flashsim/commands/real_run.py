@@ -2,6 +2,8 @@
 
     flashsim real run --store STORE --trace TRACE [--preset P] [--set k=v ...]      (shape mode)
     flashsim real run --store STORE --model smollm2-135m --text FILE [--keep 0.3]  (model mode)
+    flashsim real run --store EXPERT_STORE --trace ROUTING_TRACE | --model MOE_FOLDER --text FILE
+          --expert-cache lru --capacity 4   (an MoE: real_moe.py)
           [--predictor oracle|previous|lowrank:FILE ...]   (repeat: one row per predictor)
           [--profile this-host] [--dram-budget 200MiB] [--records R.parquet] [--trace-out DIR] [--json]
 
@@ -45,6 +47,9 @@ def register_real(rsub: argparse._SubParsersAction) -> None:
     r.add_argument("--records", help="write per-token records (the simulator's schema) to this Parquet file")
     r.add_argument("--trace-out", help="write the executed sets as a trace here (replay it with `flashsim replay`)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    from flashsim.commands.real_moe import add_run_args
+
+    add_run_args(r)
     r.set_defaults(func=_run)
 
 
@@ -66,6 +71,12 @@ def _run(args: argparse.Namespace) -> int:
     from real.weights.store import open_store
 
     profile = load_profile(args.profile)
+    from flashsim.commands.real_moe import is_expert_store
+
+    if is_expert_store(args.store):                  # an MoE: the expert cache on an expert store
+        from flashsim.commands.real_moe import run as run_moe
+
+        return run_moe(args, profile)
     if args.records:
         output_file(args.records, "FILE.parquet", "--records")   # refused before any work
     if not Path(args.store).exists():

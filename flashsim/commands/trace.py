@@ -79,6 +79,10 @@ def _stats(args: argparse.Namespace) -> int:
     if is_routing_trace(args.trace):
         from flashsim.commands.trace_routing import stats as routing_stats
 
+        if args.plot:
+            raise FlashsimError("trace stats --plot draws activation traces; a routing trace has its numbers in "
+                                "--json")
+
         return routing_stats(args)
     trace = open_trace(args.trace)
     st = trace_stats(trace, phase=args.phase)

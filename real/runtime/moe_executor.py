@@ -45,7 +45,8 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 class StepStats:
     hits: int
     misses: int
-    read_s: float               # wall time from issuing the reads to the last one landing
+    read_s: float               # wall time from issuing the reads to the last one landing (the cached
+                                # experts are computed meanwhile, so this is at least their compute)
     wall_s: float               # the whole step
     bytes_read: int
     evictions: int
@@ -61,18 +62,17 @@ class ExpertExecutor:
     """Runs MoE layers against an expert store through an expert-cache policy (module docstring)."""
 
     def __init__(self, store: ExpertStore, policy: ExpertCache, capacity: int, scope: Scope = "layer", *,
-                 routing: np.ndarray | None = None, threads: int = 4, direct: bool | None = None):
-        import torch
-
+                 routing: np.ndarray | None = None, n_tokens: int = 0, threads: int = 4,
+                 direct: bool | None = None):
         m = store.manifest
         self.store, self.policy = store, policy
         self.M, self.E, self.K = store.n_layers, m.n_experts, m.top_k
         if policy.forced_scope and policy.forced_scope != scope:
             capacity = capacity * self.M if policy.forced_scope == "global" else capacity // self.M
             scope = policy.forced_scope
-        if policy.page_faults:
+        if policy.page_faults and not self.page_faults:
             raise FlashsimError(f"expert cache {policy.name!r}: the page-cache baseline reads by page faults of an "
-                                "mmap; the real backend executes the reader-based policies only")
+                                "mmap: run it with PageCacheExecutor (real/runtime/moe_page_cache.py)")
         if routing is None and policy.name in OFFLINE_POLICIES:
             raise FlashsimError(f"expert cache {policy.name!r} needs the whole routing in advance: use shape mode "
                                 "(--trace), or an online policy (lru, lfu, least_stale, cache_aware) in model mode")
@@ -80,22 +80,21 @@ class ExpertExecutor:
             raise FlashsimError(f"expert cache capacity must be >= 0 slots, got {capacity}")
         self.capacity, self.scope = capacity, scope
         slots = min(capacity * self.M if scope == "layer" else capacity, self.M * self.E)
-        keys = np.zeros((0, self.K), np.int64) if routing is None else \
+        # online runs know the step count, not the keys: -1 rows (LFU scales its tie-break by the count)
+        keys = np.full((n_tokens * self.M, self.K), -1, np.int64) if routing is None else \
             (np.asarray(routing, np.int64) + (np.arange(self.M) * self.E)[None, :, None]).reshape(-1, self.K)
         policy.bind(CacheContext(self.M, self.E, capacity, scope, keys))
         self.stride = m.stride_bytes
         # cache rows + K spare rows (an in-use expert that Belady drops after the step keeps its row
         # until the step's compute is done) + K staging rows (missed experts the policy does not admit)
         self.n_slots = slots + 2 * self.K
-        self._buf = AlignedBuffer(self.n_slots * self.stride)
-        self.rows = self._buf.view2d(self.n_slots, self.stride)
+        self.rows = self._slot_rows(self.n_slots)
         self.free = list(range(slots + self.K - 1, -1, -1))
         self.staging = list(range(slots + self.K, slots + 2 * self.K))
         self.slot_of = np.full(self.M * self.E, -1, np.int64)
         self.resident = np.zeros(self.M * self.E, bool)
         self.count = np.zeros(self.M, np.int64)
         self.layer_of = np.repeat(np.arange(self.M), self.E)
-        self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
         self._views: list[tuple[Any, Any, Any] | None] = [None] * self.n_slots
         self._readers = [BundleReader(store, in_flight=1, direct=direct) for _ in range(max(1, threads))]
         self._free_readers = list(range(len(self._readers)))
@@ -107,6 +106,23 @@ class ExpertExecutor:
             self.resident[init] = True
             np.add.at(self.count, self.layer_of[init], 1)
         self.totals = ExecutorTotals()
+
+    page_faults = False       # True in the subclass that serves misses by page faults of an mmap
+
+    def _slot_rows(self, n: int) -> np.ndarray | None:
+        """The page-aligned slot memory: n rows of one expert stride each."""
+        self._buf = AlignedBuffer(n * self.stride)
+        return self._buf.view2d(n, self.stride)
+
+    def _drop(self, keys: np.ndarray) -> None:
+        """Called with the experts the policy evicted (the reader-based cache just reuses their rows)."""
+
+    @property
+    def tdtype(self) -> Any:
+        """The torch dtype of the store (torch is imported only when experts are computed)."""
+        import torch
+
+        return getattr(torch, TORCH_DTYPES[self.store.dtype])
 
     @property
     def direct_io(self) -> bool:
@@ -183,6 +199,7 @@ class ExpertExecutor:
                     raise AssertionError(f"{self.policy.name}: evicted an expert that is not resident")
                 self.resident[v] = False
                 np.subtract.at(self.count, self.layer_of[v], 1)
+                self._drop(v[~np.isin(v, keys)])
                 in_use = np.isin(v, keys)
                 later = [int(k) for k in v[in_use]]          # used by this step: freed after its compute
                 self.free.extend(int(x_) for x_ in self.slot_of[v[~in_use]])
@@ -218,6 +235,7 @@ class ExpertExecutor:
         for k in later:
             self.free.append(int(self.slot_of[k]))
             self.slot_of[k] = -1
+        self._drop(np.array(later + staged, np.int64))
         st = StepStats(int(h.sum()), int(len(missed)), t_read1 - t_read0 if len(missed) else 0.0,
                        time.perf_counter() - t_start, int(nbytes), n_evict, mass)
         self.totals.steps.append(st)

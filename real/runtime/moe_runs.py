@@ -43,10 +43,9 @@ def store_spec(store: ExpertStore) -> MoESpec:
 def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, policy: str, params: dict | None,
               capacity: int, scope: str = "layer", threads: int = 4, direct: bool | None = None,
               compute: bool = True, seed: int = 0) -> dict[str, Any]:
-    """One shape-mode run over experts [T, M, K]: per-token wall latency, read time, hits and bytes."""
-    import torch
-
-    from real.runtime.moe_executor import ExpertExecutor
+    """One shape-mode run over experts [T, M, K]: per-token wall latency, read time, hits and bytes.
+    compute=False reads without computing (no torch): the cache and I/O path alone."""
+    from real.runtime.moe_page_cache import executor_for
 
     e = np.asarray(experts, np.int64)
     T, M, K = e.shape
@@ -55,10 +54,12 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
         raise FlashsimError(f"routing trace [{T}, {M}, {K}] with ids up to {e.max()} does not fit the expert store "
                             f"({store.n_layers} MoE layers x {man.n_experts} experts, top-{man.top_k})")
     cache = build_cache(policy, params)
-    gen = torch.Generator().manual_seed(seed)
     x = None
-    with ExpertExecutor(store, cache, capacity, scope, routing=e, threads=threads, direct=direct) as ex:
+    with executor_for(store, cache, capacity, scope, routing=e, threads=threads, direct=direct) as ex:
         if compute:
+            import torch
+
+            gen = torch.Generator().manual_seed(seed)
             x = (torch.randn(1, man.d_model, generator=gen) / np.sqrt(man.d_model)).to(ex.tdtype)
         lat, read, hits, nbytes = (np.zeros(T) for _ in range(4))
         for t in range(T):
@@ -75,21 +76,40 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
 
 
 def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str, params: dict | None,
-                        capacity: int, scope: str = "layer") -> tuple[np.ndarray, float]:
-    """(per-token latency [T], hit rate) the simulator predicts for the expert part of the same run."""
+                        capacity: int, scope: str = "layer", compute: bool = True) -> tuple[np.ndarray, float]:
+    """(per-token latency [T], hit rate) the simulator predicts for the expert part of the same run
+    (compute=False: the reads alone, as `run_shape(compute=False)` executes them)."""
     from devices.achievable import at_bound
     from sim.moe.residency import walk
     from sim.moe.timing import fast_path, layer_costs
 
     spec = store_spec(store)
     prof = at_bound(profile, "achievable") if profile.bound == "raw" else profile
-    res = walk(np.asarray(experts, np.int64), spec.n_experts, build_cache(policy, params), capacity, scope)
+    cache = build_cache(policy, params)
+    res = walk(np.asarray(experts, np.int64), spec.n_experts, cache, capacity, scope)
     hits, pf, misses = res.layer_counts()
     costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k)
     L = spec.n_layers
-    costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0)
-    tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, False)
+    costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0,
+                    expert_s=costs.expert_s if compute else 0.0)
+    tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, cache.page_faults)
     return tl.latency_s, res.hit_rate
+
+
+def simulated_model_latency_s(folder: str, store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str,
+                              params: dict | None, capacity: int, scope: str = "layer") -> tuple[np.ndarray, float]:
+    """(per-token latency [T], hit rate) the simulator predicts for the whole model of `folder` (its
+    MoESpec from config.json: attention, router, experts, head) on the routing the model chose, at the
+    mean context of the run (T / 2 tokens)."""
+    from devices.moe_spec import load_moe_model
+    from sim.moe.run import MoERunConfig, simulate
+
+    spec = load_moe_model(folder)
+    e = np.asarray(experts, np.int64)
+    cfg = MoERunConfig(policy=policy, params=dict(params or {}), capacity=capacity, scope=scope,  # type: ignore[arg-type]
+                       dtype=STORE_DTYPE_TO_SIM[store.dtype], context_tokens=max(1, e.shape[0] // 2))
+    run = simulate(spec, profile, e, cfg)
+    return run.timeline.latency_s, run.residency.hit_rate
 
 
 def score(real_runs: list[dict[str, Any]], sim_latency_s: np.ndarray, warmup: int = 1) -> dict[str, Any]:

@@ -12,8 +12,12 @@ contiguous unit; the block layer splits a large read into `SPLIT_BYTES` requests
 experts of b bytes is n * ceil(b / SPLIT_BYTES) requests kept in flight up to the engine's limit,
 served at the device's read curve for that request size and depth. The page-cache baseline instead
 faults: each miss is b / page_fault_bytes synchronous faults of read-around size at depth 1, taken
-by the compute thread itself (no overlap). A speculative prefetch for the next MoE layer is issued
-right after the demand batch, behind it on the same flash queue.
+by the compute thread itself (no overlap). On a discrete accelerator whose profile sets
+`moe.host_copy_bytes_per_s` the read lands in host memory first and each expert is then copied over
+the host link (the second hop, after the batch's SSD reads: a bounce buffer is filled before it is
+copied), so a batch of n experts also takes n * b / host_copy_bytes_per_s (the link's datasheet rate
+at the peak bound). A speculative prefetch for the next MoE layer is issued right after the demand
+batch, behind it on the same flash queue.
 
 Timeline (two resources, each serving in order): flash (read batches, FIFO) and compute. In an MoE
 layer the compute runs the cached and prefetched experts while the demand batch is read, then the
@@ -60,6 +64,15 @@ def _stream_rate(profile: DeviceProfile, dtype: str) -> float:
     return profile.memory.bandwidth_bytes_per_s * eff
 
 
+def host_copy_rate(profile: DeviceProfile) -> float | None:
+    """Bytes/s of the host-to-accelerator copy each read expert takes (None: reads land where the compute
+    reads them): the achievable rate, or the link's datasheet rate on a profile folded to its peaks."""
+    m = profile.moe
+    if m is None or m.host_copy_bytes_per_s is None:
+        return None
+    return m.host_copy_link_bytes_per_s if profile.bound == "peak" else m.host_copy_bytes_per_s
+
+
 def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_tokens: int,
                 max_batch: int, router_sync: bool = True) -> LayerCosts:
     """Costs of `spec` at weight `dtype` on a profile already folded to its bound. `router_sync`: the
@@ -90,9 +103,10 @@ def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_token
           else profile.flash.max_in_flight)
     per = math.ceil(eb / SPLIT_BYTES)
     chunk = eb / per
-    batch = np.array([read_time_s(curve, chunk, n * per, qd) for n in range(max_batch + 1)])
+    hop_s = eb / copy if (copy := host_copy_rate(profile)) else 0.0       # second hop per expert (0: none)
+    batch = np.array([read_time_s(curve, chunk, n * per, qd) + n * hop_s for n in range(max_batch + 1)])
     fb = profile.moe.page_fault_bytes if profile.moe is not None else 131072
-    fault = math.ceil(eb / fb) * read_time_s(curve, fb, 1, 1)
+    fault = math.ceil(eb / fb) * read_time_s(curve, fb, 1, 1) + hop_s
     stream = float(attn_bytes.sum() + dense_bytes.sum() + head_bytes
                    + spec.n_moe_layers * (spec.router_params + spec.shared_params_per_layer) * bits / 8)
     return LayerCosts(pre, router, shared, eb / rate + ovh * OPS_EXPERT, head, moe_index, batch, fault, eb,

@@ -39,7 +39,8 @@ def _router_choice(folder, token_ids, top_k, norm):
     return res
 
 
-@pytest.mark.parametrize("family, norm", [("mixtral", True), ("qwen2_moe", False), ("olmoe", False)])
+@pytest.mark.parametrize("family, norm", [("mixtral", True), ("qwen2_moe", False), ("olmoe", False),
+                                          ("gpt_oss", True)])
 def test_capture_records_the_models_own_routing(tmp_path, family, norm):
     from traces.capture.routing import build_tiny_moe, capture_routing, prompt_ids
 

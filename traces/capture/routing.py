@@ -1,10 +1,13 @@
 """Capture of MoE routing from a local Hugging Face model: hooks on every MoE layer's router.
 
-The router of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE lives at `model.layers[i].mlp.gate` (Mixtral
-before transformers 4.45: `block_sparse_moe.gate`). In transformers >= 5 it is a TopKRouter whose
-forward returns (router_logits, routing weights [N, K], expert indices [N, K]): the weights are exactly
-what the block multiplies the expert outputs by (softmax, top-k, renormalised when the model's
-`norm_topk_prob` asks). Older versions return only the logits from an nn.Linear; the recorder then
+The router of Mixtral, Qwen2/3-MoE, Qwen3-Next/3.5-MoE, OLMoE and DeepSeek-V2/V3 lives at
+`model.layers[i].mlp.gate` (gpt-oss: `mlp.router`; Mixtral before transformers 4.45:
+`block_sparse_moe.gate`). In transformers >= 5 it is a TopKRouter whose forward returns
+(router_logits, routing weights [N, K], expert indices [N, K]): the weights are exactly what the block
+multiplies the expert outputs by (softmax, top-k, renormalised when the model's `norm_topk_prob` asks;
+DeepSeek-V3's sigmoid, group-limited choice and routed scaling factor; gpt-oss's softmax over the top
+k logits). Run here on tiny models of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and gpt-oss; the others
+share the interface but were not run. Older versions return only the logits from an nn.Linear; the recorder then
 applies the same rule (softmax in fp32, top-k, renormalise when `norm_topk_prob`, which Mixtral always
 does). A forward hook copies ids and weights of every row the router sees, so one prefill of P tokens
 adds P rows and each decode step one.
@@ -29,7 +32,7 @@ from devices.errors import FlashsimError
 from traces.capture.prompts import Prompt
 from traces.routing import DECODE, PREFILL, order_by_weight, write_routing_trace
 
-ROUTER_NAMES = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate$")
+ROUTER_NAMES = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.(?:gate|router)$")
 
 
 class RoutingRecorder:
@@ -38,7 +41,8 @@ class RoutingRecorder:
     def __init__(self, model: Any):
         cfg = getattr(model, "config", None)
         self.top_k = int(getattr(cfg, "num_experts_per_tok", 0) or getattr(cfg, "top_k", 0) or 0)
-        self.n_experts = int(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0) or 0)
+        self.n_experts = int(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0)
+                             or getattr(cfg, "n_routed_experts", 0) or 0)
         # Mixtral renormalises its top-k always; the others say so in norm_topk_prob
         self.norm = bool(getattr(cfg, "norm_topk_prob", True))
         self.layers: list[int] = []
@@ -51,8 +55,9 @@ class RoutingRecorder:
                 self._rows[layer] = []
                 self._handles.append(mod.register_forward_hook(self._hook(layer)))
         if not self.layers:
-            raise FlashsimError(f"{type(model).__name__}: no MoE router found (looked for layers.N.mlp.gate and "
-                                "layers.N.block_sparse_moe.gate); this model has no routed experts flashsim knows")
+            raise FlashsimError(f"{type(model).__name__}: no MoE router found (looked for layers.N.mlp.gate, "
+                                "layers.N.mlp.router and layers.N.block_sparse_moe.gate); this model has no routed "
+                                "experts flashsim knows")
         if self.top_k < 1 or self.n_experts < 1:
             raise FlashsimError(f"{type(model).__name__}: config lacks num_experts_per_tok / the expert count")
 
@@ -159,7 +164,7 @@ def capture_routing(folder: str | Path, prompts: list[Prompt], out: str | Path, 
 
 def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int = 2, n_experts: int = 8,
                    top_k: int = 2, hidden: int = 32, expert_ff: int = 64, vocab: int = 128, seed: int = 0) -> Path:
-    """Save a randomly initialised MoE (shapes only) of `family` (mixtral | qwen2_moe | qwen3_moe | olmoe)
+    """Save a randomly initialised MoE (shapes only) of `family` (mixtral | qwen2_moe | qwen3_moe | olmoe | gpt_oss)
     to `folder` as safetensors + config.json: the model capture and the real backend's tests run."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -172,16 +177,20 @@ def build_tiny_moe(folder: str | Path, family: str = "mixtral", *, n_layers: int
                                decoder_sparse_step=1, norm_topk_prob=False),
              "qwen3_moe": dict(num_experts=n_experts, moe_intermediate_size=expert_ff, decoder_sparse_step=1,
                                norm_topk_prob=True, head_dim=hidden // 4),
-             "olmoe": dict(num_experts=n_experts, norm_topk_prob=False)}
+             "olmoe": dict(num_experts=n_experts, norm_topk_prob=False),
+             "gpt_oss": dict(num_local_experts=n_experts, head_dim=hidden // 4,
+                             layer_types=["sliding_attention", "full_attention"] * (n_layers // 2)
+                             + ["sliding_attention"] * (n_layers % 2))}
     if family not in extra:
         raise FlashsimError(f"tiny MoE family {family!r}: choose one of {', '.join(extra)}")
     cfg = AutoConfig.for_model(family, **common, **extra[family])
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():                   # router weights large enough that top-k is not a near-tie
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 1.0)
+    with torch.random.fork_rng(devices=[]):    # seeded without touching the caller's global RNG state
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        with torch.no_grad():               # router weights large enough that top-k is not a near-tie
+            for name, p in model.named_parameters():
+                if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
+                    p.normal_(0.0, 1.0)
     folder = Path(folder)
     model.save_pretrained(folder)
     return folder

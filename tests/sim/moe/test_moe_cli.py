@@ -75,3 +75,25 @@ def test_replay_plot_writes_both_figures(model_and_trace, tmp_path, capsys) -> N
     assert "wrote" in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "figs").iterdir()} == {"moe_hit_rate.png", "moe_hit_rate.svg",
                                                               "moe_dram.png", "moe_dram.svg"}
+
+
+def test_prefetch_default_is_the_family_figure_with_its_source(model_and_trace, capsys) -> None:
+    """The tiny model is a qwen3_moe config: --prefetch takes the Qwen figure (0.9469 - 0.15) and says where it
+    comes from; --prefetch-accuracy overrides it; without either the output says prefetch is off."""
+    model, trace = model_and_trace
+    args = ["replay", "--routing-trace", str(trace), "--model", str(model), "--device", "rtx4090-nvme",
+            "--cache-slots", "4", "--expert-cache", "lru"]
+    assert main(args) == 0
+    assert "speculative prefetch: off" in capsys.readouterr().out
+    assert main([*args, "--prefetch"]) == 0
+    text = capsys.readouterr().out
+    assert "speculative prefetch: accuracy 0.797 (published: arXiv 2511.10676" in text
+    assert main([*args, "--prefetch-accuracy", "0.6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prefetch"]["kind"] == "given" and out["config"]["prefetch_accuracy"] == 0.6
+    assert out["policies"][0]["expected"]["prefetch_hit_rate"] > 0
+    assert main(["plan", "--model", str(model), "--device", "rtx4090-nvme", "--routing-trace", str(trace),
+                 "--dram-free", "200MiB", "--expert-dtype", "int4", "--prefetch"]) == 0
+    assert "speculative prefetch: accuracy 0.797 (published" in capsys.readouterr().out
+    assert main([*args, "--prefetch-memory", "0.5"]) == 2
+    assert "needs speculative prefetch" in capsys.readouterr().err

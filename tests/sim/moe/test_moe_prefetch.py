@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from devices.errors import FlashsimError
+from devices.moe_prefetch import family_accuracy
 from sim.moe.prefetch import realised_accuracy, speculative_sets
 from tests.sim.moe.routing_fixture import zipf_routing
 
@@ -38,3 +39,14 @@ def test_bad_inputs() -> None:
         speculative_sets(e, 8, 1.5, 0.0, np.random.default_rng(0))
     with pytest.raises(FlashsimError, match="memory"):
         speculative_sets(e, 8, 0.5, 1.0, np.random.default_rng(0))
+
+
+def test_default_accuracy_is_what_a_run_realises() -> None:
+    """Hand-computed: n = 400 tokens x 2 predicted layers x K 4 = 3200 slots at p = 0.797, so the realised
+    recall is within 4 standard errors (4 * sqrt(p (1 - p) / n) = 0.028) of p, plus at most (1 - p) K / E =
+    0.025 from wrong guesses that a token happens to pick anyway."""
+    p = family_accuracy("qwen3_moe").accuracy
+    e, _ = zipf_routing(400, 3, 32, 4, reuse=0.0, seed=5)
+    got = realised_accuracy(speculative_sets(e, 32, p, 0.0, np.random.default_rng(1)), e)
+    se = np.sqrt(p * (1 - p) / (400 * 2 * 4))
+    assert p - 4 * se <= got <= p + 4 * se + (1 - p) * 4 / 32

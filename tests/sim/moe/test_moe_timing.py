@@ -10,10 +10,10 @@ import pytest
 
 from devices.achievable import at_bound
 from devices.curves import read_time_s
-from devices.moe_spec import moe_spec_from_hf_config
+from devices.moe_spec import load_moe_model, moe_spec_from_hf_config
 from devices.schema import load_profile
 from sim.moe.run import MoERunConfig, capacity_for_budget, dram_bytes, simulate, three_numbers
-from sim.moe.timing import SPLIT_BYTES
+from sim.moe.timing import SPLIT_BYTES, layer_costs
 from tests.sim.moe.routing_fixture import zipf_routing
 
 TINY = {"model_type": "qwen3_moe", "hidden_size": 256, "moe_intermediate_size": 512, "num_hidden_layers": 4,
@@ -43,12 +43,14 @@ def test_des_and_fast_path_agree(setup, policy, prefetch) -> None:
 
 def test_no_cache_closed_form(setup) -> None:
     """Capacity 0, no prefetch: every token reads K experts per MoE layer in one batch after the
-    router; token time = sum of compute + M x (read-back + batch read) exactly."""
+    router, then copies them over the host link (the profile's second hop); token time = sum of compute
+    + M x (read-back + batch read + K x expert bytes / copy rate) exactly."""
     spec, prof, e, w = setup
     run = simulate(spec, prof, e, MoERunConfig(policy="lru", capacity=0), weights=w)
     c = run.costs
     per = -(-c.expert_bytes // SPLIT_BYTES)
     batch = read_time_s(prof.flash.curve, c.expert_bytes / per, spec.top_k * per, prof.moe.expert_reads_in_flight)
+    batch += spec.top_k * c.expert_bytes / (prof.moe.host_copy_bytes_per_s or float("inf"))
     expect = (c.pre_s.sum() + c.router_s.sum() + c.shared_s.sum() + c.head_s
               + spec.n_moe_layers * (batch + spec.top_k * c.expert_s))
     np.testing.assert_allclose(run.timeline.latency_s, expect, rtol=1e-12)
@@ -95,3 +97,18 @@ def test_warm_pass_times_the_steady_state(setup) -> None:
     assert warm["hit_rate"] == 1.0 and warm["tokens"] == len(e)
     part = simulate(spec, prof, e, MoERunConfig(policy="lru", capacity=16, warmup_tokens=4), weights=w).summary
     assert part["tokens"] == len(e) - 4
+
+
+def test_second_hop_is_the_copy_over_the_host_link() -> None:
+    """Hand-computed on rtx4090-nvme: a batch of n experts of b bytes takes n x b / 25 GB/s more than its SSD
+    reads (achievable), n x b / 31.5 GB/s at the peak bound (PCIe 4.0 x16's datasheet rate); a profile
+    without the field has no second hop."""
+    spec = load_moe_model("qwen3-30b-a3b")
+    raw = load_profile("rtx4090-nvme")
+    b = spec.expert_bytes("int4")
+    costs = {k: layer_costs(spec, at_bound(raw, k), "int4", 0, max_batch=8) for k in ("achievable", "peak")}
+    no_hop = raw.model_copy(update={"moe": raw.moe.model_copy(update={"host_copy_bytes_per_s": None})})
+    plain = {k: layer_costs(spec, at_bound(no_hop, k), "int4", 0, max_batch=8) for k in ("achievable", "peak")}
+    for k, rate in (("achievable", 25e9), ("peak", 31.5e9)):
+        extra = costs[k].read_batch_s - plain[k].read_batch_s
+        np.testing.assert_allclose(extra, np.arange(9) * b / rate, rtol=1e-12)
