@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from devices.errors import FlashsimError
+from devices.suggest import hint
 from sim.params import build_params
 from sim.policies.base import (
     Layout,
@@ -86,8 +87,7 @@ class Registry(Generic[P]):
         if name not in self._classes:
             discover(entry_points_again=True)
         if name not in self._classes:
-            raise UnknownPolicyError(
-                f"unknown {self.slot} policy {name!r}; valid: {', '.join(sorted(self._classes))}")
+            raise UnknownPolicyError(f"unknown {self.slot} policy {name!r}; {hint(name, sorted(self._classes))}")
         return self._complete(self._classes[name])
 
     def _complete(self, cls: type[P]) -> type[P]:
