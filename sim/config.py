@@ -224,7 +224,8 @@ class RunConfig:
 
     def with_overrides(self, settings: Iterable[str]) -> RunConfig:
         """Apply `key=value` strings (see the module docstring). A slot switched to another policy
-        is built once, with its defaults plus every parameter set for it in the same call."""
+        is built once, with its defaults plus every parameter set for it in the same call; a slot
+        "switched" to the policy it already holds keeps that policy's parameters."""
         parsed = []
         for item in settings:
             key, sep, value = item.partition("=")
@@ -255,7 +256,9 @@ class RunConfig:
         kwargs: dict[str, Any] = {}
         for s in SLOTS:
             if s in switched or slot_params[s]:
-                base = params_to_dict(getattr(self, s).params) if s not in switched else {}
+                current = getattr(self, s)
+                keep = s not in switched or switched[s] == current.name
+                base = params_to_dict(current.params) if keep else {}
                 kwargs[s] = PolicyChoice.build(s, {"name": names[s], **base, **slot_params[s]})
         for sec, values in section_params.items():
             if values:

@@ -1,4 +1,4 @@
-"""Step plans (`Planner`, `PlanArrays`): from policy decisions (sets) to the numbers timing needs,
+"""Step plans (`StepPlanner`, `PlanArrays`): from policy decisions (sets) to the numbers timing needs,
 per step and layer.
 
 This is the "what the trace decides" half of the simulator. For every (step, layer) it turns the
@@ -84,7 +84,7 @@ class PlanArrays:
         return self.mgmt_mem_s + self.mgmt_ovh_s
 
 
-class Planner:
+class StepPlanner:
     """Fills PlanArrays for one run from its bound PolicyStack."""
 
     def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
@@ -108,7 +108,7 @@ class Planner:
         self.in_flight = in_flight
         self.stream_non_ffn = stream_non_ffn
         self.manages_cache = stack.residency.manages_cache
-        self.insert_copy = bool(getattr(stack.residency.params, "insert_copy", False))
+        self.insert_copy = stack.residency.copies_on_insert()
         # (layer, start, stop) -> quality sums; shared by runs whose computed sets are identical
         self.quality_memo = quality_memo
         a = PlanArrays(S, L)
@@ -274,16 +274,16 @@ class Planner:
         a = self.arr
         res = self.stack.residency
         cap_bytes = self.memory.cache_bytes(budget_bytes, a0, b0)
-        pages = res.advance_pages(a0, b0, cap_bytes)  # type: ignore[attr-defined]
+        pages = res.advance_pages(a0, b0, cap_bytes)
         rows = slice(a0, b0)
         for key, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
                                      ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
             misses = pages[key]                      # [S, L] read-ahead windows missed
-            t, nbytes = res.miss_cost(misses, self.profile.flash.curve)  # type: ignore[attr-defined]
+            t, nbytes = res.miss_cost(misses, self.profile.flash.curve)
             a.sl[t_f][rows] = t
             a.sl[b_f][rows] = nbytes
             a.sl[r_f][rows] = misses
-        t, nbytes = res.miss_cost(pages["head"], self.profile.flash.curve)  # type: ignore[attr-defined]
+        t, nbytes = res.miss_cost(pages["head"], self.profile.flash.curve)
         a.head_read_s[rows] = t
         a.head_read_bytes[rows] = nbytes
         a.head_reads[rows] = pages["head"]

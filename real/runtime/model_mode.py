@@ -280,8 +280,7 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
         if choice.kind == "oracle":
             used = ref.truth
             notes.append(ORACLE_NOTE)
-            if config.predictor.name != "oracle":
-                config = config.with_overrides(config_overrides(choice, None, 0))
+            config = config.with_overrides(config_overrides(choice, None, 0))   # an oracle slot keeps its rank
         elif choice.kind == "previous":
             used = previous_masks(ref.truth)
             path = write_mask_trace(ref.workdir / f"pred-{tag}", ref.trace, used, spec, {"predictor": label})

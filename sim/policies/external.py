@@ -67,8 +67,15 @@ def _module_source(mod_name: str, slot: str, path: str) -> tuple[Any, str]:
     if spec is None:
         raise PolicyLoadError(f"cannot load {slot} policy {path!r}: no module named {mod_name!r}")
     try:
-        source = spec.loader.get_source(spec.name) if spec.loader is not None else None  # type: ignore[union-attr]
-    except (ImportError, OSError):
+        # a loader that cannot give source (an import hook such as pytest's assertion rewriter) is
+        # read from the file the spec names
+        if spec.loader is not None and hasattr(spec.loader, "get_source"):
+            source = spec.loader.get_source(spec.name)
+        elif spec.origin and spec.origin.endswith(".py"):
+            source = Path(spec.origin).read_text(encoding="utf-8")
+        else:
+            source = None
+    except (ImportError, OSError, UnicodeDecodeError):
         source = None
     if source is None:
         raise PolicyLoadError(f"cannot load {slot} policy {path!r}: module {mod_name!r} has no Python source "
@@ -104,8 +111,9 @@ def load_policy_class(path: str, base: type, slot: str) -> type:
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise PolicyLoadError(f"{slot} policy {path!r} is not a {base.__name__} subclass")
     if inspect.isabstract(cls):
-        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise PolicyLoadError(f"{slot} policy {path!r}: class {cls.__name__} is abstract; implement hook(s) {missing}")
+        missing = ", ".join(f"{base.__name__}.{m}" for m in sorted(getattr(cls, "__abstractmethods__", ())))
+        raise PolicyLoadError(f"{slot} policy {path!r}: class {cls.__name__} does not implement {missing}, "
+                              "which every backend needs")
     params = getattr(cls, "Params", None)
     if not (isinstance(params, type) and dataclasses.is_dataclass(params)):
         raise PolicyLoadError(f"{slot} policy {path!r}: {cls.__name__}.Params must be a dataclass "

@@ -71,6 +71,9 @@ class _RankedPredictor(Predictor):
 class DensePredictor(Predictor):
     """Compute every FFN neuron."""
 
+    def computes_every_neuron(self) -> bool:
+        return True
+
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
         return np.broadcast_to(bitsets.full(self.ctx.n_neurons), needed.shape).copy()

@@ -181,7 +181,7 @@ def policy_module(tmp_path, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize(("cls", "contains"), [
-    ("Abstract", "Abstract is abstract; implement hook(s) predict"),
+    ("Abstract", "Abstract does not implement Predictor.predict, which every backend needs"),
     ("RaisesInInit", "RaisesInInit"),
     ("RaisesInPredict", "RaisesInPredict"),
     ("NotADataclass", "NotADataclass.Params must be a dataclass"),
