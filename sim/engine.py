@@ -33,7 +33,7 @@ import numpy as np
 import simpy
 
 from devices.achievable import resolved
-from devices.errors import FlashsimError
+from devices.errors import BudgetError, FlashsimError
 from devices.model_spec import ModelSpec
 from devices.runtime import load_runtime
 from devices.schema import DeviceProfile
@@ -197,7 +197,7 @@ class Simulation:
             s = current["step"]
             need = memory.fixed_bytes + int(memory.kv_bytes[s])
             if need > b:
-                raise FlashsimError(
+                raise BudgetError(
                     f"budget timeline: at t={t_s:.6f} s (step {s}) only {format_bytes(b)} is available but "
                     f"{format_bytes(need)} must stay resident (weights {format_bytes(memory.fixed_bytes)} + KV "
                     f"cache {format_bytes(int(memory.kv_bytes[s]))}), {need - b:,} bytes short; this policy "
@@ -215,7 +215,7 @@ class Simulation:
                 held = stack.residency.dynamic_bytes(memory.neuron_bytes)
             resident = need + held
             if resident > b:
-                raise FlashsimError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
+                raise BudgetError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
                                     f"{format_bytes(b)} ({resident - b:,} bytes over)")
             return resident
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.errors import FlashsimError
+from devices.errors import BudgetError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
@@ -187,7 +187,7 @@ class StepPlanner:
         except CapacityError as e:
             nb = self.memory.neuron_bytes
             short = (e.need - e.cap) * nb * self.memory.n_layers
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget too small at step {e.step}: layer {e.layer} computes {e.need} neurons "
                 f"({format_bytes(e.need * nb)}) but its share of the cache holds {e.cap} "
                 f"({format_bytes(e.cap * nb)}); the caches need about {format_bytes(short)} ({short:,} bytes) "
@@ -320,7 +320,7 @@ class StepPlanner:
         if np.any(over > 0):
             i = int(np.argmax(over > 0))
             s = a0 + i
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget {format_bytes(a.s['budget_bytes'][s])} exceeded at step {s}: weights, KV cache and "
                 f"the layer being streamed need {format_bytes(a.s['dram_bytes'][s])}, {int(over[i]):,} bytes more; "
                 "raise --dram-budget or use a policy that keeps less resident")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.errors import FlashsimError
+from devices.errors import BudgetError, FlashsimError
 from devices.safe_load import parse_json, read_text_file
 from devices.units import format_bytes, parse_bytes
 from sim.policies.cache_shares import CacheShares
@@ -176,7 +176,7 @@ class MemoryModel:
             if kv:
                 items.append(f"KV cache up to {format_bytes(kv)}")
             short = need - budget_bytes
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget {format_bytes(budget_bytes)}{when} is too small: what must stay resident "
                 f"({' + '.join(items)}) needs {format_bytes(need)}, {format_bytes(short)} ({short:,} bytes) "
                 "more; raise --dram-budget, stream more (memory.stream_non_ffn=true), quantize, or shorten "
