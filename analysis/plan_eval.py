@@ -110,8 +110,9 @@ class Planner:
 
     def __init__(self, trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DeviceProfile, *,
                  rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
-                 cache: SetAlgebraCache | None = None):
+                 cache: SetAlgebraCache | None = None, runtime: str | None = None):
         self._trace = trace
+        self.runtime = runtime      # compute.runtime of every configuration (None: the preset's)
         self.spec, self.profile = spec, profile
         self.rescale, self.seed, self.progress = rescale, seed, progress
         self.cache = cache or SetAlgebraCache()
@@ -132,6 +133,8 @@ class Planner:
     def config(self, preset: str, overrides: Sequence[str], budget_bytes: int) -> RunConfig:
         """The configuration at this budget and seed (rescaling, which needs the trace, is added by the run)."""
         sets = [*overrides, f"memory.dram_budget_bytes={int(budget_bytes)}", f"sim.seed={self.seed}"]
+        if self.runtime is not None:
+            sets.append(f"compute.runtime={self.runtime}")
         return preset_config(preset).with_overrides(sets)
 
     def _rescale(self, trace: Trace) -> bool:

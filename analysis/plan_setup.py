@@ -146,7 +146,8 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
                progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None,
                min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED,
-               bound: str = "achievable", max_ppl_ratio: float | None = DEFAULT_MAX_PPL_RATIO) -> Plan:
+               bound: str = "achievable", max_ppl_ratio: float | None = DEFAULT_MAX_PPL_RATIO,
+               runtime: str | None = None) -> Plan:
     """Names in, plan out: load the model and device, check each configuration's resident weights
     against the budget from the spec, prepare the trace when some configuration must run (a synthetic
     one from the cache, see the module docstring) and plan. `progress(stage)` is called with a stage
@@ -159,6 +160,10 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
 
     validate_targets(target_tps, min_quality, min_agreement, max_jpt)
     check_max_ppl_ratio(max_ppl_ratio)
+    if runtime is not None:
+        from devices.runtime import load_runtime
+
+        load_runtime(runtime)   # an unknown name fails here, with close matches
     if budget_bytes is not None and budget_bytes <= 0:
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
@@ -203,11 +208,12 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
     result = plan(load, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
                   min_quality=min_quality, trace_info=info, rescale=None, seed=seed,
                   grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
-                  min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio, cache=cache)
+                  min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio, cache=cache,
+                  runtime=runtime)
     if bound == "achievable":   # every configuration that ran again at the datasheet ceiling (no bisection)
         note("peak bound")
         pl = Planner(result.trace_source, spec, at_bound(raw, "peak"), rescale=None, seed=seed,
-                     progress=lambda: note(None), cache=cache)
+                     progress=lambda: note(None), cache=cache, runtime=runtime)
         peak = {r["label"]: finite_or_none(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
                                            .metric(TOKENS_PER_S)) for r in result.rows if r["fits"]}
         for r in result.rows:

@@ -78,6 +78,7 @@ from analysis.quality_table import (
 )
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
+from devices.runtime import DEFAULT_RUNTIME
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim.engine import SetAlgebraCache
@@ -140,6 +141,7 @@ class Plan:
     run_seconds: float = 0.0     # of `seconds`, the time spent in simulated runs
     trace_source: Any = None     # the replayed Trace (or the callable that makes it): not in the JSON
     stages: dict[str, float] = field(default_factory=dict)   # seconds per stage (spec check, trace, runs, ...)
+    runtime: str = DEFAULT_RUNTIME   # the inference runtime every configuration was priced with (devices/runtimes/)
 
     @property
     def feasible(self) -> bool:
@@ -155,7 +157,7 @@ class Plan:
                 "min_agreement": self.min_agreement, "quality": self.quality, "comparisons": self.comparisons,
                 "power_mode": self.power_mode, "bound": self.bound, "device_inputs": self.device_inputs,
                 "peak_bound": self.peak_bound, "simulated_run_seconds": round(self.run_seconds, 3),
-                "stage_seconds": {k: round(v, 3) for k, v in self.stages.items()}}
+                "stage_seconds": {k: round(v, 3) for k, v in self.stages.items()}, "runtime": self.runtime}
 
 
 def finite_or_none(x: float) -> float | None:
@@ -249,7 +251,7 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
          rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
          max_jpt: float | None = None, min_agreement: float | None = None,
          quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None,
-         cache: SetAlgebraCache | None = None) -> Plan:
+         cache: SetAlgebraCache | None = None, runtime: str | None = None) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
     `trace` may be a callable returning it (called only if some configuration passes the spec check).
     `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
@@ -275,7 +277,7 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     if budget > profile.memory.capacity_bytes:
         raise FlashsimError(f"--dram-free {format_bytes(budget)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
-    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache)
+    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime)
     evals = [pl.evaluate(p, o, budget) for p, o in grid]
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
     for r, e in zip(rows, evals):   # the same configuration with a perfect predictor and prefetch
@@ -320,7 +322,7 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     if all(lbl in by_label for lbl in SELECTINFER_VS_INT4):
         comparisons.append({"name": "SelectInfer vs 4-bit quantization (SelectInfer's own baseline)",
                             "rows": [by_label[lbl] for lbl in SELECTINFER_VS_INT4]})
-    return Plan(model=spec.name, device=profile.name, budget_bytes=budget, target_tps=target_tps,
+    return Plan(runtime=runtime or DEFAULT_RUNTIME, model=spec.name, device=profile.name, budget_bytes=budget, target_tps=target_tps,
                 min_quality=min_quality, trace=trace_info or {"path": str(pl.trace.path) if pl.trace_loaded else None},
                 rows=rows, best=best, closest=closest, pareto=pareto, min_dram=min_dram, binding=binding,
                 notes=notes, seconds=time.perf_counter() - t0, runs=pl.n_runs, max_jpt=max_jpt,

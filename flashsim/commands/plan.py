@@ -61,6 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bound", choices=("achievable", "peak"), default="achievable",
                    help="device numbers: achievable (published/measured, the default; each speed is shown with its "
                         "peak-bound figure beside it) or peak (datasheet ceiling only)")
+    p.add_argument("--runtime", default=None, help="the inference runtime every configuration is priced with "
+                                                  "(devices/runtimes/: llama.cpp, the default, compiled-graph, eager-pytorch)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from flashsim.commands.moe_plan import add_arguments
 
@@ -149,7 +151,7 @@ def run_plan(args: argparse.Namespace) -> Plan:
                             min_quality=args.min_quality, trace=args.trace, tokens=args.tokens, seed=args.seed,
                             native_only=args.native_only, progress=progress, max_jpt=args.max_jpt,
                             min_agreement=args.min_agreement, bound=getattr(args, "bound", "achievable"),
-                            max_ppl_ratio=max_ppl, quality=quality)
+                            max_ppl_ratio=max_ppl, quality=quality, runtime=getattr(args, "runtime", None))
     except BaseException:
         progress.close(ok=False)
         raise
@@ -212,7 +214,8 @@ def print_plan(p: Plan, *, full: bool = True) -> None:
     if p.min_agreement is not None:
         targets.append(f"measured agreement >= {p.min_agreement:g}")
     mode = f" in power mode {p.power_mode}" if p.power_mode else ""
-    print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), DRAM budget {format_bytes(p.budget_bytes)}"
+    print(f"plan: {p.model} on {p.device}{mode} ({p.bound} device numbers), runtime {p.runtime}, "
+          f"DRAM budget {format_bytes(p.budget_bytes)}"
           + (f", target {' and '.join(targets)}" if targets else ", no target (fastest that fits)"))
     print(UNITS_NOTE)
     print(f"trace: {p.trace.get('description', p.trace.get('path'))}")

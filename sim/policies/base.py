@@ -205,6 +205,12 @@ class Predictor(Policy):
         residency (mmap, dense compute over mapped weights) can run with."""
         return False
 
+    def sets_from_the_model(self) -> bool:
+        """True when the real backend's model mode can compute exactly this predictor's sets from the
+        model it runs (the true active sets, or a recorded mask trace); a predictor simulated from
+        statistics (recall, precision, error persistence) cannot be executed on a real model."""
+        return False
+
 
 class Layout(Policy):
     """How FFN neurons lie on flash and how a set of neurons becomes reads."""

@@ -74,6 +74,9 @@ class DensePredictor(Predictor):
     def computes_every_neuron(self) -> bool:
         return True
 
+    def sets_from_the_model(self) -> bool:
+        return True
+
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
         return np.broadcast_to(bitsets.full(self.ctx.n_neurons), needed.shape).copy()
@@ -89,6 +92,9 @@ class OraclePredictor(_RankedPredictor):
 
         def __post_init__(self) -> None:
             check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+
+    def sets_from_the_model(self) -> bool:
+        return True
 
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         return needed
@@ -198,6 +204,9 @@ class RecordedPredictor(_RankedPredictor):
         def __post_init__(self) -> None:
             check(bool(self.path), "path must name a trace directory of recorded predictions")
             check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+
+    def sets_from_the_model(self) -> bool:
+        return True
 
     def bind(self, ctx) -> None:  # type: ignore[no-untyped-def]
         from traces.format import open_trace

@@ -109,3 +109,13 @@ def test_progress_is_one_line_per_stage_in_a_log(capsys) -> None:
         "loading model and device", "checking resident weights against the budget (model spec)", "loading trace",
         "simulating", "peak bound"]
     assert all(line.startswith("flashsim: plan: ") and "\r" not in line for line in err)
+
+
+def test_the_runtime_prices_every_configuration_and_is_reported(smol, nano) -> None:
+    """`plan --runtime`: every configuration is priced with that runtime's kernels (eager PyTorch's 24 + 9
+    per layer at 15 us dispatch decode slower than llama.cpp's), and the plan says which it used."""
+    grid = (("naive", ()),)
+    fused = plan(smol, smol.spec, nano, grid=grid, tolerance_bytes=2**30)
+    eager = plan(smol, smol.spec, nano, grid=grid, tolerance_bytes=2**30, runtime="eager-pytorch")
+    assert fused.runtime == "llama.cpp" and eager.to_json()["runtime"] == "eager-pytorch"
+    assert eager.rows[0]["tokens_per_s"] < fused.rows[0]["tokens_per_s"]
