@@ -5,7 +5,6 @@ point outside the store, duplicate keys are refused, and tampered files or bad n
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 from pathlib import Path
@@ -68,20 +67,28 @@ def test_issue52_merge_keys_still_load(tmp_path):
 
 def _limited_run(argv: list[str], cwd: Path) -> tuple[int, str, int]:
     """(exit code, stderr, peak RSS in KiB) of `flashsim ARGV` in a child limited to 4 GiB of
-    address space (so the refusal does not depend on this host's RAM)."""
+    address space (so the refusal does not depend on this host's RAM). The peak is the child's own
+    VmHWM, read as it exits: the kernel's ru_maxrss of a child also counts the pages it shared with
+    this (large) test process between fork and exec."""
     import resource
     import subprocess
     import sys
+    import tempfile
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
-    p = subprocess.Popen([sys.executable, "-m", "flashsim", *map(str, argv)], cwd=cwd, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True, preexec_fn=limit)
-    err = p.stderr.read()                       # type: ignore[union-attr]
-    _, status, usage = os.wait4(p.pid, 0)       # this child's own peak RSS
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, err, usage.ru_maxrss
+    with tempfile.TemporaryDirectory() as d:
+        hwm = Path(d) / "hwm"
+        code = ("import atexit, runpy, sys\n"
+                f"atexit.register(lambda: open({str(hwm)!r}, 'w').write(next(l for l in open('/proc/self/status') "
+                "if l.startswith('VmHWM'))))\n"
+                f"sys.argv = ['flashsim', *{[str(a) for a in argv]!r}]\n"
+                "runpy.run_module('flashsim', run_name='__main__', alter_sys=True)\n")
+        p = subprocess.run([sys.executable, "-c", code], cwd=cwd, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, preexec_fn=limit, timeout=60)
+        peak_kib = int(hwm.read_text().split()[1])
+    return p.returncode, p.stderr, peak_kib
 
 
 REPO = Path(__file__).resolve().parents[2]
