@@ -32,7 +32,7 @@ QUICK_K = (0, 2, 8)
 BUDGET_FRACTIONS = (0.25, 0.5)   # DRAM for neuron caches, as a fraction of the FFN's bytes
 # model mode computes MODEL_KEEP of every layer: the lower budget must hold more than that (module docstring)
 MODEL_BUDGET_FRACTIONS = (0.375, 0.5)
-MODES = ("shape", "model")
+MODES = ("shape", "model", "moe")     # moe: expert caches on an expert store (real/validation/validate_moe.py)
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
@@ -111,5 +111,5 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise FlashsimError(f"--modes {text!r}: give one or both of {', '.join(MODES)} (comma-separated)")
+        raise FlashsimError(f"--modes {text!r}: give one or more of {', '.join(MODES)} (comma-separated)")
     return modes
