@@ -103,7 +103,12 @@ class ExpertExecutor:
         self._pool = ThreadPoolExecutor(max_workers=len(self._readers), thread_name_prefix="flashsim-expert")
         init = np.asarray(policy.initial(), np.int64)
         if len(init):
-            self._load(init, [self._take_slot() for _ in init])
+            # the policy's initial set is resident before the first step (the simulator's walk starts
+            # with it cached): wait for its reads, so no step computes on a slot still being filled
+            # or queues its reads behind them
+            futs, _ = self._load(init, [self._take_slot() for _ in init])
+            for f in futs:
+                f.result()
             self.resident[init] = True
             np.add.at(self.count, self.layer_of[init], 1)
         self.totals = ExecutorTotals()

@@ -101,6 +101,9 @@ def test_executor_reads_priced_as_issued():
         assert c.read_batch_s[n] == pytest.approx(read_time_s(prof.flash.curve, eb, n, 4))
     one = layer_costs(spec, prof, "fp32", 0, 6, engine=ReadEngine(1))
     assert one.read_batch_s[4] > c.read_batch_s[4]     # depth 1 is slower than 4 on this disk's table
+    fixed = layer_costs(spec, prof, "fp32", 0, 6, engine=ReadEngine(4, 1e-3))
+    assert fixed.read_batch_s[0] == 0.0
+    np.testing.assert_allclose(fixed.read_batch_s[1:], c.read_batch_s[1:] + 1e-3, rtol=1e-12)
 
 
 @pytest.mark.slow
@@ -125,3 +128,33 @@ def test_validate_scores_a_3gb_moe_store(capsys):
     assert set(rep["floor"]["metrics"]) == {"latency_s", "io_s", "compute_s"}
     assert all(r["metrics"]["bytes_read"]["error"] == 0.0 for r in rep["configs"])
     print(json.dumps({k: rep["floor"]["metrics"][k] for k in rep["floor"]["metrics"]}))
+
+
+def test_initial_set_is_read_before_the_first_step(tmp_path, monkeypatch):
+    """An offline policy's initial set (Belady, pinned) is in its slots when the executor is built:
+    the simulator starts with it resident, so no step may compute on a slot still being filled or
+    queue its reads behind the preload (slow reads make the old executor return before they land)."""
+    import time
+
+    from real.runtime.moe_executor import ExpertExecutor
+    from real.weights.expert_store import open_expert_store, random_experts, write_expert_store
+    from sim.moe.base import build_cache
+
+    store = open_expert_store(write_expert_store(
+        tmp_path / "s", model="t", n_layers=2, moe_layers=[0, 1], n_experts=8, top_k=2, d_model=32, d_expert_ff=64,
+        dtype="fp32", experts=random_experts(32, 64, 0, pool=5), source={"kind": "random"}))
+    slow = ExpertExecutor._read_one
+
+    def read_slowly(self, key, slot):
+        time.sleep(0.05)
+        return slow(self, key, slot)
+
+    monkeypatch.setattr(ExpertExecutor, "_read_one", read_slowly)
+    routing = np.random.default_rng(0).integers(0, 8, (6, 2, 2))
+    routing[:, :, 1] = (routing[:, :, 0] + 1) % 8
+    with ExpertExecutor(store, build_cache("belady"), 3, routing=routing, threads=2) as ex:
+        keys = np.flatnonzero(ex.resident)
+        assert len(keys) > 0
+        for k in keys:
+            m, e = divmod(int(k), 8)
+            assert np.array_equal(store.split(ex.rows[ex.slot_of[k]])[2], store.read_expert(m, e)[2])
