@@ -28,14 +28,6 @@ from real.weights.expert_store import ExpertStore
 from sim.moe.base import build_cache
 
 STORE_DTYPE_TO_SIM = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
-# The executor's own work per batch of expert reads (submitting them to its thread pool, waking the
-# reader threads, each BundleReader's planning in Python, collecting the futures), seconds. Fitted on
-# this project's 2-vCPU host (2026-12-05) on one configuration only, `flashsim validate --modes moe`'s
-# LRU x 4 slots per layer on the small store (16 tokens, 3 passes), and kept because it lowers the
-# simulator's error on every configuration it was not fitted on, on both stores (docs/moe.md,
-# "Checked against real runs"); validate leaves that configuration out of its score
-# (real/validation/validate_moe.py FIT_CONFIG). Another host's executor has its own.
-EXECUTOR_BATCH_S = 1.1e-3
 
 
 def store_spec(store: ExpertStore) -> MoESpec:
@@ -101,8 +93,7 @@ def simulated_shape(store: ExpertStore, experts: np.ndarray, profile: Any, *, po
     (the flash's busy time: the read batches), read_s (the reads in flight as the executor counts
     them, `run_shape`'s read_s), compute_s (the experts' compute), bytes_read (the
     missed experts at the store's stride), and the hit rate. `threads`: the executor's reader threads,
-    each reading one whole expert per call, with its work per batch (sim.moe.timing.ReadEngine,
-    `EXECUTOR_BATCH_S`; None: the profile's engine)."""
+    each reading one whole expert per call (sim.moe.timing.ReadEngine; None: the profile's engine)."""
     from devices.achievable import at_bound
     from sim.moe.residency import walk
     from sim.moe.timing import ReadEngine, fast_path, layer_costs
@@ -113,7 +104,7 @@ def simulated_shape(store: ExpertStore, experts: np.ndarray, profile: Any, *, po
     res = walk(np.asarray(experts, np.int64), spec.n_experts, cache, capacity, scope)
     hits, pf, misses = res.layer_counts()
     costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k,
-                        engine=None if threads is None else ReadEngine(threads, EXECUTOR_BATCH_S))
+                        engine=None if threads is None else ReadEngine(threads))
     L = spec.n_layers
     costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0,
                     expert_s=costs.expert_s if compute else 0.0)

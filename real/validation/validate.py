@@ -160,11 +160,8 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     if warning:
         print(warning, file=sys.stderr)
     from real.validation.calibration import calibration_points
-    from real.validation.validate_moe import FIT_CONFIG
 
     calibration = calibration_points(scored_with, [r["config"] for r in rows])
-    # the MoE configuration the executor's per-batch cost was fitted on (real.validation.validate_moe)
-    calibration["grid_configs"] += [r["config"] for r in rows if r["config"] == FIT_CONFIG]
     fitted = calibration["grid_configs"]
     report = summarize(rows, fitted)
     report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m], fitted), **info[m]} for m in modes}

@@ -19,9 +19,7 @@ they cover dense ones.
 Sizes: `MOE_SMALL` (4 or 8 MoE layers x 8 experts of 1.5 MiB: 48 or 96 MiB) is the default and
 --quick store, which the host's page cache would hold but the direct reads bypass; `MOE_LARGE`
 (32 x 8 experts of 12 MiB: 3 GiB, the Mixtral-class store of docs/run-real.md) misses any page
-cache (`flashsim validate --moe-store large`). The executor's work per read batch in the simulator's price
-(real.runtime.moe_runs.EXECUTOR_BATCH_S) was fitted on `FIT_CONFIG`, which the score (the floor,
-raw_held_out) leaves out like a calibration's configurations. MoE rows are scored against the profile as given:
+cache (`flashsim validate --moe-store large`). Nothing is fitted to these runs. MoE rows are scored against the profile as given:
 they are not kept (--keep), drift-corrected or recalibrated, which replay the dense simulator.
 """
 
@@ -36,8 +34,6 @@ import numpy as np
 from real.validation.validate_score import compare
 
 IO_THREADS = 4           # reader threads of the executor (`flashsim real run --io-threads` default)
-# the configuration real.runtime.moe_runs.EXECUTOR_BATCH_S was fitted on: left out of the score
-FIT_CONFIG = "moe: lru x4/layer (small store)"
 TOP_K = 2
 N_EXPERTS = 8
 

@@ -20,7 +20,7 @@ experts of b bytes is n * ceil(b / SPLIT_BYTES) requests kept in flight up to th
 served at the device's read curve for that request size and depth. An engine that reads each
 expert with one call per thread (`ReadEngine`: the real backend's executor, one `os.preadv` of the
 whole expert on each of its reader threads) is priced as it issues them: n reads of the expert's
-bytes with at most `threads` outstanding, plus the engine's own fixed work per batch. The page-cache baseline instead
+bytes with at most `threads` outstanding. The page-cache baseline instead
 faults: each miss is b / page_fault_bytes synchronous faults of read-around size at depth 1, taken
 by the compute thread itself (no overlap). On a discrete accelerator whose profile sets
 `moe.host_copy_bytes_per_s` the read lands in host memory first and each expert is then copied over
@@ -55,12 +55,9 @@ OPS_EXPERT_ELEMENTWISE = 3     # silu(gate), its product with up, the weighted a
 @dataclass(frozen=True)
 class ReadEngine:
     """How an engine issues expert reads: one read of the whole expert per call, `threads` calls
-    outstanding at once (the real backend's executor: one BundleReader per thread), and `batch_s`
-    seconds of the engine's own work per batch of reads (handing them to its threads, waking them,
-    collecting their results), on top of the device's time."""
+    outstanding at once (the real backend's executor: one BundleReader per thread)."""
 
     threads: int
-    batch_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -147,8 +144,7 @@ def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_token
     if engine is None:
         batch = np.array([read_time_s(curve, chunk, n * per, qd) + n * hop_s for n in range(max_batch + 1)])
     else:
-        batch = np.array([read_time_s(curve, eb, n, engine.threads) + n * hop_s + (engine.batch_s if n else 0.0)
-                          for n in range(max_batch + 1)])
+        batch = np.array([read_time_s(curve, eb, n, engine.threads) + n * hop_s for n in range(max_batch + 1)])
     fb = profile.moe.page_fault_bytes if profile.moe is not None else 131072
     fault = math.ceil(eb / fb) * read_time_s(curve, fb, 1, 1) + hop_s
     stream = float(attn_bytes.sum() + dense_bytes.sum() + head_bytes
