@@ -15,6 +15,9 @@ For each configuration (window k x bundling x prefetch x budget) and mode:
    `WARMUP_STEPS` steps skipped on both sides: cold caches, thread start-up and allocator warm-up
    belong to neither model).
 
+The moe mode scores expert caches on an expert store the same way (interleaved passes, the same
+metrics, floor and pass rule), its simulator being the MoE timeline: real/validation/validate_moe.py.
+
 The modules: the grid (configurations, budgets, model mode's settings) is
 real/validation/validate_grid.py; steps 1-3 per mode, real/validation/validate_runs.py; the scoring
 (metrics, summaries, groups, each pass alone), real/validation/validate_score.py; the scatter plot,
