@@ -38,6 +38,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from sim.blocks import block_names
+from traces.outputs import replace_output
 
 SCHEMA_VERSION = 1
 
@@ -66,7 +67,7 @@ def write_gsi_file(path: str | Path, doc: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -47,6 +47,7 @@ from adapt.controllers.learned import (
     single_thread_blas,
 )
 from adapt.controllers.learned_obs import OBS_DIM, OBS_VERSION
+from traces.outputs import replace_output
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,6 @@ def save_policy(path: str | Path, params: dict[str, np.ndarray], metadata: dict[
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_bytes(data)
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -5,8 +5,9 @@ that fit in DRAM, each with its source and conditions. `recompute()` prices ever
 simulator's own compute model (sim/components/compute.py ComputeModel, on the profile folded to its
 achievable numbers in the row's power mode, devices/achievable.py): one decode token is every
 layer's attention (weights + KV cache at the row's context), its dense FFN (all neurons, no gather)
-and the lm_head, with the profile's launch overhead per kernel (compute.framework=kernels, a
-compiled decoder loop). Nothing here feeds the profiles: they derive from component measurements,
+and the lm_head, with the kernels of the runtime the row names (`runtime`: devices/runtimes/, e.g.
+llama.cpp for llama.cpp and Ollama, compiled-graph for MLC, TensorRT and ExLlama) at the profile's
+launch cost per kernel (compute.framework=kernels, a compiled decoder loop). Nothing here feeds the profiles: they derive from component measurements,
 and this table checks them.
 
 Each row carries its own error bound (`max_error`, default the project's 25%; a wider one says why in
@@ -33,6 +34,7 @@ import yaml
 from devices import load_model, load_profile
 from devices.achievable import at_bound
 from devices.errors import FlashsimError
+from devices.runtime import DEFAULT_RUNTIME, load_runtime
 
 DATA = Path(__file__).parent / "data" / "published_baselines.yaml"
 
@@ -45,6 +47,7 @@ class BaselineRow:
     context_tokens: int
     published_tokens_per_s: float
     framework: str
+    runtime: str             # the bundled runtime (devices/runtimes/) that prices the framework's kernels
     conditions: str
     source: str
     max_error: float = 0.25  # this row's bound on |simulated / published - 1|
@@ -61,15 +64,16 @@ def load_rows(path: Path = DATA) -> list[BaselineRow]:
 
 
 def dense_decode_tokens_per_s(device: str, model: str, dtype: str, context_tokens: int,
-                              bound: str = "achievable") -> float:
-    """Decode tokens per second of `model` stored at `dtype`, all weights in DRAM, on `device`."""
+                              bound: str = "achievable", runtime: str = DEFAULT_RUNTIME) -> float:
+    """Decode tokens per second of `model` stored at `dtype`, all weights in DRAM, on `device`, with
+    the kernels of `runtime` (devices/runtimes/)."""
     from sim.components.compute import ComputeModel
 
     spec = load_model(model, dtype=dtype)
     profile = at_bound(load_profile(device), bound)
     if spec.total_weight_bytes > profile.available_bytes:
         raise FlashsimError(f"{model} ({dtype}) does not fit in {device}'s DRAM: not a dense baseline")
-    cm = ComputeModel(spec, profile, framework="kernels", decoder="native")
+    cm = ComputeModel(spec, profile, framework="kernels", decoder="native", runtime=load_runtime(runtime))
     one = np.ones(1)
     ctx = np.asarray([float(context_tokens)])
     layer = (cm.attention(one, ctx, ctx, np.asarray([True])).total_s()
@@ -120,7 +124,7 @@ def recompute(rows: list[BaselineRow] | None = None) -> list[dict[str, Any]]:
     whether it holds, and the peak-bound roofline."""
     out = []
     for r in rows if rows is not None else load_rows():
-        sim = dense_decode_tokens_per_s(r.device, r.model, r.dtype, r.context_tokens)
+        sim = dense_decode_tokens_per_s(r.device, r.model, r.dtype, r.context_tokens, runtime=r.runtime)
         peak = peak_bound_tokens_per_s(r.device, r.model, r.dtype, r.context_tokens)
         err = sim / r.published_tokens_per_s - 1.0
         out.append({**r.__dict__, "simulated_tokens_per_s": sim, "peak_bound_tokens_per_s": peak,

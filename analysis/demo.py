@@ -37,6 +37,7 @@ from sim.metric_names import (
     MS_PER_TOKEN,
     TOKENS_PER_S,
 )
+from traces.outputs import replace_output
 
 DEMO_DEVICES = ("jetson-orin-nano-8gb", "this-host")
 DEMO_PROMPTS = 3          # builtin prompts captured (one per task: qa, translation, summarization)
@@ -213,4 +214,4 @@ def _jsonable(x: Any) -> Any:
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_output(tmp, path)

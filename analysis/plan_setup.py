@@ -1,13 +1,25 @@
 """From names to a plan: `plan_model` loads the model and the device (at the chosen bound), prepares
 the trace a plan replays (`planning_trace`: the given trace, tiled onto the model's shape when the
 shapes differ, or a synthetic trace of the model's shape) and runs the what-if planner
-(analysis/planner.py) over the grid, then every feasible configuration again at the datasheet
+(analysis/planner.py) over the grid, then every configuration that ran again at the datasheet
 ceiling for the peak bound. `native_grid` is the grid without quantized weights (--native-only).
+
+The trace is prepared lazily: configurations whose resident weights exceed the budget by the model
+spec alone are refused first (analysis/plan_eval.py), and a trace is loaded or synthesised only when
+one must run. Synthetic planning traces are cached by the content hash of everything that makes
+them (the model spec, tokens, seed, the source trace's manifest, the synthesiser's source) under the
+tool's own cache folder (`$FLASHSIM_CACHE_DIR`, else `$XDG_CACHE_HOME/flashsim`, else
+`~/.cache/flashsim`), in `plan-traces/<hash>/`; a new entry is written to a temporary folder beside
+it and renamed into place, and nothing the cache did not write is ever removed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from analysis.planner import (
@@ -36,13 +48,57 @@ RELU_ASSUMPTION = {"active_fraction": 0.03, "overlap": 0.7, "hot_skew": 0.25}
 DEFAULT_PLAN_TOKENS = 128
 
 
-def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = None,
+def cache_dir() -> Path:
+    """The tool's own cache folder (see the module docstring)."""
+    env = os.environ.get("FLASHSIM_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flashsim"
+
+
+def _synth_key(spec: ModelSpec, tokens: int, seed: int, kwargs: dict[str, Any], source: Path | None) -> str:
+    """The content hash of a synthetic planning trace's inputs, the synthesiser's code included."""
+    import traces
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": spec.model_dump(mode="json"), "tokens": tokens, "seed": seed, "kwargs": kwargs},
+                        sort_keys=True, default=str).encode())
+    if source is not None:
+        h.update((source / "manifest.json").read_bytes())
+    for f in sorted(Path(traces.__file__).parent.glob("synthetic*.py")) + [Path(traces.__file__).parent / "format.py"]:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def _cached_synthesis(spec: ModelSpec, tokens: int, seed: int, kwargs: dict[str, Any], source: Path | None,
+                      like: Callable[[], Trace] | None) -> tuple[Path, bool]:
+    """(path, from the cache?): the synthetic trace for these inputs, written once."""
+    import tempfile
+
+    from traces.synthetic import synthesize
+
+    root = cache_dir() / "plan-traces"
+    path = root / _synth_key(spec, tokens, seed, kwargs, source)
+    if (path / "manifest.json").is_file():
+        return path, True
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".tmp-", dir=root) as tmp:
+        out = synthesize(Path(tmp) / "trace", spec, tokens, seed, like=like() if like else None, **kwargs)
+        try:
+            os.rename(out, path)          # atomic; a concurrent writer's identical entry wins
+        except OSError:
+            if not (path / "manifest.json").is_file():
+                raise
+    return path, False
+
+
+def planning_trace(spec: ModelSpec, out_dir: str | None = None, *, trace_path: str | None = None,
                    tokens: int = DEFAULT_PLAN_TOKENS, seed: int = 0) -> tuple[Trace, dict[str, Any], bool]:
     """(trace, what it is, rescale?): the given trace (rescaled onto the model's shape when the shapes
-    differ), or a synthetic trace of the model's shape written under out_dir."""
+    differ), or a synthetic trace of the model's shape (cached, see the module docstring; `out_dir`
+    is unused and kept for callers)."""
     from traces.data import shipped_trace_path
     from traces.format import open_trace
-    from traces.synthetic import synthesize
 
     if trace_path is not None:
         tr = open_trace(trace_path)
@@ -54,7 +110,7 @@ def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = No
     if tokens < 2:
         raise FlashsimError(f"--tokens {tokens}: a synthetic trace needs at least 2 tokens")
     if spec.ffn_kind == "relu":
-        p = synthesize(out_dir, spec, tokens, seed, **RELU_ASSUMPTION)
+        p, cached = _cached_synthesis(spec, tokens, seed, dict(RELU_ASSUMPTION), None, None)
         info = {"synthetic": True, "source": None, "assumption": dict(RELU_ASSUMPTION),
                 "description": (f"synthetic {spec.name}-shape trace ({tokens} decode tokens, seed {seed}) with "
                                 f"ReLU-like sparsity assumed: {RELU_ASSUMPTION['active_fraction']:.0%} of FFN "
@@ -62,8 +118,9 @@ def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = No
                                 f"the previous token, {RELU_ASSUMPTION['hot_skew']:.0%} of neurons give 80% of "
                                 "the activity (OPT-like, LLM in a flash Sec. 3.1)")}
     else:
-        src = open_trace(shipped_trace_path())
-        p = synthesize(out_dir, spec, tokens, seed, like=src)
+        src_path = Path(shipped_trace_path())
+        p, cached = _cached_synthesis(spec, tokens, seed, {}, src_path, lambda: open_trace(src_path))
+        src = open_trace(src_path, verify=False)
         info = {"synthetic": True, "source": str(src.path), "assumption": None,
                 "description": (f"synthetic {spec.name}-shape trace ({tokens} decode tokens, seed {seed}) fitted "
                                 f"to the statistics of the nearest real trace, {src.spec.name} "
@@ -71,8 +128,11 @@ def planning_trace(spec: ModelSpec, out_dir: str, *, trace_path: str | None = No
                                 f"CDF, magnitudes; its rule {src.manifest.sparsity.rule}:"
                                 f"{src.manifest.sparsity.target_fraction:g} makes about half the neurons "
                                 "active)")}
-    tr = open_trace(p)
+    # a cache hit was written (and verified) by this tool and renamed into place whole: its structure
+    # is checked, its arrays are not hashed again (that is most of a cached plan's start-up)
+    tr = open_trace(p, verify=not cached)
     info["path"] = str(p)
+    info["cached"] = cached
     return tr, info, False
 
 
@@ -86,49 +146,86 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                seed: int = 0, native_only: bool = False, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
                progress: Callable[[str | None], None] | None = None, max_jpt: float | None = None,
                min_agreement: float | None = None, quality: QualityTable | str | None = SHIPPED,
-               bound: str = "achievable", max_ppl_ratio: float | None = DEFAULT_MAX_PPL_RATIO) -> Plan:
-    """Names in, plan out: load the model and device, prepare the trace (a synthetic one lives in a
-    temporary directory for the duration of the plan) and plan. `progress(stage)` is called with a
-    stage name when one starts and with None after every simulated run."""
-    import tempfile
+               bound: str = "achievable", max_ppl_ratio: float | None = DEFAULT_MAX_PPL_RATIO,
+               runtime: str | None = None) -> Plan:
+    """Names in, plan out: load the model and device, check each configuration's resident weights
+    against the budget from the spec, prepare the trace when some configuration must run (a synthetic
+    one from the cache, see the module docstring) and plan. `progress(stage)` is called with a stage
+    name when one starts and with None after every simulated run; `Plan.stages` gives each stage's
+    seconds."""
+    import time
 
     from devices import load_model, load_profile
+    from sim.engine import SetAlgebraCache
 
     validate_targets(target_tps, min_quality, min_agreement, max_jpt)
     check_max_ppl_ratio(max_ppl_ratio)
+    if runtime is not None:
+        from devices.runtime import load_runtime
+
+        load_runtime(runtime)   # an unknown name fails here, with close matches
     if budget_bytes is not None and budget_bytes <= 0:
         raise FlashsimError(f"--dram-free {budget_bytes}: must be > 0 bytes")
     if tokens < 2:
         raise FlashsimError(f"--tokens {tokens}: must be >= 2")
     from devices.achievable import at_bound, inputs
 
+    stages: dict[str, float] = {}
+    current = {"name": "", "t0": time.perf_counter()}
+
+    def note(stage: str | None) -> None:
+        if stage is not None:
+            now = time.perf_counter()
+            if current["name"]:
+                stages[current["name"]] = stages.get(current["name"], 0.0) + now - current["t0"]
+            current.update(name=stage, t0=now)
+        if progress:
+            progress(stage)
+
+    note("loading model and device")
     spec, raw = load_model(model), load_profile(device)
     profile = at_bound(raw, bound)
     if budget_bytes is not None and budget_bytes > profile.memory.capacity_bytes:  # before the slow part
         raise FlashsimError(f"--dram-free {format_bytes(budget_bytes)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
-    note = progress or (lambda stage: None)
-    with tempfile.TemporaryDirectory(prefix="flashsim-plan-") as tmp:
-        if trace is None:
-            note("synthesizing trace")
-        tr, info, rescale = planning_trace(spec, f"{tmp}/trace", trace_path=trace, tokens=tokens, seed=seed)
+    from traces.format import check_run_memory
+
+    check_run_memory(tokens, spec.n_layers, spec.d_ff, f"planning {spec.name}")   # before the trace is made
+    grid = native_grid() if native_only else PLAN_GRID
+    info: dict[str, Any] = {"path": None, "synthetic": None, "description": (
+        "none needed: no configuration's resident weights fit the budget (checked from the model spec)")}
+
+    def load() -> Trace:
+        note("loading trace" if trace is not None else "synthesizing trace (cached by content hash)")
+        tr, got, _ = planning_trace(spec, trace_path=trace, tokens=tokens, seed=seed)
+        info.clear()
+        info.update(got)
         note("simulating")
-        grid = native_grid() if native_only else PLAN_GRID
-        result = plan(tr, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
-                      min_quality=min_quality, trace_info=info, rescale=rescale, seed=seed,
-                      grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
-                      min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio)
-        if bound == "achievable":   # every configuration again at the datasheet ceiling (no bisection)
-            note("peak bound")
-            pl = Planner(tr, spec, at_bound(raw, "peak"), rescale=rescale, seed=seed, progress=lambda: note(None))
-            peak = {r["label"]: finite_or_none(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
-                                        .metric(TOKENS_PER_S)) for r in result.rows if r["fits"]}
-            result.peak_bound = {"configurations": peak,
-                                 "best": peak.get(result.best["label"]) if result.best else None}
+        return tr
+
+    cache = SetAlgebraCache()
+    note("checking resident weights against the budget (model spec)")
+    result = plan(load, spec, profile, budget_bytes=budget_bytes, target_tps=target_tps,
+                  min_quality=min_quality, trace_info=info, rescale=None, seed=seed,
+                  grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
+                  min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio, cache=cache,
+                  runtime=runtime)
+    if bound == "achievable":   # every configuration that ran again at the datasheet ceiling (no bisection)
+        note("peak bound")
+        pl = Planner(result.trace_source, spec, at_bound(raw, "peak"), rescale=None, seed=seed,
+                     progress=lambda: note(None), cache=cache, runtime=runtime)
+        peak = {r["label"]: finite_or_none(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
+                                           .metric(TOKENS_PER_S)) for r in result.rows if r["fits"]}
+        for r in result.rows:
+            r["peak_bound_tokens_per_s"] = peak.get(r["label"])
+        result.peak_bound = {"configurations": peak,
+                             "best": peak.get(result.best["label"]) if result.best else None}
+        result.runs += pl.n_runs
+        result.run_seconds += pl.run_s
+    stages[current["name"]] = stages.get(current["name"], 0.0) + time.perf_counter() - current["t0"]
+    result.stages = stages
     result.power_mode, result.bound = raw.power_mode, bound
     result.device_inputs = inputs(raw, bound, spec.dtype)
-    if trace is None:
-        info["path"] = None  # it lived in a temporary directory
     if native_only:
         result.notes.append("quantized configurations excluded (--native-only)")
     return result

@@ -26,12 +26,12 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
     Without a target, only the best configuration is bisected (the smallest DRAM it runs in):
     otherwise a page-cache configuration that thrashes in 32 MiB would be the trivial answer.
 
-Binding constraint (from the simulated per-token breakdown, ms): the largest of flash stall (time
-the decoder waits for reads: "flash bandwidth"), compute ("compute": FLOPs or DRAM-bandwidth-bound
-weight streaming, the simulator does not split them in its summary) and memory management (moving
-cache rows: "memory bandwidth"); a flash-bound configuration whose cache already fills the budget
-(peak >= `CACHE_FULL_SHARE` of it) is "memory capacity" bound: more DRAM means fewer reads. A
-configuration that does not fit is bound by memory capacity.
+Each row carries three speeds: the expected one (the presets' realistic predictors and prefetch on
+the achievable device numbers), the ideal-policy bound (the same with an oracle predictor and perfect
+prefetch, `ideal_policy_tokens_per_s`) and, from analysis/plan_setup.py, the device peak-bound
+(`peak_bound_tokens_per_s`, the datasheet ceiling). Evaluation, the typed failures, the spec-only
+resident-weights check and the binding constraint (flash bandwidth, DRAM bandwidth, compute, memory
+management, memory capacity) live in analysis/plan_eval.py.
 
 Units: bytes, seconds internally; tok/s and ms per token as the simulator's summary reports them.
 """
@@ -46,6 +46,19 @@ from typing import Any
 import pandas as pd
 
 from analysis.pareto import pareto_mask
+from analysis.plan_eval import (  # noqa: F401  (re-exported: the planner's public names)
+    CACHE_FULL_SHARE,
+    CANNOT_RUN,
+    COMPUTE,
+    DOES_NOT_FIT,
+    DRAM_BW,
+    FLASH,
+    MEM_CAP,
+    MEM_MGMT,
+    Evaluation,
+    Planner,
+    binding_constraint,
+)
 from analysis.quality_evidence import (
     QualityEvidence,
     check_max_ppl_ratio,
@@ -65,18 +78,16 @@ from analysis.quality_table import (
 )
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
+from devices.runtime import DEFAULT_RUNTIME
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
-from sim.engine import SetAlgebraCache, simulate
-from sim.policies.presets import preset_config
+from sim.engine import SetAlgebraCache
 from traces.format import Trace
 
 # (preset, overrides): the documented grid. Window k: LLM in a flash's Fig. 7 sweeps k of 1..10+;
-# noisy predictor at recall 0.9 / precision 0.5: a predictor worse than the oracle, about what a
-# low-rank predictor tuned for recall achieves (LLM in a flash reports over-prediction, Sec. 3.1);
-# gamma/phi: SelectInfer's load/compute ratios around its 0.7/0.4 default; hybrid resident
-# fractions; 8- and 4-bit quantization (also with the sparse policy).
-_NOISY = ["predictor=noisy", "noisy.recall=0.9", "noisy.precision=0.5"]
+# the presets' predictors are realistic (sim/policies/presets.py), their oracle versions are each
+# row's ideal-policy bound; gamma/phi: SelectInfer's load/compute ratios around its 0.7/0.4 default;
+# hybrid resident fractions; 8- and 4-bit quantization (also with the sparse policy).
 PLAN_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dense", ()),
     ("quantized", ("quantized.bits=8",)),
@@ -87,10 +98,8 @@ PLAN_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hybrid", ("hybrid.fraction=0.75",)),
     ("mmap", ()),
     *(("llm-in-a-flash", (f"window.k={k}",)) for k in (1, 5, 20)),
-    *(("llm-in-a-flash", (f"window.k={k}", *_NOISY)) for k in (1, 5, 20)),
     ("llm-in-a-flash", ("window.k=5", "precision=quantized", "quantized.bits=4")),
     ("neuroprefetcher", ()),
-    ("neuroprefetcher", tuple(_NOISY)),
     *(("selectinfer", (f"selective.load_ratio={g}", f"selective.compute_ratio={c}"))
       for g in (0.5, 0.7, 0.9) for c in (0.3, 0.5) if c <= g),
     # the preset's own gamma/phi: with "quantized quantized.bits=4" above, SelectInfer's comparison
@@ -99,49 +108,12 @@ PLAN_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 SELECTINFER_VS_INT4 = ("selectinfer selective.load_ratio=0.7 selective.compute_ratio=0.4", "quantized quantized.bits=4")
 DEFAULT_TOLERANCE_BYTES = 32 * 2**20  # bisection resolution: well under one FFN layer of a 1B+ model
-CACHE_FULL_SHARE = 0.97          # DRAM peak / budget at which a cache counts as full
 SHIPPED = "shipped"              # plan(quality=...): the shipped measured-quality table
 
-FLASH, COMPUTE, MEM_BW, MEM_CAP = "flash bandwidth", "compute", "memory bandwidth", "memory capacity"
 
-
-@dataclass
-class Evaluation:
-    """One configuration at one budget."""
-
-    preset: str
-    overrides: tuple[str, ...]
-    budget_bytes: int
-    summary: dict[str, Any] | None = None  # None: it did not fit
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        return " ".join((self.preset, *self.overrides))
-
-    @property
-    def ran(self) -> bool:
-        return self.summary is not None
-
-    def metric(self, key: str) -> float:
-        return float(self.summary[key]) if self.summary is not None else math.nan
-
-
-def binding_constraint(summary: dict[str, Any] | None, budget_bytes: int) -> str:
-    """The resource that limits a configuration, from its per-token breakdown (see the module doc)."""
-    if summary is None:
-        return MEM_CAP
-    parts = {FLASH: summary["stall_ms_per_token"], COMPUTE: summary["compute_ms_per_token"],
-             MEM_BW: summary["memory_mgmt_ms_per_token"]}
-    top = max(parts, key=lambda k: parts[k])
-    if top == FLASH and summary["dram_peak_bytes"] >= CACHE_FULL_SHARE * budget_bytes:
-        return MEM_CAP
-    return top
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
-    """The planner's answer; `to_json()` is the `flashsim plan --json` object."""
+    """The planner's answer (built by keyword); `to_json()` is the `flashsim plan --json` object."""
 
     model: str
     device: str
@@ -166,6 +138,10 @@ class Plan:
     bound: str = "achievable"
     device_inputs: list[dict[str, Any]] = field(default_factory=list)
     peak_bound: dict[str, Any] | None = None   # {"best": tok/s, "configurations": {label: tok/s}} at the datasheet ceiling
+    run_seconds: float = 0.0     # of `seconds`, the time spent in simulated runs
+    trace_source: Any = None     # the replayed Trace (or the callable that makes it): not in the JSON
+    stages: dict[str, float] = field(default_factory=dict)   # seconds per stage (spec check, trace, runs, ...)
+    runtime: str = DEFAULT_RUNTIME   # the inference runtime every configuration was priced with (devices/runtimes/)
 
     @property
     def feasible(self) -> bool:
@@ -180,38 +156,8 @@ class Plan:
                 "configurations": self.rows, "notes": self.notes, "plan_seconds": round(self.seconds, 3), "simulated_runs": self.runs,
                 "min_agreement": self.min_agreement, "quality": self.quality, "comparisons": self.comparisons,
                 "power_mode": self.power_mode, "bound": self.bound, "device_inputs": self.device_inputs,
-                "peak_bound": self.peak_bound}
-
-
-class Planner:
-    """Evaluates configurations of one (trace, model, device) at any budget, memoised."""
-
-    def __init__(self, trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, rescale: bool = False,
-                 seed: int = 0, progress: Callable[[], None] | None = None):
-        self.trace, self.spec, self.profile = trace, spec, profile
-        self.rescale, self.seed, self.progress = rescale, seed, progress
-        self.cache = SetAlgebraCache()
-        self._memo: dict[tuple, Evaluation] = {}
-        self.n_runs = 0
-
-    def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int) -> Evaluation:
-        key = (preset, tuple(overrides), int(budget_bytes))
-        if key in self._memo:
-            return self._memo[key]
-        ev = Evaluation(preset, tuple(overrides), int(budget_bytes))
-        sets = [*overrides, f"memory.dram_budget_bytes={int(budget_bytes)}", f"sim.seed={self.seed}"]
-        if self.rescale:
-            sets.append("sim.rescale=true")
-        cfg = preset_config(preset).with_overrides(sets)
-        try:
-            ev.summary = simulate(self.trace, self.spec, self.profile, cfg, cache=self.cache).summary()
-        except FlashsimError as e:  # the budget check and cache-capacity refusals name the shortfall
-            ev.error = str(e)
-        self.n_runs += 1
-        if self.progress:
-            self.progress()
-        self._memo[key] = ev
-        return ev
+                "peak_bound": self.peak_bound, "simulated_run_seconds": round(self.run_seconds, 3),
+                "stage_seconds": {k: round(v, 3) for k, v in self.stages.items()}, "runtime": self.runtime}
 
 
 def finite_or_none(x: float) -> float | None:
@@ -227,8 +173,7 @@ def reasons(ev: Evaluation, target_tps: float | None, min_quality: float | None,
     `min_agreement` / `max_ppl_ratio`: floors on the quality the evidence `table` gives (a configuration
     it cannot rate fails them; analysis/quality_evidence.py)."""
     if not ev.ran:  # the simulator's budget refusals name the DRAM budget and the shortfall
-        kind = "does not fit" if "budget" in str(ev.error).lower() else "cannot run"
-        return [f"{kind}: {ev.error}"]
+        return [f"{ev.failure or CANNOT_RUN}: {ev.error}"]
     out = []
     tps = ev.metric("tokens_per_s")
     if target_tps is not None and tps < target_tps:
@@ -259,7 +204,7 @@ def row(ev: Evaluation, target_tps: float | None, min_quality: float | None,
     }
     for k in ("tokens_per_s", "ms_per_token", "dram_peak_bytes", "activation_mass_kept", "recall",
               "stall_ms_per_token", "compute_ms_per_token", "memory_mgmt_ms_per_token", "io_ms_per_token",
-              "flash_bytes_per_token", "joules_per_token"):
+              "flash_bytes_per_token", "joules_per_token", "compute_flop_ms_per_token", "compute_dram_ms_per_token"):
         out[k] = finite_or_none(float(s[k])) if s.get(k) is not None else None
     out["energy_mj_per_token"] = s.get("energy_mj_per_token")
     if out["dram_peak_bytes"] is not None:
@@ -300,13 +245,15 @@ def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes:
     return n_hi * tolerance_bytes
 
 
-def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes: int | None = None,
+def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DeviceProfile, *, budget_bytes: int | None = None,
          target_tps: float | None = None, min_quality: float | None = None, trace_info: dict | None = None,
          grid: Sequence[tuple[str, Sequence[str]]] = PLAN_GRID, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
-         rescale: bool = False, seed: int = 0, progress: Callable[[], None] | None = None,
+         rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
          max_jpt: float | None = None, min_agreement: float | None = None,
-         quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None) -> Plan:
+         quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None,
+         cache: SetAlgebraCache | None = None, runtime: str | None = None) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
+    `trace` may be a callable returning it (called only if some configuration passes the spec check).
     `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
     `quality`: the measured-quality table (default: the shipped one; None: the mass-kept proxy only, no
     quality floor); it and the published ratios rate each configuration for `spec` (quality_evidence.py);
@@ -330,9 +277,12 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
     if budget > profile.memory.capacity_bytes:
         raise FlashsimError(f"--dram-free {format_bytes(budget)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
-    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress)
+    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime)
     evals = [pl.evaluate(p, o, budget) for p, o in grid]
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
+    for r, e in zip(rows, evals):   # the same configuration with a perfect predictor and prefetch
+        r["ideal_policy_tokens_per_s"] = finite_or_none(pl.evaluate(e.preset, e.overrides, budget, ideal=True)
+                                                        .metric("tokens_per_s"))
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
     best = feasible[0] if feasible else None
     # closest: the fastest one that ran at the quality floor (what to relax to make it work)
@@ -372,9 +322,12 @@ def plan(trace: Trace, spec: ModelSpec, profile: DeviceProfile, *, budget_bytes:
     if all(lbl in by_label for lbl in SELECTINFER_VS_INT4):
         comparisons.append({"name": "SelectInfer vs 4-bit quantization (SelectInfer's own baseline)",
                             "rows": [by_label[lbl] for lbl in SELECTINFER_VS_INT4]})
-    return Plan(spec.name, profile.name, budget, target_tps, min_quality, trace_info or {"path": str(trace.path)},
-                rows, best, closest, pareto, min_dram, binding, notes, time.perf_counter() - t0, pl.n_runs,
-                max_jpt, min_agreement, qinfo, comparisons)
+    return Plan(runtime=runtime or DEFAULT_RUNTIME, model=spec.name, device=profile.name, budget_bytes=budget, target_tps=target_tps,
+                min_quality=min_quality, trace=trace_info or {"path": str(pl.trace.path) if pl.trace_loaded else None},
+                rows=rows, best=best, closest=closest, pareto=pareto, min_dram=min_dram, binding=binding,
+                notes=notes, seconds=time.perf_counter() - t0, runs=pl.n_runs, max_jpt=max_jpt,
+                min_agreement=min_agreement, quality=qinfo, comparisons=comparisons, run_seconds=pl.run_s,
+                trace_source=pl.trace if pl.trace_loaded else trace)
 
 
 def validate_targets(target_tps: float | None, min_quality: float | None,

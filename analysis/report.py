@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from analysis.report_whatif import whatif_html
 from analysis.tables import ResultSet, load_results
 from devices.errors import FlashsimError
 from devices.units import format_bytes
+from traces.outputs import replace_output
 
 RESULT_FIGURES = ("breakdown", "energy", "budget", "window", "pareto")
 MAX_TABLE_ROWS = 500
@@ -361,5 +361,5 @@ def build_report(results: str | Path, out_dir: str | Path, *, title: str | None 
     path = out / "report.html"
     tmp = out / f".report.html.{uuid.uuid4().hex[:8]}.tmp"
     tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_output(tmp, path)
     return path

@@ -17,24 +17,19 @@ from typing import Any
 import yaml
 
 from devices.errors import FlashsimError
+from devices.safe_load import compose_yaml, construct_yaml
 
 
 def parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
     """(data, {key path: line}) of a YAML text; FlashsimError on invalid YAML or a key given twice."""
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise FlashsimError(f"{path}: invalid YAML{where}: {problem}") from None
+    node = compose_yaml(text, str(path))      # alias expansion bounded (devices/safe_load.py)
     lines: dict[tuple, int] = {}
     if node is not None:
         try:
             _yaml_lines(node, (), lines)
         except _DuplicateKey as e:
             raise FlashsimError(f"{path}: {e}") from None
+    data = construct_yaml(node, str(path))
     return data, lines
 
 
@@ -43,7 +38,8 @@ class _DuplicateKey(Exception):
 
 
 def _yaml_lines(node: yaml.Node, loc: tuple, out: dict[tuple, int]) -> None:
-    """Map every key path (as pydantic writes it: names and list indices) to its 1-based line."""
+    """Map every key path (as pydantic writes it: names and list indices) to its 1-based line.
+    The node graph's alias expansion was bounded by compose_yaml, so this walk is bounded too."""
     out.setdefault(loc, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:

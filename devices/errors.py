@@ -17,6 +17,12 @@ class FlashsimError(Exception):
     exit_code = 2
 
 
+class BudgetError(FlashsimError):
+    """The DRAM budget cannot hold what a run must keep resident (weights, KV cache, the neurons a
+    step computes): a property of the configuration at that budget, so a planner reads it as "does
+    not fit" rather than as bad input."""
+
+
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> FlashsimError:
     """An error for an unknown `kind` called `name`: its close matches (devices/suggest.py), then
     every known name."""

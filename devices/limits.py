@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
@@ -232,15 +233,34 @@ def check_size(what: str, size: int, limit: int, remedy: str) -> None:
 
 
 def memory_available_bytes() -> int | None:
-    """MemAvailable of this machine (Linux), None elsewhere."""
+    """Memory this process may still take: the smallest of the machine's MemAvailable (Linux), its
+    cgroup's memory.max less what the cgroup uses, and its address-space limit (ulimit -v);
+    None when none is known."""
+    limits = []
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        top = (cgroup / "memory.max").read_text().strip()
+        if top != "max":
+            limits.append(int(top) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:       # less the address space already mapped
+            vm = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmSize:"))
+            limits.append(soft - int(vm.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError, StopIteration):
+        pass
+    return max(0, min(limits)) if limits else None
 
 
 def check_memory(what: str, nbytes: int, remedy: str) -> None:

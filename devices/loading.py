@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from devices.errors import FlashsimError
+from devices.safe_load import load_data_file, parse_json, read_text_file
 from devices.suggest import did_you_mean
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file that must hold a mapping; FlashsimError names the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FlashsimError(f"{path}: file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise FlashsimError(f"{path}: cannot read ({e.__class__.__name__}): {e}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise FlashsimError(f"{path}: invalid YAML{where}: {problem}") from None
+    """Parse a YAML or JSON file that must hold a mapping (duplicate keys, alias bombs, FIFOs refused:
+    devices/safe_load.py); FlashsimError names the file and line."""
+    data = load_data_file(path)
     if not isinstance(data, dict):
         raise FlashsimError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -40,12 +26,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
 def read_versioned_json(path: Path, format_name: str, schema_version: int, *, kind: str, remedy: str) -> dict[str, Any]:
     """Parse a JSON manifest that names its `format` and `schema_version` (traces, weight stores);
     FlashsimError names the file and field, and says what to do (`remedy`) for an old version."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    except UnicodeDecodeError:
-        raise FlashsimError(f"{path}: invalid JSON (not UTF-8 text)") from None
+    data = parse_json(read_text_file(path, kind + " manifest"), str(path))
     if not isinstance(data, dict) or data.get("format") != format_name:
         raise FlashsimError(f"{path}: field 'format': expected {format_name!r}; not a flashsim {kind}")
     if data.get("schema_version") != schema_version:

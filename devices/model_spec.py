@@ -12,7 +12,6 @@ the unit one flash read fetches under row-column bundling.
 
 from __future__ import annotations
 
-import json
 import math
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import (
 from devices.errors import FlashsimError, unknown_name
 from devices.limits import MAX_PARAMS, check_field
 from devices.loading import validate_file, validation_message
+from devices.safe_load import parse_json, read_text_file
 from devices.suggest import hint, looks_like_path
 
 BUNDLED_DIR = Path(__file__).parent / "models"
@@ -276,8 +276,21 @@ def _act_kind(act: str, gated: bool) -> FfnKind:
 def _need(config: dict[str, Any], *keys: str) -> Any:
     for k in keys:
         if config.get(k) is not None:
-            return config[k]
+            return _whole(config, k)
     raise FlashsimError(f"config.json: missing key {' / '.join(repr(k) for k in keys)}")
+
+
+def _given(config: dict[str, Any], key: str, default: Any) -> Any:
+    """`key` when the config gives it (0 included: the range check refuses it), else `default`;
+    only an absent or null key falls back (`x or default` would turn a 0 into the default)."""
+    return default if config.get(key) is None else _whole(config, key)
+
+
+def _whole(config: dict[str, Any], key: str) -> int:
+    v = config[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise FlashsimError(f"config.json: {key!r} is {v!r}; expected a whole number")
+    return v
 
 
 def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
@@ -289,8 +302,8 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         out = dict(
             family=mt, n_layers=_need(c, "num_hidden_layers"), d_model=d,
             d_ff=_need(c, "intermediate_size"), n_heads=heads,
-            n_kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or d // heads, vocab_size=_need(c, "vocab_size"),
+            n_kv_heads=_given(c, "num_key_value_heads", heads),
+            head_dim=_given(c, "head_dim", d // heads), vocab_size=_need(c, "vocab_size"),
             ffn_kind=_act_kind(act, gated=True), ffn_bias=bool(c.get("mlp_bias", False)),
             attn_qkv_bias=bool(c.get("attention_bias", mt == "qwen2")),
             attn_out_bias=bool(c.get("attention_bias", False)),
@@ -303,7 +316,7 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         return dict(
             family=mt, n_layers=_need(c, "num_hidden_layers"), d_model=d,
             d_ff=_need(c, "intermediate_size"), n_heads=heads,
-            n_kv_heads=c.get("num_key_value_heads") or heads, head_dim=d // heads,
+            n_kv_heads=_given(c, "num_key_value_heads", heads), head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("hidden_act", "gelu_new"), False),
             ffn_bias=True, attn_qkv_bias=True, attn_out_bias=True, norm_kind="layernorm",
             norms_per_layer=1, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
@@ -326,13 +339,13 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         d = _need(c, "hidden_size")
         heads = _need(c, "num_attention_heads", "n_head")
         if c.get("new_decoder_architecture"):
-            kv = c.get("num_kv_heads") or heads
+            kv = _given(c, "num_kv_heads", heads)
         else:
             kv = 1 if c.get("multi_query", True) else heads
         bias = bool(c.get("bias", False))
         return dict(
             family="falcon", n_layers=_need(c, "num_hidden_layers", "n_layer"), d_model=d,
-            d_ff=c.get("ffn_hidden_size") or 4 * d, n_heads=heads, n_kv_heads=kv, head_dim=d // heads,
+            d_ff=_given(c, "ffn_hidden_size", 4 * d), n_heads=heads, n_kv_heads=kv, head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("activation", "gelu"), False),
             ffn_bias=bias, attn_qkv_bias=bias, attn_out_bias=bias, norm_kind="layernorm",
             norms_per_layer=1 if c.get("parallel_attn", True) and not c.get("new_decoder_architecture") else 2,
@@ -343,7 +356,7 @@ def _from_hf(c: dict[str, Any], name: str) -> dict[str, Any]:
         heads = _need(c, "n_head", "num_attention_heads")
         return dict(
             family=mt, n_layers=_need(c, "n_layer", "num_hidden_layers"), d_model=d,
-            d_ff=c.get("n_inner") or 4 * d, n_heads=heads, n_kv_heads=heads, head_dim=d // heads,
+            d_ff=_given(c, "n_inner", 4 * d), n_heads=heads, n_kv_heads=heads, head_dim=d // heads,
             vocab_size=_need(c, "vocab_size"), ffn_kind=_act_kind(c.get("activation_function", "gelu_new"), False),
             ffn_bias=True, attn_qkv_bias=True, attn_out_bias=True, norm_kind="layernorm",
             tied_embeddings=bool(c.get("tie_word_embeddings", True)),
@@ -390,10 +403,11 @@ def load_model(name_or_path: str | Path, dtype: str | None = None) -> ModelSpec:
 
 
 def _from_config_file(path: Path, name: str) -> ModelSpec:
+    cfg = parse_json(read_text_file(path, "config.json"), str(path))
+    if not isinstance(cfg, dict):
+        raise FlashsimError(f"{path}: expected a JSON object (a Hugging Face config), got {type(cfg).__name__}")
     try:
-        return ModelSpec.from_hf_config(json.loads(path.read_text()), name=name, source=f"{path}")
-    except json.JSONDecodeError as e:
-        raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        return ModelSpec.from_hf_config(cfg, name=name, source=f"{path}")
     except FlashsimError as e:
         raise FlashsimError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
     except ValueError as e:  # pydantic ValidationError is a ValueError

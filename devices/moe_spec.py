@@ -29,6 +29,7 @@ from devices.errors import FlashsimError, unknown_name
 from devices.loading import validate_file, validation_message
 from devices.model_spec import DTYPE_BITS
 from devices.moe_hf import is_moe_config, moe_fields, text_config
+from devices.safe_load import parse_json, read_text_file
 
 BUNDLED_MOE_DIR = Path(__file__).parent / "models" / "moe"
 
@@ -315,10 +316,7 @@ def load_moe_model(name_or_path: str | Path) -> MoESpec:
         if not p.is_file():
             raise FlashsimError(f"{p.parent}: no config.json in this folder; give a Hugging Face model folder")
     if p.is_file() and p.suffix == ".json":
-        try:
-            config = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise FlashsimError(f"{p}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        config = parse_json(read_text_file(p, "config.json"), str(p))   # duplicate keys refused
         if not isinstance(config, dict):
             raise FlashsimError(f"{p}: expected a JSON object")
         name = p.parent.name or p.stem

@@ -190,6 +190,8 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     mode = None
     if "@" in text and not Path(text).is_file():
         text, mode = text.rsplit("@", 1)
+        if not mode.strip():
+            raise FlashsimError(f"{name_or_path}: no power mode after '@'; give DEVICE@MODE or drop the '@'")
     p = Path(text).expanduser()
     by_path = p.suffix in (".yaml", ".yml", ".json") or p.is_file()
     path = profile_file(text)

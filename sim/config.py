@@ -224,7 +224,8 @@ class RunConfig:
 
     def with_overrides(self, settings: Iterable[str]) -> RunConfig:
         """Apply `key=value` strings (see the module docstring). A slot switched to another policy
-        is built once, with its defaults plus every parameter set for it in the same call."""
+        is built once, with its defaults plus every parameter set for it in the same call; a slot
+        "switched" to the policy it already holds keeps that policy's parameters."""
         parsed = []
         for item in settings:
             key, sep, value = item.partition("=")
@@ -255,7 +256,9 @@ class RunConfig:
         kwargs: dict[str, Any] = {}
         for s in SLOTS:
             if s in switched or slot_params[s]:
-                base = params_to_dict(getattr(self, s).params) if s not in switched else {}
+                current = getattr(self, s)
+                keep = s not in switched or switched[s] == current.name
+                base = params_to_dict(current.params) if keep else {}
                 kwargs[s] = PolicyChoice.build(s, {"name": names[s], **base, **slot_params[s]})
         for sec, values in section_params.items():
             if values:
@@ -277,6 +280,38 @@ class RunConfig:
         raise FlashsimError(f"--set {item!r}: {head!r} is not a slot ({', '.join(SLOTS)}), a policy in use "
                             f"({', '.join(sorted(names.values()))}) or a section ({', '.join(SECTIONS)})"
                             + (f"; {suggestion}" if suggestion else ""))
+
+
+def apply_partial(base: RunConfig, data: Mapping[str, Any], where: str = "config") -> RunConfig:
+    """`base` with only what `data` names changed: a slot given with the policy `base` already has
+    keeps that policy's other parameters (a slot given with another policy starts from its defaults),
+    a section keeps the parameters `data` does not name; unnamed slots and sections stay as they are."""
+    merged = base.to_dict()
+    for key, value in data.items():
+        same_policy = key in SLOTS and isinstance(value, Mapping) and value.get("name") in (None, merged[key]["name"])
+        if same_policy or (key in SECTIONS and isinstance(value, Mapping)):
+            merged[key] = {**merged[key], **value}
+        elif key != "preset":
+            merged[key] = value
+    merged["preset"] = base.preset
+    return RunConfig.from_dict(merged, where=where)
+
+
+def differs_from_preset(cfg: RunConfig, preset: RunConfig) -> list[str]:
+    """Every slot (`prefetch=none`) and parameter (`window.k=5`, `memory.dram_budget_bytes=...`)
+    where `cfg` differs from its preset's configuration, in slot then section order."""
+    a, b = cfg.to_dict(), preset.to_dict()
+    out = []
+    for s in SLOTS:
+        if a[s]["name"] != b[s]["name"]:
+            out.append(f"{s}={a[s]['name']}")       # another policy (with its parameters as given)
+        else:
+            out += [f"{a[s]['name']}.{k}={v}" for k, v in a[s].items() if k != "name" and b[s].get(k) != v]
+    for sec in SECTIONS:
+        out += [f"{sec}.{k}={v}" for k, v in a[sec].items() if b[sec].get(k) != v]
+    if a.get("budget_timeline") != b.get("budget_timeline"):
+        out.append("budget_timeline")
+    return out
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -46,7 +46,7 @@ class StepTraffic:
 
 
 def step_traffic(planner: Any, plan: Any) -> StepTraffic:
-    """FLOPs and DRAM bytes of every step of a planned run (`sim.step_plans.Planner`, its PlanArrays)."""
+    """FLOPs and DRAM bytes of every step of a planned run (`sim.step_plans.StepPlanner`, its PlanArrays)."""
     c = planner.compute
     s = c.spec
     L = plan.L

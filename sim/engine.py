@@ -33,7 +33,7 @@ import numpy as np
 import simpy
 
 from devices.achievable import resolved
-from devices.errors import FlashsimError
+from devices.errors import BudgetError, FlashsimError
 from devices.model_spec import ModelSpec
 from devices.runtime import load_runtime
 from devices.schema import DeviceProfile
@@ -46,15 +46,15 @@ from sim.components.pipeline import Decoder
 from sim.config import RunConfig
 from sim.energy import energy_summary, step_traffic
 from sim.fastpath import decline_reason, run_fast
-from sim.policies.base import PolicyContext, Residency
+from sim.policies.base import PolicyContext, Residency, require_hooks
 from sim.policies.cache_shares import CacheShares, compute_shares
 from sim.policies.stack import PolicyStack
 from sim.records import MemorySample, Recorder
 from sim.results import RunResult
 from sim.rng import RngStreams
-from sim.step_plans import Planner
+from sim.step_plans import StepPlanner
 from sim.workload import Steps, TraceView, build_steps
-from traces.format import Trace
+from traces.format import Trace, check_run_memory
 
 
 class SetAlgebraCache:
@@ -112,7 +112,7 @@ class Simulation:
     view: TraceView
     stack: PolicyStack
     memory: MemoryModel
-    planner: Planner
+    planner: StepPlanner
     budget_bytes: int
     ctx: PolicyContext
     notes: list[str] = field(default_factory=list)
@@ -134,7 +134,7 @@ class Simulation:
             self.ctx.rng = RngStreams(self.config.sim.seed)
             self.stack.bind(self.ctx)
             p = self.planner
-            self.planner = Planner(self.stack, self.view, self.spec, self.profile, self.memory, p.compute,
+            self.planner = StepPlanner(self.stack, self.view, self.spec, self.profile, self.memory, p.compute,
                                    p.in_flight, p.stream_non_ffn, quality_memo=p.quality_memo,
                                    dropped=p.dropped)
             self.notes = self.ctx.notes
@@ -157,7 +157,7 @@ class Simulation:
                 run_fast(plan, rec)
             else:
                 env = simpy.Environment()
-                dec = Decoder(env, plan, flash, self.stack.prefetch.trigger, self._unified(), rec)
+                dec = Decoder(env, plan, flash, self.stack.prefetch.issue_point(), self._unified(), rec)
                 env.process(dec.run())
                 env.run()
         else:
@@ -197,7 +197,7 @@ class Simulation:
             s = current["step"]
             need = memory.fixed_bytes + int(memory.kv_bytes[s])
             if need > b:
-                raise FlashsimError(
+                raise BudgetError(
                     f"budget timeline: at t={t_s:.6f} s (step {s}) only {format_bytes(b)} is available but "
                     f"{format_bytes(need)} must stay resident (weights {format_bytes(memory.fixed_bytes)} + KV "
                     f"cache {format_bytes(int(memory.kv_bytes[s]))}), {need - b:,} bytes short; this policy "
@@ -205,17 +205,17 @@ class Simulation:
             # fit the current step and the next (its KV cache is one token larger)
             if stack.residency.page_granular:
                 nxt = min(s + 2, len(memory.kv_bytes))
-                stack.residency.shrink_bytes(int(memory.cache_bytes(b, s, nxt).min()))  # type: ignore[attr-defined]
+                stack.residency.shrink_bytes(int(memory.cache_bytes(b, s, nxt).min()))
                 held = stack.residency.dynamic_bytes()
             else:
                 if memory.shares is None:
                     stack.residency.on_budget_change(int(memory.cap_neurons(b, s, s + 1).min()))
                 else:   # per-layer shares: an int64 [L] of caps (CachedResidency takes either)
                     stack.residency.on_budget_change(memory.layer_caps(b, s, s + 1, self.spec.n_layers).min(axis=0))
-                held = stack.residency.dynamic_bytes(memory.neuron_bytes)  # type: ignore[call-arg]
+                held = stack.residency.dynamic_bytes(memory.neuron_bytes)
             resident = need + held
             if resident > b:
-                raise FlashsimError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
+                raise BudgetError(f"budget timeline: at t={t_s:.6f} s the caches could not shrink into "
                                     f"{format_bytes(b)} ({resident - b:,} bytes over)")
             return resident
 
@@ -240,7 +240,7 @@ class Simulation:
 
         check_and_shrink(0.0)
         env.process(budget_process())
-        dec = Decoder(env, planner.arr, flash, stack.prefetch.trigger, self._unified(), rec,
+        dec = Decoder(env, planner.arr, flash, stack.prefetch.issue_point(), self._unified(), rec,
                       plan_cell=plan_cell, finish_step=finish_step)
         env.process(dec.run())
         env.run()
@@ -283,9 +283,11 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     if dropped.any() and stack.residency.page_granular:
         raise FlashsimError(f"prune.blocks: residency {stack.residency.name!r} pages the whole model file and "
                             "cannot skip dropped blocks; use another residency (e.g. --set residency=naive)")
-    if stack.residency.page_granular and stack.predictor.name != "none":
+    _require_engine_hooks(stack, config)
+    if stack.residency.page_granular and not stack.predictor.computes_every_neuron():
         raise FlashsimError(f"residency {stack.residency.name!r} pages the model file and computes densely; "
                             f"it cannot use predictor {stack.predictor.name!r} (use --set predictor=none)")
+    check_run_memory(trace.n_tokens, eff_spec.n_layers, eff_spec.d_ff, f"simulating {eff_spec.name}")
     view = cache.view(trace, config, eff_spec)
     budget = config.memory.dram_budget_bytes
     if budget is None:
@@ -307,7 +309,7 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
                            config.compute.decoder, load_runtime(config.compute.runtime))
-    planner = Planner(stack, view, eff_spec, profile, memory, compute, in_flight,
+    planner = StepPlanner(stack, view, eff_spec, profile, memory, compute, in_flight,
                       config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped)
     if dropped.any():
         notes.append(f"pruned: {format_blocks(dropped)} dropped ({int(dropped[0::2].sum())} mha, "
@@ -317,6 +319,17 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
                       dropped=dropped)
 
 
+def _require_engine_hooks(stack: PolicyStack, config: RunConfig) -> None:
+    """Refuse, before planning, a policy that lacks a hook this run will ask (sim/policies/base.py)."""
+    what = "the simulator"
+    require_hooks(stack.layout, what, "dram_bytes_per_neuron")
+    if stack.residency.page_granular:
+        require_hooks(stack.residency, f"{what} (a page-granular residency)", "advance_pages", "miss_cost",
+                      *(("shrink_bytes",) if config.budget_timeline is not None else ()))
+    if stack.residency.manages_cache and config.memory.cache_split != "equal":
+        require_hooks(stack.residency, f"{what} (memory.cache_split={config.memory.cache_split})", "window_k")
+
+
 def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budget: int, dropped: np.ndarray,
                   config: RunConfig, notes: list[str]) -> CacheShares | None:
     """The per-layer split of the neuron cache (`memory.cache_split`; None: equal),
@@ -324,8 +337,7 @@ def _cache_shares(stack: PolicyStack, view: TraceView, memory: MemoryModel, budg
     mode = config.memory.cache_split
     if mode == "equal":
         return None
-    window_k = getattr(stack.residency, "window_k", None)
-    k = window_k() if stack.residency.manages_cache and window_k is not None else 0
+    k = stack.residency.window_k() if stack.residency.manages_cache else 0
     if k == 0:
         notes.append(f"memory.cache_split={mode}: residency {stack.residency.name!r} keeps no per-layer neuron cache "
                      "across steps, so the split changes nothing")
@@ -364,7 +376,7 @@ def _memory_model(stack: PolicyStack, spec: ModelSpec, steps: Steps, config: Run
     else:
         parts["non_ffn_weights"] = spec.non_ffn_bytes - mha_saved - ffn_small_saved
     static = sum(int(np.bitwise_count(stack.static_mask(layer)).sum()) for layer in range(L) if ffn_kept[layer])
-    neuron_bytes = stack.layout.dram_bytes_per_neuron(spec)  # type: ignore[attr-defined]
+    neuron_bytes = stack.layout.dram_bytes_per_neuron(spec)
     parts["static_ffn_neurons"] = static * neuron_bytes
     parts["predictor_weights"] = int(ffn_kept.sum()) * stack.predictor.weight_bytes_per_layer()
     kv = steps.kv_tokens * int(bm.kv_bytes_per_token[~dropped].sum())

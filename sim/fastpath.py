@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.components.pipeline import build_records
+from sim.components.pipeline import StepTiming, build_records
 from sim.records import MemorySample, Recorder
 from sim.step_plans import PlanArrays
 
@@ -48,7 +48,8 @@ def run_fast(p: PlanArrays, recorder: Recorder) -> None:
     latency = comp + mgmt + stall
     t_end = np.cumsum(latency)
     t_start = t_end - latency
-    recorder.tokens.extend(build_records(p, list(zip(t_start.tolist(), t_end.tolist(), comp.tolist(),
-                                                     stall.tolist(), mgmt.tolist(), ffn.tolist()))))
+    times = list(map(StepTiming._make, zip(t_start.tolist(), t_end.tolist(), comp.tolist(), stall.tolist(),
+                                            mgmt.tolist(), ffn.tolist())))
+    recorder.tokens.extend(build_records(p, times))
     recorder.memory.extend(MemorySample(t, int(d), int(b)) for t, d, b in
                            zip(t_start.tolist(), p.dram_bytes.tolist(), p.budget_bytes.tolist()))

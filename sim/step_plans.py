@@ -1,4 +1,4 @@
-"""Step plans (`Planner`, `PlanArrays`): from policy decisions (sets) to the numbers timing needs,
+"""Step plans (`StepPlanner`, `PlanArrays`): from policy decisions (sets) to the numbers timing needs,
 per step and layer.
 
 This is the "what the trace decides" half of the simulator. For every (step, layer) it turns the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.errors import FlashsimError
+from devices.errors import BudgetError
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
@@ -84,7 +84,7 @@ class PlanArrays:
         return self.mgmt_mem_s + self.mgmt_ovh_s
 
 
-class Planner:
+class StepPlanner:
     """Fills PlanArrays for one run from its bound PolicyStack."""
 
     def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
@@ -108,7 +108,7 @@ class Planner:
         self.in_flight = in_flight
         self.stream_non_ffn = stream_non_ffn
         self.manages_cache = stack.residency.manages_cache
-        self.insert_copy = bool(getattr(stack.residency.params, "insert_copy", False))
+        self.insert_copy = stack.residency.copies_on_insert()
         # (layer, start, stop) -> quality sums; shared by runs whose computed sets are identical
         self.quality_memo = quality_memo
         a = PlanArrays(S, L)
@@ -187,7 +187,7 @@ class Planner:
         except CapacityError as e:
             nb = self.memory.neuron_bytes
             short = (e.need - e.cap) * nb * self.memory.n_layers
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget too small at step {e.step}: layer {e.layer} computes {e.need} neurons "
                 f"({format_bytes(e.need * nb)}) but its share of the cache holds {e.cap} "
                 f"({format_bytes(e.cap * nb)}); the caches need about {format_bytes(short)} ({short:,} bytes) "
@@ -274,16 +274,16 @@ class Planner:
         a = self.arr
         res = self.stack.residency
         cap_bytes = self.memory.cache_bytes(budget_bytes, a0, b0)
-        pages = res.advance_pages(a0, b0, cap_bytes)  # type: ignore[attr-defined]
+        pages = res.advance_pages(a0, b0, cap_bytes)
         rows = slice(a0, b0)
         for key, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
                                      ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
             misses = pages[key]                      # [S, L] read-ahead windows missed
-            t, nbytes = res.miss_cost(misses, self.profile.flash.curve)  # type: ignore[attr-defined]
+            t, nbytes = res.miss_cost(misses, self.profile.flash.curve)
             a.sl[t_f][rows] = t
             a.sl[b_f][rows] = nbytes
             a.sl[r_f][rows] = misses
-        t, nbytes = res.miss_cost(pages["head"], self.profile.flash.curve)  # type: ignore[attr-defined]
+        t, nbytes = res.miss_cost(pages["head"], self.profile.flash.curve)
         a.head_read_s[rows] = t
         a.head_read_bytes[rows] = nbytes
         a.head_reads[rows] = pages["head"]
@@ -320,7 +320,7 @@ class Planner:
         if np.any(over > 0):
             i = int(np.argmax(over > 0))
             s = a0 + i
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget {format_bytes(a.s['budget_bytes'][s])} exceeded at step {s}: weights, KV cache and "
                 f"the layer being streamed need {format_bytes(a.s['dram_bytes'][s])}, {int(over[i]):,} bytes more; "
                 "raise --dram-budget or use a policy that keeps less resident")

@@ -29,6 +29,21 @@ def _repo_profiles_untouched():
     assert not changed, f"this test wrote devices/profiles: {', '.join(changed)} (use --out or --no-write)"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """flashsim's cache (synthetic planning traces, analysis/plan_setup.py) in a folder of the test
+    session's own, never the user's ~/.cache/flashsim."""
+    import os
+
+    old = os.environ.get("FLASHSIM_CACHE_DIR")
+    os.environ["FLASHSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("flashsim-cache"))
+    yield
+    if old is None:
+        os.environ.pop("FLASHSIM_CACHE_DIR", None)
+    else:
+        os.environ["FLASHSIM_CACHE_DIR"] = old
+
+
 @pytest.fixture(autouse=True)
 def _no_global_rng(monkeypatch: pytest.MonkeyPatch) -> None:
     """Code under test must use named np.random.Generator streams, never NumPy's global one.

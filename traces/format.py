@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +36,14 @@ from devices.limits import MAX_TRACE_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
 from devices.model_spec import ModelSpec
 from devices.suggest import sibling_hint
-from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
+from traces.outputs import (
+    check_output_dir,
+    os_error_text,
+    publish_dir,
+    remove_path,
+    remove_stale_temporaries,
+    temp_name,
+)
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "flashsim-trace"
@@ -107,22 +111,6 @@ def sha256_file(path: Path, block: int = 1 << 22) -> str:
     except OSError as e:
         raise FlashsimError(f"{path}: I/O error while reading ({e.strerror or e}); the file or disk is damaged") from None
     return h.hexdigest()
-
-
-def publish_dir(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename a completed temporary directory to `out` (atomic on one filesystem). An `out` that
-    appeared meanwhile is swapped out only with `overwrite`; otherwise `tmp` is removed and a
-    FlashsimError raised. Used by every writer of a directory (traces, weight stores)."""
-    if out.exists():
-        if not overwrite:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise FlashsimError(f"{out}: appeared while writing; not overwritten")
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def check_trace_size(spec: ModelSpec, n_tokens: int, top_k: int = 0) -> None:
@@ -311,6 +299,22 @@ def _check_values(path: Path, m: TraceManifest, a: dict[str, np.ndarray]) -> Non
     check_trace(path, m, a)
 
 
+# Memory a simulated run holds per (token x layer x neuron) of the trace it replays: the per-layer
+# activation sets, their union/intersection caches and the plan arrays. Measured here with
+# `flashsim plan` (128 tokens, 1536 neurons, peak RSS): 0.67 MB per layer at 500 and at 2000 layers,
+# i.e. 3.4 bytes per cell; 3 is the floor used to refuse a run that cannot fit, before it starts.
+RUN_BYTES_PER_CELL = 3
+
+
+def check_run_memory(n_tokens: int, n_layers: int, n_neurons: int, what: str) -> None:
+    """Refuse a simulated run whose trace cells (tokens x layers x neurons) need more memory than
+    this machine has available, before anything is allocated; the error names the sizes."""
+    cells = int(n_tokens) * int(n_layers) * int(n_neurons)
+    check_memory(f"{what}: {n_tokens:,} tokens x {n_layers:,} layers x {n_neurons:,} neurons "
+                 f"({cells:,} cells at {RUN_BYTES_PER_CELL} B each)", cells * RUN_BYTES_PER_CELL,
+                 "use fewer tokens or a model with fewer layers/neurons")
+
+
 class TraceWriter:
     """Writes a trace atomically: arrays are memory-mapped files in a temporary sibling directory,
     filled in any order (per token or per layer), then checksummed and renamed into place.
@@ -326,8 +330,6 @@ class TraceWriter:
                  sparsity: SparsityRule, prompts: list[PromptInfo], *, synthetic: dict | None = None,
                  provenance: dict | None = None, overwrite: bool = False):
         self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise FlashsimError(f"{self.out}: already exists; choose another --out or remove it")
         if n_tokens < 1:
             raise FlashsimError("a trace needs at least one token")
         check_trace_size(spec, n_tokens, top_k)
@@ -343,10 +345,14 @@ class TraceWriter:
         self.tmp = temp_name(self.out)
         self.tmp.mkdir()
         shapes = expected_arrays(spec.n_layers, n_tokens, spec.d_ff, top_k)
-        self._arrays = {
-            name: np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
-            for name, (shape, dtype) in shapes.items()
-        }
+        try:
+            self._arrays = {
+                name: np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+                for name, (shape, dtype) in shapes.items()
+            }
+        except OSError as e:
+            self.abort()
+            raise FlashsimError(f"{self.out}: cannot write the trace ({os_error_text(e)})") from None
 
     def __getattr__(self, name: str) -> np.ndarray:
         arrays = self.__dict__.get("_arrays", {})
@@ -365,10 +371,17 @@ class TraceWriter:
 
     def abort(self) -> None:
         self._arrays = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_path(self.tmp)
 
     def commit(self) -> Path:
         """Flush, checksum, write the manifest, rename into place. Returns the trace path."""
+        try:
+            return self._commit()
+        except OSError as e:
+            self.abort()
+            raise FlashsimError(f"{self.out}: cannot write the trace ({os_error_text(e)})") from None
+
+    def _commit(self) -> Path:
         files = {}
         for name, arr in self._arrays.items():
             arr.flush()
@@ -383,7 +396,7 @@ class TraceWriter:
             files={k: FileEntry(**v) for k, v in files.items()},
         )
         (self.tmp / "manifest.json").write_text(json.dumps(manifest.model_dump(mode="json"), indent=1))
-        publish_dir(self.tmp, self.out, self.overwrite)
+        publish_dir(self.tmp, self.out, self.overwrite, "trace")
         return self.out
 
 

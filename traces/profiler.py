@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from traces.format import Trace
+from traces.outputs import replace_output
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -124,7 +126,7 @@ def save_profile(profile: NeuronProfile, out: str | Path) -> Path:
     try:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, out)
+        replace_output(tmp, out)
     except OSError as e:
         raise FlashsimError(f"{out}: cannot write the profile ({e.strerror})") from None
     finally:
@@ -132,15 +134,36 @@ def save_profile(profile: NeuronProfile, out: str | Path) -> Path:
     return out
 
 
+def check_npz_sizes(path: Path) -> None:
+    """Every array of an .npz must hold the bytes its header claims: a member whose header claims
+    more data than the member has (4 TiB in a few hundred bytes) is refused before it is read."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _fortran, dtype = read(f)
+                    need = int(np.prod(shape, dtype=object)) * dtype.itemsize + f.tell()
+                if need > info.file_size:
+                    raise FlashsimError(f"{path}: array {info.filename!r} claims {list(shape)} {dtype} "
+                                        f"({need:,} bytes) but holds {info.file_size:,}; the file is damaged")
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise FlashsimError(f"{path}: not a readable .npz neuron profile ({e})") from None
+
+
 def load_neuron_profile(path: str | Path) -> NeuronProfile:
     """Read a profile file; FlashsimError names the file and what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise FlashsimError(f"{path}: neuron profile file not found")
+    check_npz_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError) as e:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise FlashsimError(f"{path}: not a readable .npz neuron profile ({e})") from None
     if "meta_json" not in arrays or "scores_all" not in arrays:
         raise FlashsimError(f"{path}: missing 'meta_json' or 'scores_all'; not a flashsim neuron profile")

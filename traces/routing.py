@@ -16,7 +16,7 @@ A routing trace is a directory (T tokens, M stored MoE layers, K experts per tok
 stored). A trace whose source recorded no weights stores 1/K and says so in `source["weights"]`.
 
 Arrays are loaded with `allow_pickle=False` and memory-mapped; the writer fills a hidden temporary
-sibling and renames it into place (traces/format.py `publish_dir`), so an interrupted write never
+sibling and renames it into place (traces/outputs.py `publish_dir`), so an interrupted write never
 leaves a valid-looking trace. `open_routing_trace` checks version, shapes, dtypes, id range,
 distinctness, weight order, phase values and checksums, and raises FlashsimError naming the file and
 the field or rule.
@@ -36,8 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from devices.errors import FlashsimError
 from devices.limits import MAX_ROUTING_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
-from traces.format import FileEntry, publish_dir, sha256_file
-from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
+from traces.format import FileEntry, sha256_file
+from traces.outputs import check_output_dir, publish_dir, remove_stale_temporaries, temp_name
 
 ROUTING_SCHEMA_VERSION = 1
 ROUTING_FORMAT = "flashsim-routing-trace"
@@ -194,9 +194,7 @@ def write_routing_trace(out_dir: str | Path, *, model: str, n_layers: int, moe_l
     if T < 1:
         raise FlashsimError("a routing trace needs at least one token")
     check_routing_size(T, M, K)
-    if out.exists() and not overwrite:
-        raise FlashsimError(f"{out}: already exists; choose another --out or remove it")
-    check_output_dir(out, "--out", overwrite)
+    check_output_dir(out, "--out", overwrite, kind="routing trace")
     seq = np.zeros(T, np.int32) if sequence is None else np.asarray(sequence)
     phase = np.asarray(phase)
     for name, a in (("phase", phase), ("sequence", seq)):
@@ -230,7 +228,7 @@ def write_routing_trace(out_dir: str | Path, *, model: str, n_layers: int, moe_l
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    publish_dir(tmp, out, overwrite)
+    publish_dir(tmp, out, overwrite, "routing trace")
     return out
 
 

@@ -292,7 +292,7 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
     if n_tokens < 2:
         raise FlashsimError(f"--tokens {n_tokens}: a synthetic trace needs at least 2 tokens")
     check_trace_size(spec, n_tokens, spec.d_ff if magnitudes else 0)   # before any array is built
-    check_output_dir(out, "--out", overwrite)
+    check_output_dir(out, "--out", overwrite, flag="--force")
     if prompt_tokens is not None and prompt_tokens < 1:
         raise FlashsimError(f"--prompt-tokens {prompt_tokens}: must be >= 1")
     if prompt_tokens is not None:

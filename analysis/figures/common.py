@@ -7,7 +7,6 @@ ms); they never recompute physics. Files: `<out>/<kind>.png` (100 dpi) and `<out
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -25,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from analysis import tables as T  # noqa: E402
 from devices.errors import FlashsimError  # noqa: E402
 from devices.units import format_bytes  # noqa: E402
+from traces.outputs import replace_output
 
 DPI = 100
 MIB = 2**20
@@ -60,7 +60,7 @@ def save(fig: Figure, out_dir: str | Path, kind: str) -> list[Path]:
         tmp = out / f".{kind}.{uuid.uuid4().hex[:8]}.tmp.{fmt}"
         meta = {"Date": None} if fmt == "svg" else {"Software": None}
         fig.savefig(tmp, format=fmt, metadata=meta)
-        os.replace(tmp, path)
+        replace_output(tmp, path)
         paths.append(path)
     return paths
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.errors import FlashsimError
+from traces.outputs import replace_output
 
 FIGURES = ("window_coverage", "hot_cdf", "per_layer")
 
@@ -29,7 +30,7 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
         tmp = out_dir / f".{name}.{ext}.tmp-{os.getpid()}"
         try:
             fig.savefig(tmp, format=ext, **kw)
-            os.replace(tmp, path)
+            replace_output(tmp, path)
         except OSError as e:
             raise FlashsimError(f"{path}: cannot write the figure ({e.strerror})") from None
         finally:

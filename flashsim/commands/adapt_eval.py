@@ -45,6 +45,7 @@ from typing import Any
 from devices.errors import FlashsimError
 from devices.progress import Stage, note, phase
 from flashsim.output import print_json, print_table
+from traces.outputs import replace_output
 
 DEFAULT_DEVICE = "jetson-orin-nano-8gb"
 DEFAULT_BUDGETS = "0.8,0.6"
@@ -274,7 +275,7 @@ def _plot(results: list, out_dir: Path) -> dict[str, Any]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         records.to_csv(tmp, index=False)
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     figs = save(draw_figure("adapt", records), out_dir, "adapt")

@@ -25,6 +25,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from flashsim.output import output_file, print_json, print_table
+from traces.outputs import replace_output
 
 DEFAULT_GSI_STEPS = (0, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 256   # as `adapt gsi`, so the builtin text scores like the GSI file's perplexities
@@ -284,7 +285,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
             for r in rows:
                 w.writerow({**r, "prompts": ";".join(r["prompts"]), "n_loaded": r.get("n_loaded", ""),
                             "n_computed": r.get("n_computed", "")})
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     except OSError as e:
         raise FlashsimError(f"--out {path}: cannot write ({e.strerror})") from None
     finally:

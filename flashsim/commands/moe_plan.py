@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from devices.units import format_bytes, parse_bytes
-from flashsim.output import print_json, print_table
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("MoE models")
@@ -26,10 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_moe(args: argparse.Namespace) -> int:
+    import numpy as np  # here, not at import: `flashsim plan --help` loads this module (tests/test_cli_startup.py)
+
     from analysis.moe_planner import PLAN_DTYPES, moe_plan
     from devices.moe_prefetch import PrefetchAccuracy, resolve_prefetch
     from devices.moe_spec import load_moe_model
     from devices.schema import load_profile
+    from devices.units import format_bytes, parse_bytes
+    from flashsim.output import print_json, print_table
 
     spec = load_moe_model(args.model)
     raw = load_profile(args.device)

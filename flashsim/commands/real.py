@@ -191,10 +191,13 @@ def neuron_sets(store: Any, layer: int, fraction: float, run: int, rng: np.rando
     return store.neuron_at[layer][slots].astype(np.int64)
 
 
+MAX_CHUNK_BYTES = 1 << 30     # one coalesced read; no device gains past a few MiB
+
+
 def _read(args: argparse.Namespace) -> int:
     from real.io.reader import BundleReader
     from real.runtime.cache_matrices import LayerCache
-    from real.weights.store import open_store
+    from real.weights.store import ALIGN_BYTES, open_store
 
     if not 0 < args.fraction <= 1:
         raise FlashsimError(f"--fraction must be in (0, 1], got {args.fraction}")
@@ -204,8 +207,14 @@ def _read(args: argparse.Namespace) -> int:
     store = open_store(args.store, verify="record")
     check_size("--tokens x the store's layers (read calls)", args.tokens * store.n_layers, MAX_READ_CALLS,
                "use fewer --tokens")
+    if not 0 <= args.run < store.n_neurons:    # a run as long as the layer leaves no room for a gap: 0 neurons
+        raise FlashsimError(f"--run {args.run}: must be >= 0 and < the store's {store.n_neurons} neurons per layer "
+                            "(0: scattered neurons)")
     rng = np.random.default_rng(args.seed)
     max_chunk = parse_bytes(args.max_chunk, "--max-chunk")
+    if not ALIGN_BYTES <= max_chunk <= MAX_CHUNK_BYTES:   # reads are whole 4 KiB blocks
+        raise FlashsimError(f"--max-chunk {args.max_chunk}: must be >= {format_bytes(ALIGN_BYTES)} (one block of a "
+                            f"read) and <= {format_bytes(MAX_CHUNK_BYTES)}")
     with BundleReader(store, layout=args.layout, in_flight=args.in_flight, max_chunk_bytes=max_chunk,
                       direct=False if args.buffered else None) as reader:
         capacity = min(store.n_neurons, int(round(args.fraction * store.n_neurons)) + max(1, args.run))
@@ -256,8 +265,8 @@ def _mmap(args: argparse.Namespace) -> int:
             share = float(text[:-1]) / 100
         except ValueError:
             raise FlashsimError(f"--budget {args.budget}: give bytes (64MiB) or a share (50%)") from None
-        if share < 0:
-            raise FlashsimError(f"--budget must be >= 0, got {args.budget}")
+        if not 0 <= share <= 1:       # NaN fails this too
+            raise FlashsimError(f"--budget {args.budget}: a share must be between 0% and 100% of the FFN")
         budget = int(share * ffn_bytes)
     else:
         budget = parse_bytes(text, "--budget")

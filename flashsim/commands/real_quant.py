@@ -24,6 +24,7 @@ from typing import Any
 
 from devices.errors import FlashsimError
 from flashsim.output import output_file, print_json, print_table, to_jsonable
+from traces.outputs import replace_output
 
 DOC_KIND = "flashsim-quant-quality"
 DOC_VERSION = 1
@@ -153,7 +154,7 @@ def _quant_quality(args: argparse.Namespace) -> int:
     if out is not None:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps(to_jsonable(doc), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, out)
+        replace_output(tmp, out)
     if args.json:
         print_json({**doc, "out": str(out) if out else None})
         return 0

@@ -79,6 +79,10 @@ def _run(args: argparse.Namespace) -> int:
         return run_moe(args, profile)
     if args.records:
         output_file(args.records, "FILE.parquet", "--records")   # refused before any work
+    if args.trace_out:      # a new or empty folder, or a trace an earlier run wrote (replaced)
+        from traces.outputs import check_output_dir
+
+        check_output_dir(args.trace_out, "--trace-out", overwrite=True, kind="trace")
     if not Path(args.store).exists():
         raise FlashsimError(f"--store {args.store}: no such weight store (write one with `flashsim real convert`)")
     store = open_store(args.store, verify="record")   # a changed byte since the last check: refused

@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from devices.errors import FlashsimError
 from devices.units import UNITS_NOTE, format_bytes, format_rate, parse_bytes
 from flashsim.output import output_file, print_json, print_table
 from sim.metric_names import (
@@ -41,9 +42,10 @@ from sim.metric_names import (
 )
 
 ENGINES = ("auto", "des", "fast")
-# the figures repeated at the datasheet ceiling (`peak_bound` in --json) beside the expected ones
+# the figures repeated at the datasheet ceiling (`peak_bound` in --json) and with perfect policies
+# (`ideal_policy_bound`) beside the expected ones
 PEAK_KEYS = (TOKENS_PER_S, MS_PER_TOKEN, IO_MS_PER_TOKEN, COMPUTE_MS_PER_TOKEN, STALL_MS_PER_TOKEN,
-             FLASH_THROUGHPUT_BYTES_PER_S)
+             FLASH_THROUGHPUT_BYTES_PER_S, FLASH_BYTES_PER_TOKEN)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,17 +83,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
+    from devices.loading import read_mapping
     from sim.components.memory import load_budget_timeline
-    from sim.config import RunConfig, load_config
+    from sim.config import apply_partial
     from sim.policies.presets import preset_config
 
-    cfg = preset_config(args.preset or "llm-in-a-flash")
-    if args.config:
-        extra = load_config(args.config).to_dict()
-        merged = {**cfg.to_dict(), **{k: v for k, v in extra.items() if k != "preset" and v is not None}}
-        merged["preset"] = cfg.preset
-        cfg = RunConfig.from_dict(merged, where=args.config)
+    data = read_mapping(Path(args.config)) if args.config else {}
+    preset = args.preset or (str(data["preset"]) if data.get("preset") is not None else "llm-in-a-flash")
+    cfg = preset_config(preset)
+    if args.config:     # only what the file names changes (a slot it restates keeps its other parameters)
+        cfg = apply_partial(cfg, data, where=args.config)
     sets = list(args.settings)
+    given = {item.partition("=")[0].strip() for item in sets}
+    for flag, key in (("dram_budget", "memory.dram_budget_bytes"), ("tokens", "workload.tokens"),
+                      ("batch", "workload.batch"), ("prompt_tokens", "workload.prompt_tokens"), ("seed", "sim.seed")):
+        if getattr(args, flag) is not None and (key in given or (key == "sim.seed" and "seed" in given)):
+            raise FlashsimError(f"--{flag.replace('_', '-')} and --set {key}: the same setting given twice; give one")
     if args.dram_budget is not None:
         sets.append(f"memory.dram_budget_bytes={parse_bytes(args.dram_budget, '--dram-budget')}")
     for flag, key in (("tokens", "workload.tokens"), ("batch", "workload.batch"),
@@ -110,7 +117,6 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from devices.errors import FlashsimError
 
     if args.list_params:
         return _list_params(args)
@@ -142,12 +148,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.timeline:
         result.write_timeline(args.timeline)
     summary = result.summary()
+    summary["config"]["differs_from_preset"] = _differences(cfg)
     summary["bound"] = args.bound
     summary["power_mode"] = raw.power_mode
     summary["device_inputs"] = inputs(raw, args.bound, sim.spec.dtype)
     if args.bound == "achievable":   # the datasheet ceiling beside the expected figure
         peak = build(trace, spec, at_bound(raw, "peak"), cfg).run(fast=fast).summary()
         summary["peak_bound"] = {k: peak[k] for k in PEAK_KEYS}
+    summary["ideal_policy_bound"] = ideal_policy_bound(summary, trace, spec, at_bound(raw, args.bound), cfg, fast)
     if args.json:
         print_json(summary)
     else:
@@ -155,10 +163,35 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def ideal_policy_bound(summary: dict[str, Any], trace: Any, spec: Any, profile: Any, cfg: Any,
+                       fast: Any) -> dict[str, Any]:
+    """The same run with a perfect predictor and prefetch (sim.policies.presets.ideal_policy) on the same
+    device numbers: `PEAK_KEYS` and `policies` (what was idealised; empty when the run already was)."""
+    from sim.engine import build
+    from sim.policies.presets import ideal_policy
+
+    ideal_cfg = ideal_policy(cfg)
+    if ideal_cfg is None:
+        return {**{k: summary[k] for k in PEAK_KEYS}, "policies": {}}
+    s = build(trace, spec, profile, ideal_cfg).run(fast=fast).summary()
+    changed = {slot: c.to_dict() for slot, c in ideal_cfg.slots().items() if c != cfg.slots()[slot]}
+    return {**{k: s[k] for k in PEAK_KEYS}, "policies": changed}
+
+
+def _differences(cfg: Any) -> list[str]:
+    """Every slot and parameter where the run's configuration differs from its preset."""
+    from sim.config import differs_from_preset
+    from sim.policies.presets import PRESETS, preset_config
+
+    return differs_from_preset(cfg, preset_config(cfg.preset)) if cfg.preset in PRESETS else []
+
+
 def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
     c = s["config"]
     mode = f" in power mode {s['power_mode']}" if s.get("power_mode") else ""
-    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {c['preset']}, "
+    changed = c.get("differs_from_preset")
+    preset = f"{c['preset']} with {', '.join(changed)}" if changed else c["preset"]
+    print(f"{c['model']} ({c['model_dtype']}) on {c['device']}{mode}, preset {preset}, "
           f"budget {format_bytes(c['dram_budget_bytes'])}, engine {s['engine']}, runtime {c['compute']['runtime']}, "
           f"{s.get('bound', 'achievable')} device numbers")
     print(UNITS_NOTE)
@@ -167,13 +200,15 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
         sh = c["cache_shares"]
         r = sh["rows_per_layer"]
         print(f"cache split: {sh['mode']}, {min(r)}..{max(r)} neurons per layer ({sh['reference_rows']} in all)")
-    pk = s.get("peak_bound")
+    pk, ib = s.get("peak_bound"), s.get("ideal_policy_bound")
     beside = (lambda key, fmt: f"; peak-bound {fmt(pk[key])}") if pk else (lambda key, fmt: "")
+    ideal = (lambda key, fmt: f"; ideal-policy bound {fmt(ib[key])}") if ib else (lambda key, fmt: "")
     rows = [
         ["ms per token", f"{s[MS_PER_TOKEN]:.3f}", f"p50 {s[LATENCY_P50_MS]:.3f}, p90 {s[LATENCY_P90_MS]:.3f}"
-         + beside(MS_PER_TOKEN, lambda v: f"{v:.3f}")],
+         + beside(MS_PER_TOKEN, lambda v: f"{v:.3f}") + ideal(MS_PER_TOKEN, lambda v: f"{v:.3f}")],
         ["tokens per s", f"{s[TOKENS_PER_S]:.2f}", f"batch {s['batch']}, {s['decode_tokens']} tokens"
-         + beside(TOKENS_PER_S, lambda v: f"{v:.2f} (datasheet ceiling)")],
+         + beside(TOKENS_PER_S, lambda v: f"{v:.2f} (datasheet ceiling)")
+         + ideal(TOKENS_PER_S, lambda v: f"{v:.2f}")],
         ["  I/O ms", f"{s[IO_MS_PER_TOKEN]:.3f}", "flash busy for the token (may overlap compute)"],
         ["  compute ms", f"{s[COMPUTE_MS_PER_TOKEN]:.3f}", "attention, predictor, FFN, lm_head"],
         ["  stall ms", f"{s[STALL_MS_PER_TOKEN]:.3f}", "waiting for flash"],
@@ -189,6 +224,8 @@ def _print_summary(s: dict[str, Any], args: argparse.Namespace) -> None:
         rows.append(["prefill ms", f"{pf['ms']:.3f}", f"{pf['tokens']} tokens, {format_bytes(pf['flash_bytes'])} read"])
     print_table(["metric", "value", "note"], rows, align="lrl")
     print(inputs_line(s.get("device_inputs", [])))
+    if ib:
+        print(ideal_line(ib))
     for n in s["notes"]:
         print(f"note: {n}")
     if s[JOULES_PER_TOKEN] is None:
@@ -209,6 +246,14 @@ def energy_rows(s: dict[str, Any]) -> list[list[str]]:
              "static": f"platform idle over {inp['token_s'] * 1e3:.3f} ms"}
     rows += [[f"  {k} mJ", f"{mj[k]:.3f}", notes[k]] for k in ("flash", "dram", "compute", "static")]
     return rows
+
+
+def ideal_line(ib: dict[str, Any]) -> str:
+    """What the ideal-policy bound idealised (docs/replay.md, "Expected figure and bounds")."""
+    if not ib.get("policies"):
+        return "policy idealisations: none (no predictor or prefetch to make perfect): ideal-policy bound = expected"
+    what = "; ".join(f"{slot}={p['name']}" + _params(p) for slot, p in ib["policies"].items())
+    return f"policy idealisations: expected uses the preset's realistic predictor/prefetch; ideal-policy bound: {what}"
 
 
 def inputs_line(rows: list[dict[str, Any]]) -> str:

@@ -58,14 +58,19 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+DRY_RUN_FULL_CHECK = 100_000   # points a dry run builds to find duplicates (a few seconds); larger grids are counted
+
+
 def _dry_run(args: argparse.Namespace) -> int:
     import itertools
 
     from analysis.sweep_point import check_points
-    from analysis.sweep_spec import check_grid_size, iter_points, probe_points
+    from analysis.sweep_spec import check_grid_size, expand, iter_points, probe_points
 
     loaded = load_spec(args.spec)
-    n = check_grid_size(loaded)          # counted, never built: any grid answers at once
+    n = check_grid_size(loaded)          # counted first: any grid answers at once
+    if n <= DRY_RUN_FULL_CHECK:          # as the real run will: two entries giving one point refused
+        expand(loaded)
     points = list(itertools.islice(iter_points(loaded), 50))
     check_points(points + probe_points(loaded))   # every name and value once, not the product
     rows = [[p.index, p.point_id, p.label(), p.device,

@@ -9,7 +9,7 @@ import numpy as np
 
 from devices import load_model
 from devices.errors import FlashsimError
-from flashsim.output import print_json, print_table
+from flashsim.output import output_file, print_json, print_table
 from traces.format import open_trace
 from traces.profiler import load_neuron_profile, profile_traces, save_profile
 from traces.routing import is_routing_trace
@@ -242,6 +242,7 @@ def _synth_command(args: argparse.Namespace, model: str, n_tokens: int) -> str:
 
 # ---- profile ----------------------------------------------------------------------------------
 def _profile(args: argparse.Namespace) -> int:
+    output_file(args.out, "FILE.npz", "--out")     # refused before any work
     traces = [open_trace(p) for p in args.traces]
     prof = profile_traces(traces)
     out = save_profile(prof, args.out)

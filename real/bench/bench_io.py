@@ -62,6 +62,7 @@ from devices.errors import FlashsimError
 from devices.units import format_bytes
 from real.io.buffers import ALIGN_BYTES, AlignedBuffer, round_down
 from real.io.fsinfo import RAM_FILESYSTEMS, filesystem_type
+from traces.outputs import replace_output
 
 FILE_WRITE_BLOCK = 16 << 20
 SEGMENT_CHUNK_BYTES = 65536   # segment cost: a run of 16 unbundled 4 KiB rows, read as one iovec and as 16
@@ -141,7 +142,7 @@ def _create(path: Path, size_bytes: int, seed: int) -> None:
                 done += n
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise FlashsimError(f"{path}: cannot write the bench file ({e.strerror})") from None

@@ -40,7 +40,13 @@ import numpy as np
 from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
 from real.runtime.cache_matrices import layer_caches
-from real.runtime.executor_plan import cache_rows, check_threads, plan_steps, store_config
+from real.runtime.executor_plan import (
+    cache_rows,
+    check_executable,
+    check_threads,
+    plan_steps,
+    store_config,
+)
 from real.runtime.sparse_ffn import TORCH_DTYPES, SparseFFN
 from sim import bitsets
 from sim.config import RunConfig
@@ -103,10 +109,7 @@ class RealExecutor:
                                 "use a trace of the store's model")
         self.sim = build(trace, self.spec, profile, config)
         stack = self.sim.stack
-        if stack.residency.page_granular:
-            raise FlashsimError(f"residency {stack.residency.name!r} is the mmap baseline: run `flashsim real mmap`")
-        if stack.precision.name != "native":
-            raise FlashsimError(f"precision {stack.precision.name!r}: the real backend computes the store's own dtype")
+        check_executable(stack, self.spec)
         self.n_steps = self.sim.steps.n
         # every step's plan before any file, thread or buffer is opened: a budget too small raises here
         plans = plan_steps(self.sim, self.spec.n_layers, self.n_steps, self.spec.d_ff)
@@ -115,15 +118,15 @@ class RealExecutor:
         self.dev = choose_device(device)
         self.tdev = self.dev.torch_device()
         self.tdtype = getattr(torch, TORCH_DTYPES[store.dtype])
-        bundled = bool(getattr(stack.layout.params, "bundled", True))
+        bundled = stack.layout.bundled()
         layout = "bundled" if bundled else "unbundled"
         if layout not in store.layouts:
             raise FlashsimError(f"store {store.path} has no {layout} layout (it has {', '.join(store.layouts)}); "
                                 f"convert with --layout both to run bundling.bundled={str(bundled).lower()}")
         self.in_flight = int(config.flash.in_flight or profile.flash.max_in_flight)
         # the layout's coalescing limit, so real reads are cut into the chunks the simulator counts
-        lp = stack.layout.params
-        max_chunk = int(getattr(lp, "max_chunk_bytes", 1 << 20)) if getattr(lp, "coalesce", True) else 1
+        # (the reader merges nothing under a limit of 1 byte)
+        max_chunk = stack.layout.max_coalesced_bytes() or 1
         # intra-op compute threads (None: leave PyTorch's setting), set once every check above has
         # passed (close() restores them). On a host whose cores are shared with other work, 1 avoids
         # the per-op barrier waiting for a descheduled worker thread (measured here: a sparse FFN

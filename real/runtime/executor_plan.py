@@ -5,6 +5,9 @@ the run's configuration against the store and the host, every step's plan, and t
 - `store_config`, `store_alignment_bytes`: the flash layout's alignment taken from the store's
   manifest (4096 for a padded store, 0 for packed), so the simulator built for the run, and any
   replay of it, count the padded strides the reads really move;
+- `check_executable`: the policies against what the executor can carry out (one line, exit 2, for
+  a policy it would not follow: a page-granular residency, a precision that changes the stored
+  weights, a prefetch issued at another point than the one it implements, a hook it needs missing);
 - `check_threads`: the run's compute threads against the profile's measurement;
 - `plan_steps` -> `StepPlans`: every (step, layer) plan `stack.plan(l, s, s + 1, cap)` made in the
   order the run executes them, kept as bitset arrays per layer and step (`RealCapacityError` when a
@@ -25,8 +28,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,7 +37,11 @@ from devices.errors import FlashsimError
 from devices.schema import DeviceProfile
 from sim import bitsets
 from sim.config import RunConfig
-from sim.policies.base import CapacityError
+from sim.policies.base import CapacityError, IssuePoint, Prefetcher, require_hooks
+
+if TYPE_CHECKING:
+    from devices.model_spec import ModelSpec
+    from sim.policies.stack import PolicyStack
 
 
 class RealCapacityError(CapacityError, FlashsimError):
@@ -86,7 +93,7 @@ def plan_steps(sim: Any, n_layers: int, n_steps: int, d_ff: int) -> StepPlans:
             except CapacityError as e:
                 raise RealCapacityError(e.layer, e.step, e.need, e.cap) from None
             computed = plan.computed[0]
-            keep = _kept(sim, layer) | static[layer]
+            keep = sim.stack.residency.kept(layer) | static[layer]
             executed[layer, s] = computed
             keep_all[layer, s] = keep
             survive[layer, s] = (keep | computed) & ~plan.prefetch_next[0]
@@ -108,13 +115,34 @@ def cache_rows(sim: Any, n_layers: int, n_steps: int, d_ff: int) -> tuple[np.nda
     return share_rows, [int(min(d_ff, int(c) + peak + static)) for c in share_rows]
 
 
-def _kept(sim: Any, layer: int) -> np.ndarray:
-    """words [W]: the dynamic set the residency keeps after this step (prefetch included)."""
-    st = sim.stack.residency.state.get("cache")
-    if st is None or layer not in st.layers:
-        raise FlashsimError(f"residency {sim.stack.residency.name!r} keeps no neuron cache the real "
-                            "backend can follow; use window, naive, hybrid, dense or selective")
-    return st.layers[layer]["res"]
+# When the executor issues a prefetch: at the end of the layer in the step before (the delta
+# prefetcher's point), or never. A prefetch meant for another point (lookahead's previous layer of
+# the same step) would be timed as this one, so it is refused instead.
+EXECUTED_ISSUE_POINTS = (IssuePoint.NONE, IssuePoint.PREVIOUS_STEP)
+BACKEND = "the real backend"
+
+
+def executes_prefetch(prefetcher: Prefetcher) -> bool:
+    """True when the executor issues this prefetcher's reads where the simulator times them."""
+    return prefetcher.issue_point() in EXECUTED_ISSUE_POINTS
+
+
+def check_executable(stack: PolicyStack, store_spec: ModelSpec) -> None:
+    """FlashsimError (one line) for a policy the executor would not carry out as the simulator
+    times it; MissingHookError for one that lacks a hook the executor asks (sim/policies/base.py)."""
+    res, pf = stack.residency, stack.prefetch
+    if res.page_granular:
+        raise FlashsimError(f"residency {res.name!r} is page-granular (the mmap baseline): run `flashsim real mmap`")
+    if stack.precision.transform(store_spec) != store_spec:
+        raise FlashsimError(f"precision {stack.precision.name!r} changes the stored weights (Precision.transform); "
+                            "the real backend computes the store's own dtype: use --set precision=native")
+    issue = pf.issue_point()
+    if not executes_prefetch(pf):
+        raise FlashsimError(f"prefetch {pf.name!r} issues its reads at {issue.value} (Prefetcher.issue_point), which "
+                            f"the real backend does not execute (it prefetches at "
+                            f"{IssuePoint.PREVIOUS_STEP.value} only); use --set prefetch=delta or prefetch=none")
+    require_hooks(res, BACKEND, "kept")
+    require_hooks(stack.layout, BACKEND, "bundled", "max_coalesced_bytes")
 
 
 def _quality(sim: Any, layer: int, step: int, plan: Any) -> np.ndarray:
@@ -134,23 +162,24 @@ def store_alignment_bytes(store: Any) -> int:
 
 
 def store_config(config: RunConfig, store: Any) -> tuple[RunConfig, str | None]:
-    """`config` with the bundling layout's `align_bytes` taken from the store's manifest, and a note
-    when that replaced a different value the run asked for (None otherwise). The window's
-    `insert_copy` is set false: the reader writes new neurons straight into the cache's rows (a
-    packed store's staging copy is part of the read), so no insert copy is made."""
-    if config.residency.name == "window" and getattr(config.residency.params, "insert_copy", False):
-        config = config.with_overrides(["window.insert_copy=false"])
-    if config.layout.name != "bundling":
-        return config, None
+    """`config` with the layout's units aligned as the store's manifest says (`Layout.params_aligned_to`),
+    and a note when that replaced a different alignment the run asked for (None otherwise). The
+    residency's parameters are those for reads that land in place (`Residency.params_for_in_place_reads`,
+    e.g. the window's `insert_copy` false): the reader writes new neurons straight into the cache's
+    rows (a packed store's staging copy is part of the read), so no insert copy is made."""
+    in_place = config.residency.instantiate().params_for_in_place_reads()
+    if in_place != config.residency.params:
+        config = replace(config, residency=replace(config.residency, params=in_place))
+    layout = config.layout.instantiate()
     want = store_alignment_bytes(store)
-    had = int(config.layout.params.align_bytes)
+    had = layout.alignment_bytes()
     if had == want:
         return config, None
     note = None
     if had != 0:
-        note = (f"bundling.align_bytes={had} replaced by {want}: the store {store.path} is {store.manifest.alignment} "
-                "and its layout is what the reads move")
-    return config.with_overrides([f"bundling.align_bytes={want}"]), note
+        note = (f"{config.layout.name}: alignment {had} bytes replaced by {want}: the store {store.path} is "
+                f"{store.manifest.alignment} and its layout is what the reads move")
+    return replace(config, layout=replace(config.layout, params=layout.params_aligned_to(want))), note
 
 
 def check_threads(threads: int | None, profile: DeviceProfile) -> str | None:

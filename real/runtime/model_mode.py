@@ -268,6 +268,12 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
     token_ids = ref.token_ids
     notes: list[str] = []
     live = None
+    if predictor is None and not config.predictor.instantiate().sets_from_the_model():
+        # a predictor simulated from statistics (the presets' noisy one) has no sets a real model can
+        # compute: run the true active sets, and say so (a real predictor: --predictor lowrank:FILE)
+        notes.append(f"the configuration's {config.predictor.name} predictor is simulated from statistics; "
+                     "model mode ran the ORACLE instead (--predictor lowrank:FILE runs a real one)")
+        predictor = "oracle"
     if predictor is None:
         label = config.predictor.name
         used = ref.truth
@@ -280,8 +286,7 @@ def run_prepared(ref: DenseReference, model: Any, spec: ModelSpec, store: Any, p
         if choice.kind == "oracle":
             used = ref.truth
             notes.append(ORACLE_NOTE)
-            if config.predictor.name != "oracle":
-                config = config.with_overrides(config_overrides(choice, None, 0))
+            config = config.with_overrides(config_overrides(choice, None, 0))   # an oracle slot keeps its rank
         elif choice.kind == "previous":
             used = previous_masks(ref.truth)
             path = write_mask_trace(ref.workdir / f"pred-{tag}", ref.trace, used, spec, {"predictor": label})

@@ -41,6 +41,7 @@ import numpy as np
 
 from devices.errors import FlashsimError
 from devices.progress import Stage
+from traces.outputs import replace_output
 
 FORMAT = "flashsim-lowrank-predictor"
 VERSION = 1
@@ -334,7 +335,7 @@ def save_predictor(pred: LowRankPredictor, path: str | Path) -> Path:
         write_safetensors(tmp, tensors, {"flashsim": json.dumps(pred.meta, sort_keys=True)})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise FlashsimError(f"{path}: cannot write the predictor ({e.strerror})") from None

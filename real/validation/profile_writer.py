@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from devices.errors import FlashsimError
 from devices.loading import read_mapping, validation_message
 from devices.schema import BUNDLED_DIR, DeviceProfile, list_profiles, load_profile
+from traces.outputs import replace_output
 
 MEASURED_PREFIX = "measured by flashsim bench"
 
@@ -190,7 +191,7 @@ def write_profile_text(path: Path, text: str) -> DeviceProfile:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         tmp.write_text(text)
-        os.replace(tmp, path)
+        replace_output(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise FlashsimError(f"{path}: cannot write the profile ({e.strerror})") from None

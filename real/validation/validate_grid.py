@@ -32,6 +32,9 @@ QUICK_K = (0, 2, 8)
 BUDGET_FRACTIONS = (0.25, 0.5)   # DRAM for neuron caches, as a fraction of the FFN's bytes
 # model mode computes MODEL_KEEP of every layer: the lower budget must hold more than that (module docstring)
 MODEL_BUDGET_FRACTIONS = (0.375, 0.5)
+# every prefetch policy the real backend executes (real.runtime.executor_plan.executes_prefetch; the
+# lookahead prefetcher is refused there), so each is scored against the simulator
+PREFETCH = ("none", "delta")
 MODES = ("shape", "model", "moe")     # moe: expert caches on an expert store (real/validation/validate_moe.py)
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
@@ -85,14 +88,14 @@ class GridPoint:
 def grid(quick: bool) -> list[GridPoint]:
     ks = QUICK_K if quick else FULL_K
     budgets = BUDGET_FRACTIONS[1:] if quick else BUDGET_FRACTIONS
-    return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), ("none", "delta"), budgets)]
+    return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), PREFETCH, budgets)]
 
 
 def model_grid(quick: bool) -> list[GridPoint]:
     """Model mode: the same k x bundling x prefetch grid with MODEL_BUDGET_FRACTIONS (quick: k in
     MODEL_QUICK_K, 50% budget: 8 configurations)."""
     ks, budgets = (MODEL_QUICK_K, MODEL_BUDGET_FRACTIONS[1:]) if quick else (FULL_K, MODEL_BUDGET_FRACTIONS)
-    return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), ("none", "delta"), budgets)]
+    return [GridPoint(k, b, p, f) for k, b, p, f in itertools.product(ks, (True, False), PREFETCH, budgets)]
 
 
 def budget_for(spec: ModelSpec, n_steps: int, fraction: float, align_bytes: int = 0) -> int:

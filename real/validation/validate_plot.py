@@ -4,12 +4,12 @@ configuration a point (PNG, written atomically). The report it draws is real/val
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from real.validation.validate_grid import MODES
 from real.validation.validate_score import metrics_of
+from traces.outputs import replace_output
 
 
 def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -63,5 +63,5 @@ def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     tmp = out_dir / ".validate_scatter.png.tmp.png"
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    replace_output(tmp, path)
     return [path]

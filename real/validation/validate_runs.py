@@ -105,6 +105,12 @@ def cached_store(model: str, source: str) -> Path:
         with contextlib.suppress(FlashsimError):
             open_store(path, verify="sizes")
             return path
+        # a damaged entry of the tool's own store cache (named by the source's key, under the cache
+        # folder): removed before converting again; anything else at that path is left alone
+        if path.is_dir() and not path.is_symlink():
+            import shutil
+
+            shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return convert_model(model, path, overwrite=True, progress=False, **STORE_SETTINGS)
 

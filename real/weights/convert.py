@@ -97,9 +97,12 @@ def load_model_for_store(model: str | Path) -> tuple[Mapping[str, Any], ModelSpe
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
             import torch
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig, AutoModelForCausalLM
 
             quiet_third_party()
+            from real.weights.checkpoint_check import check_checkpoint
+
+            check_checkpoint(folder, AutoConfig.from_pretrained(folder))   # before any weight is loaded
             hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         except ImportError:
             raise FlashsimError("converting a model needs torch and transformers: install flashsim[real]") from None

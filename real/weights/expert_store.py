@@ -33,8 +33,8 @@ from devices.units import format_bytes
 from real.io.buffers import ALIGN_BYTES, round_up
 from real.weights.dtypes import ELEMENT_BYTES, check_dtype, decode, encode
 from real.weights.store import FileInfo, LayerEntry, LayoutInfo
-from traces.format import publish_dir, sha256_file
-from traces.outputs import check_output_dir, remove_stale_temporaries, temp_name
+from traces.format import sha256_file
+from traces.outputs import check_output_dir, publish_dir, remove_stale_temporaries, temp_name
 
 FORMAT_NAME = "flashsim-expert-store"
 SCHEMA_VERSION = 1
@@ -162,9 +162,7 @@ def write_expert_store(out: str | Path, *, model: str, n_layers: int, moe_layers
                        source: dict[str, Any], overwrite: bool = False) -> Path:
     """Write every expert (experts(m, e) -> fp32 gate [F, d], up [F, d], down [d, F]) atomically."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FlashsimError(f"{out}: already exists; choose another path or remove it")
-    check_output_dir(out, "--store", overwrite)
+    check_output_dir(out, "--store", overwrite, kind="expert store")
     eb = expert_bytes_of(d_model, d_expert_ff, dtype)
     stride = round_up(eb, ALIGN_BYTES)
     total = stride * n_experts * len(moe_layers)
@@ -199,7 +197,7 @@ def write_expert_store(out: str | Path, *, model: str, n_layers: int, moe_layers
                                   d_expert_ff=d_expert_ff, dtype=dtype, expert_bytes=eb, stride_bytes=stride,
                                   layer_files=names, files=files, source=source)
         (tmp / MANIFEST).write_text(json.dumps(man.model_dump(mode="json"), indent=1))
-        publish_dir(tmp, out, overwrite)
+        publish_dir(tmp, out, overwrite, "expert store")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -286,6 +286,7 @@ def open_store(path: str | Path, verify: Literal["full", "sizes", "record"] = "s
     except ValidationError as e:
         raise FlashsimError(f"{man_path}: {validation_message(e)}") from None
     _check_layout(man_path, m, spec)
+    _check_confined(path, man_path, m)
     _check_files(path, m)
     if verify in ("full", "record"):
         from real.weights.store_integrity import record_matches, verify_store
@@ -323,6 +324,29 @@ def _check_layout(man_path: Path, m: StoreManifest, spec: ModelSpec) -> None:
     for name, size in sizes.items():
         if name not in m.files or m.files[name].bytes != size:
             raise FlashsimError(f"{man_path}: field 'files.{name}': expected {size} bytes for this layout")
+
+
+def _check_confined(path: Path, man_path: Path, m: StoreManifest) -> None:
+    """Every path the manifest names is a relative path inside the store that resolves (symlinks
+    followed) inside it, and the order and resident files are among the checksummed files: a
+    manifest cannot make a run or `real verify` read /etc/passwd or ../outside.npy."""
+    root = path.resolve()
+    named = [(f"files.{n}", n) for n in m.files]
+    named += [("order.file", m.order.file), ("resident.file", m.resident.file)]
+    named += [(f"layers.{i}.{lay}.file", e.file) for i, row in enumerate(m.layers) for lay, e in row.items()]
+    for field, name in named:
+        rel = Path(name)
+        inside = not rel.is_absolute() and ".." not in rel.parts and name.strip() != ""
+        if inside:
+            try:
+                inside = (root / rel).resolve().is_relative_to(root)
+            except (OSError, RuntimeError):
+                inside = False
+        if not inside:
+            raise FlashsimError(f"{man_path}: field '{field}': {name!r} is outside the store folder; "
+                                "a store names only files inside it: re-create the store")
+        if not field.startswith("files.") and name not in m.files:
+            raise FlashsimError(f"{man_path}: field '{field}': {name!r} is not among the store's checksummed files")
 
 
 def _check_files(path: Path, m: StoreManifest) -> None:

@@ -39,8 +39,14 @@ from real.weights.store import (
     segments_of,
     sha256_file,
 )
-from traces.format import publish_dir
-from traces.outputs import remove_stale_temporaries, temp_name
+from traces.outputs import (
+    check_output_dir,
+    os_error_text,
+    publish_dir,
+    remove_path,
+    remove_stale_temporaries,
+    temp_name,
+)
 
 BLOCK_ROWS = 1024
 # Free space kept beyond the store itself: filesystem metadata and journal, other writers, and the
@@ -59,9 +65,7 @@ class StoreWriter:
     def __init__(self, out: str | Path, spec: ModelSpec, dtype: str, *, layouts: list[str],
                  neuron_at: np.ndarray, order: OrderInfo, alignment: str = "padded",
                  file_mode: str = "per-layer", overwrite: bool = False, resident_bytes_estimate: int = 0):
-        self.out = Path(out)
-        if self.out.exists() and not overwrite:
-            raise FlashsimError(f"{self.out}: already exists; choose another --out or pass --overwrite")
+        self.out = check_output_dir(out, "--out", overwrite, kind="store")
         self.spec, self.dtype = spec.with_dtype(dtype), dtype
         self.layouts, self.alignment, self.file_mode = list(layouts), alignment, file_mode
         self.segments = segments_of(spec)
@@ -189,7 +193,7 @@ class StoreWriter:
             f.flush()
             os.fsync(f.fileno())
         try:
-            publish_dir(self.tmp, self.out, self.overwrite)
+            publish_dir(self.tmp, self.out, self.overwrite, "store")
         except FlashsimError:
             self.abort()
             raise
@@ -200,7 +204,7 @@ class StoreWriter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_path(self.tmp)
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -234,7 +238,7 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int, name: str) -> None:
 def _write_error(path: Path, e: OSError) -> FlashsimError:
     if e.errno == errno.ENOSPC:
         return FlashsimError(f"{path}: the disk filled up while writing the store; free space and convert again")
-    return FlashsimError(f"{path}: write failed ({e.strerror or e})")
+    return FlashsimError(f"{path}: write failed ({os_error_text(e)})")
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -33,13 +33,14 @@ sizes in bytes or with units. Before the first point the run's static budget app
 from __future__ import annotations
 
 import csv
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from devices.errors import FlashsimError
+from devices.errors import BudgetError, FlashsimError
+from devices.safe_load import parse_json, read_text_file
 from devices.units import format_bytes, parse_bytes
 from sim.policies.cache_shares import CacheShares
 
@@ -54,6 +55,8 @@ class BudgetTimeline:
     def __post_init__(self) -> None:
         if len(self.t_s) != len(self.available_bytes) or not self.t_s:
             raise ValueError("a budget timeline needs at least one (t_s, available_bytes) point")
+        if not all(math.isfinite(t) for t in self.t_s):     # NaN compares false: it would pass the order check
+            raise ValueError(f"budget timeline times must be finite seconds, got {[t for t in self.t_s if not math.isfinite(t)][0]}")
         if any(t < 0 for t in self.t_s) or any(b < a for a, b in zip(self.t_s, self.t_s[1:])):
             raise ValueError("budget timeline times must be >= 0 and non-decreasing")
         if any(b < 0 for b in self.available_bytes):
@@ -75,9 +78,9 @@ class BudgetTimeline:
 def load_budget_timeline(path: str | Path) -> BudgetTimeline:
     """Read a JSON or CSV timeline; FlashsimError names the file, line or field."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FlashsimError(f"{path}: budget timeline file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, "budget timeline (JSON or CSV)")
     points: list[tuple[float, int]] = []
     if path.suffix.lower() == ".csv":
         rows = list(csv.reader(text.splitlines()))
@@ -90,10 +93,7 @@ def load_budget_timeline(path: str | Path) -> BudgetTimeline:
                 raise FlashsimError(f"{path}: line {i}: expected 2 values, got {len(row)}")
             points.append(_point(path, f"line {i}", row[0], row[1]))
     else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FlashsimError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        data = parse_json(text, str(path))
         items = data.get("points") if isinstance(data, dict) else data
         if isinstance(data, dict) and set(data) - {"points", "description"}:
             raise FlashsimError(f"{path}: unknown key {sorted(set(data) - {'points', 'description'})[0]!r}; "
@@ -123,6 +123,8 @@ def _point(path: Path, where: str, t: object, b: object) -> tuple[float, int]:
         t_s = float(t)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise FlashsimError(f"{path}: {where}: t_s {t!r} is not a number of seconds") from None
+    if not math.isfinite(t_s) or t_s < 0:
+        raise FlashsimError(f"{path}: {where}: t_s {t!r} must be a finite number of seconds >= 0")
     return t_s, parse_bytes(b if not isinstance(b, str) else b.strip(), f"{path}: {where}: available_bytes", unit="bytes")  # type: ignore[arg-type]
 
 
@@ -174,7 +176,7 @@ class MemoryModel:
             if kv:
                 items.append(f"KV cache up to {format_bytes(kv)}")
             short = need - budget_bytes
-            raise FlashsimError(
+            raise BudgetError(
                 f"DRAM budget {format_bytes(budget_bytes)}{when} is too small: what must stay resident "
                 f"({' + '.join(items)}) needs {format_bytes(need)}, {format_bytes(short)} ({short:,} bytes) "
                 "more; raise --dram-budget, stream more (memory.stream_non_ffn=true), quantize, or shorten "

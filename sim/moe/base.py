@@ -28,6 +28,7 @@ Policies are plain Python (no SimPy); the timing model never reads their state.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -133,9 +134,10 @@ class ExpertCache:
 
 
 # ---- registry ----------------------------------------------------------------------------------------
-BUILTIN = ("sim.moe.lru", "sim.moe.lfu", "sim.moe.least_stale", "sim.moe.pinned", "sim.moe.page_cache",
-           "sim.moe.belady", "sim.moe.cache_aware")
+# Every module of sim/moe/policies/ is found by pkgutil (as sim/policies/registry.py finds the dense
+# slots' policies), so a new expert-cache policy is one module there, with no list to edit.
 _CLASSES: dict[str, type[ExpertCache]] = {}
+_discovered = False
 
 
 def register(name: str) -> Callable[[type[ExpertCache]], type[ExpertCache]]:
@@ -151,8 +153,14 @@ def register(name: str) -> Callable[[type[ExpertCache]], type[ExpertCache]]:
 
 
 def _load() -> None:
-    for mod in BUILTIN:
-        importlib.import_module(mod)
+    global _discovered
+    if _discovered:
+        return
+    import sim.moe.policies as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{pkg.__name__}.{info.name}")
+    _discovered = True
 
 
 def cache_names() -> list[str]:

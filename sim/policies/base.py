@@ -19,7 +19,11 @@ Units and representations: neuron sets are packed bit rows (`sim.bitsets`): word
 of one layer. Steps are described by `sim.workload.StepSlice` (absolute step indices, phase, tokens per step).
 Sizes are bytes, times seconds.
 
-Hook reference (called by `sim.policies.stack.PolicyStack`, in this order for each layer and range):
+Hook reference. Every question a backend (the DES engine `sim.engine`, its analytic fast path
+`sim.fastpath`, the real executor `real.runtime.backend`) asks a policy is a method or a class
+attribute declared on the slot's base class below, documented there; no backend reads a policy's
+`state`, compares its name or looks its parameters up. Planning hooks, called by
+`sim.policies.stack.PolicyStack` in this order for each layer and range of steps:
 
 1. `Precision.transform(spec)` once before binding: the ModelSpec all other policies see.
 2. `Policy.bind(ctx)` once per run: receives the `PolicyContext`; resets state.
@@ -31,12 +35,24 @@ Hook reference (called by `sim.policies.stack.PolicyStack`, in this order for ea
    given the true active sets `needed` (the union over the step's tokens). Called exactly once per
    step, in step order.
 6. `Prefetcher.predict(layer, steps, computed)` -> words [S, W]: the prediction, made before each
-   step, of that step's computed set (what to read ahead). `trigger` says when the read is issued.
+   step, of that step's computed set (what to read ahead); `Prefetcher.issue_point()` says whether
+   and when the read is issued (`IssuePoint`).
 7. `Residency.advance(layer, steps, computed, next_hint, cap_neurons)` -> `CacheSteps`: the
    demand reads, prefetch reads, hits, evictions and cache sizes of each step (cap_neurons has
    one entry per step plus one for the following step).
 8. `Residency.on_budget_change(cap_neurons)` when the DRAM budget changes during a run (the
    simulator's budget timeline): shrink caches to fit at least.
+
+Hooks the backends ask besides planning (each documented on its method): the residency's
+`window_k`, `kept`, `copies_on_insert`, `params_for_in_place_reads`, `dynamic_bytes`, the page-granular
+`advance_pages` / `miss_cost` / `shrink_bytes`, and its flags `manages_cache`, `page_granular`,
+`gathers` / `gathers_at`; the predictor's `computes_every_neuron`, `weight_bytes_per_layer`,
+`flops_per_token_per_layer`; the layout's `read_counts`, `chunk_sizes`, `read_units`,
+`staged_reads`, `segmented_reads`, `dram_bytes_per_neuron`, `bundled`, `max_coalesced_bytes`,
+`alignment_bytes`, `params_aligned_to`; every policy's `timing_feedback`. A hook whose base
+implementation is marked `@optional_hook` raises `MissingHookError` (one line naming the hook) when
+a policy that does not implement it is asked; `require_hooks(policy, backend, *hooks)` lets a
+backend refuse such a policy before it starts.
 
 Policy output is checked in one place, `PolicyStack` (`PolicyOutputError`): shapes and dtypes,
 no neuron outside the layer, every demand read a computed neuron.
@@ -45,20 +61,49 @@ no neuron outside the layer, every demand read a computed neuron.
 from __future__ import annotations
 
 import copy
+import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import numpy as np
 
+from devices.errors import FlashsimError
 from sim import bitsets
 from sim.params import params_to_dict
 
 if TYPE_CHECKING:
+    from devices.curves import ReadCurve
     from devices.model_spec import ModelSpec
     from devices.schema import DeviceProfile
     from sim.rng import RngStreams
     from sim.workload import StepSlice, TraceView
+
+
+class MissingHookError(FlashsimError):
+    """A backend asked a policy a question (a hook) the policy does not answer."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def optional_hook(fn: F) -> F:
+    """Marks a base-class hook whose default only refuses: a policy that needs it overrides it."""
+    fn.__optional_hook__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def implements(policy: Policy, hook: str) -> bool:
+    """True when `policy` answers `hook` (its class overrides the refusing default)."""
+    return not getattr(getattr(type(policy), hook, None), "__optional_hook__", False)
+
+
+def require_hooks(policy: Policy, backend: str, *hooks: str) -> None:
+    """Refuse `policy` before a run when it does not implement one of `hooks` that `backend` asks."""
+    for hook in hooks:
+        if not implements(policy, hook):
+            policy.missing_hook(hook, backend)
 
 
 @dataclass
@@ -120,6 +165,13 @@ class Policy(ABC):  # noqa: B024 (the slot classes below declare the abstract ho
         """Name and resolved parameters, for the results' `config`."""
         return {"name": self.name, **params_to_dict(self.params)}
 
+    def missing_hook(self, hook: str, backend: str = "this run") -> NoReturn:
+        """Raise the one-line MissingHookError naming the slot's hook `hook`."""
+        base = next(c for c in type(self).__mro__ if c.__dict__.get("slot"))
+        raise MissingHookError(f"{self.slot} policy {self.name or type(self).__name__!r} does not implement "
+                               f"{base.__name__}.{hook}, which {backend} needs; implement it in the policy's module "
+                               f"or choose another {self.slot} policy")
+
 
 # ---- slot interfaces ---------------------------------------------------------------------------
 class Precision(Policy):
@@ -147,6 +199,17 @@ class Predictor(Policy):
     def flops_per_token_per_layer(self) -> float:
         """Compute the predictor itself costs per token and layer."""
         return 0.0
+
+    def computes_every_neuron(self) -> bool:
+        """True when every step computes every FFN neuron (no prediction): what a page-granular
+        residency (mmap, dense compute over mapped weights) can run with."""
+        return False
+
+    def sets_from_the_model(self) -> bool:
+        """True when the real backend's model mode can compute exactly this predictor's sets from the
+        model it runs (the true active sets, or a recorded mask trace); a predictor simulated from
+        statistics (recall, precision, error persistence) cannot be executed on a real model."""
+        return False
 
 
 class Layout(Policy):
@@ -182,16 +245,67 @@ class Layout(Policy):
         """Largest single read: also used to stream large contiguous tensors (attention, lm_head)."""
         return int(self.chunk_sizes()[-1])
 
+    @optional_hook
+    def dram_bytes_per_neuron(self, spec: ModelSpec) -> int:
+        """Bytes one cached neuron takes in DRAM (the memory model's `neuron_bytes`); `spec` as stored."""
+        self.missing_hook("dram_bytes_per_neuron")
+
+    @optional_hook
+    def bundled(self) -> bool:
+        """True when a neuron's rows of every FFN matrix lie together on flash (one unit per neuron),
+        False when each matrix lies apart (one unit per matrix row). The real backend reads the
+        store's file of that layout."""
+        self.missing_hook("bundled")
+
+    @optional_hook
+    def max_coalesced_bytes(self) -> int:
+        """Largest single read that units adjacent on flash are merged into (0: never merged); the
+        real backend's reader cuts its reads at this size so they are the chunks `read_counts` counts."""
+        self.missing_hook("max_coalesced_bytes")
+
+    def alignment_bytes(self) -> int:
+        """Each unit occupies its size rounded up to a multiple of this on flash (0: packed). May be
+        called before `bind`."""
+        return 0
+
+    @optional_hook
+    def params_aligned_to(self, align_bytes: int) -> Any:
+        """This layout's Params with units aligned to `align_bytes` (a store's padding), for the run
+        the real backend builds on that store. May be called before `bind`."""
+        if align_bytes == self.alignment_bytes():
+            return self.params
+        self.missing_hook("params_aligned_to")
+
+
+class IssuePoint(enum.Enum):
+    """When a prefetcher's reads for (step s, layer l) are issued."""
+
+    NONE = "none"                      # nothing is read ahead
+    PREVIOUS_STEP = "previous-step"    # at the end of layer l of step s - 1 (delta prefetch)
+    PREVIOUS_LAYER = "previous-layer"  # at the FFN start of layer l - 1 of step s (lookahead)
+
 
 class Prefetcher(Policy):
     """Predicts each step's computed set ahead of time so its reads overlap earlier compute.
 
-    trigger: "previous-step" (issued while the previous step computes this layer: delta
-    prefetch), "previous-layer" (issued while this step computes the previous layer: lookahead),
-    or "none"."""
+    `trigger` (an IssuePoint, or its value as a string) says when: PREVIOUS_STEP (issued while the
+    previous step computes this layer: delta prefetch), PREVIOUS_LAYER (issued while this step
+    computes the previous layer: lookahead), or NONE. Backends ask `issue_point()`."""
 
     slot = "prefetch"
-    trigger: ClassVar[str] = "none"
+    trigger: ClassVar[IssuePoint | str] = IssuePoint.NONE
+
+    def issue_point(self) -> IssuePoint:
+        """Whether and when this prefetcher's reads are issued (see IssuePoint)."""
+        try:
+            return IssuePoint(self.trigger)
+        except ValueError:
+            raise MissingHookError(f"prefetch policy {self.name!r}: trigger {self.trigger!r} is not one of "
+                                   f"{', '.join(p.value for p in IssuePoint)} (Prefetcher.issue_point)") from None
+
+    def fires(self) -> bool:
+        """True when anything is read ahead (`issue_point()` is not NONE)."""
+        return self.issue_point() is not IssuePoint.NONE
 
     @abstractmethod
     def predict(self, layer: int, steps: StepSlice, computed: np.ndarray) -> np.ndarray:
@@ -277,10 +391,53 @@ class Residency(Policy):
                                 is kept at the end of a step must fit the next step's share
         """
 
-    def on_budget_change(self, cap_neurons: int) -> np.ndarray:
-        """Shrink every layer's cache to at most `cap_neurons`; returns evicted count per layer."""
+    def on_budget_change(self, cap_neurons: int | np.ndarray) -> np.ndarray:
+        """Shrink every layer's cache to at most `cap_neurons` (one int, or int [L] per layer);
+        returns the evicted count per layer."""
         return np.zeros(self.ctx.n_layers if self.ctx else 0, np.int64)
 
-    def dynamic_bytes(self) -> int:
-        """Bytes held right now by this policy's caches (beyond its static set)."""
+    def dynamic_bytes(self, neuron_bytes: int | None = None) -> int:
+        """Bytes held right now by this policy's caches (beyond its static set); `neuron_bytes`: DRAM
+        per cached neuron (the layout's `dram_bytes_per_neuron`; None: the packed bundle)."""
         return 0
+
+    @optional_hook
+    def window_k(self) -> int | None:
+        """Steps a computed neuron stays resident in the managed cache (None: unbounded, an LRU under
+        the cap; 0: nothing kept across steps). Asked of residencies that `manages_cache` (the
+        cache split between layers, `memory.cache_split`)."""
+        self.missing_hook("window_k")
+
+    @optional_hook
+    def kept(self, layer: int) -> np.ndarray:
+        """words [W]: the dynamic neurons of `layer` kept resident after the last step `advance`
+        planned (its prefetch for the next step included, static set excluded). The real backend
+        deletes every other row of the layer's cache matrix."""
+        self.missing_hook("kept")
+
+    def copies_on_insert(self) -> bool:
+        """True when new neurons are read into a staging buffer and copied into the cache matrix
+        (memory management moves them a second time); False when reads land in their rows."""
+        return False
+
+    def params_for_in_place_reads(self) -> Any:
+        """This residency's Params for a backend whose reads land straight in the cache rows (the
+        real backend's reader): `copies_on_insert()` false. May be called before `bind`."""
+        return self.params
+
+    # page-granular residencies (`page_granular = True`) plan whole steps instead of `advance`
+    @optional_hook
+    def advance_pages(self, start: int, stop: int, cap_bytes: np.ndarray) -> dict[str, np.ndarray]:
+        """Misses of steps [start, stop): {"attn", "ffn"}: int [S, L] read-ahead windows missed,
+        "head": int [S], "ffn_hit_neurons": int [S, L], "cached_bytes": int [S]."""
+        self.missing_hook("advance_pages")
+
+    @optional_hook
+    def miss_cost(self, misses: np.ndarray, curve: ReadCurve) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, bytes) to serve `misses` windows issued together, on the flash read `curve`."""
+        self.missing_hook("miss_cost")
+
+    @optional_hook
+    def shrink_bytes(self, cap_bytes: int) -> None:
+        """A budget drop: evict until the page cache holds at most `cap_bytes`."""
+        self.missing_hook("shrink_bytes")

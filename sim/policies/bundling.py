@@ -34,7 +34,7 @@ Chunk sizes are multiples of the read unit (the padded stride when aligned):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -115,6 +115,18 @@ class BundlingLayout(Layout):
 
     def read_units(self) -> tuple[int, int]:
         return self.unit_bytes, self.units_per_neuron
+
+    def bundled(self) -> bool:
+        return bool(self.params.bundled)
+
+    def max_coalesced_bytes(self) -> int:
+        return int(self.params.max_chunk_bytes) if self.params.coalesce else 0
+
+    def alignment_bytes(self) -> int:
+        return int(self.params.align_bytes)
+
+    def params_aligned_to(self, align_bytes: int) -> BundlingLayout.Params:
+        return replace(self.params, align_bytes=int(align_bytes))
 
     def chunk_sizes(self) -> np.ndarray:
         return self.unit_bytes * np.arange(1, self.max_units + 1, dtype=np.int64)

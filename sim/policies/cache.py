@@ -279,6 +279,12 @@ class CachedResidency:
     def advance(self, layer, steps, computed, next_hint, cap_neurons):  # type: ignore[no-untyped-def]
         return self.state["cache"].advance(layer, steps.start, computed, next_hint, cap_neurons)  # type: ignore[attr-defined]
 
+    def kept(self, layer: int) -> np.ndarray:
+        """words [W]: the layer's resident dynamic set after the last advanced step (Residency.kept)."""
+        cache: NeuronCache = self.state["cache"]  # type: ignore[attr-defined]
+        st = cache.layers.get(layer)
+        return st["res"] if st is not None else np.zeros(cache.W, bitsets.WORD)
+
     def dynamic_bytes(self, neuron_bytes: int | None = None) -> int:
         """Bytes the caches hold now: resident neurons x `neuron_bytes`, the DRAM one cached neuron
         takes (the layout's `dram_bytes_per_neuron`, i.e. the memory model's `neuron_bytes`: padded

@@ -40,6 +40,10 @@ deciding keep (below lam), else redraw to Z (below lam + (1 - lam) a), else take
 uniform. Nothing is drawn from `memory_rng` when all four memories are 0. Rows
 are processed in blocks that carry the state, so a range and the same steps one at a time give
 identical sets.
+
+Where errors are rare (a ReLU trace with a few % active and a good predictor: `sparse_applies`),
+the same model is drawn sparsely by `sim.policies.sparse_errors`, at a cost that grows with the
+error regions instead of with every neuron (other random numbers, same distribution).
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim import bitsets
+from sim.policies.sparse_errors import (
+    SPARSE_MAX_REGION,
+    SparseErrorState,
+    new_state,
+    sparse_noisy_block,
+)
 
 BLOCK_ROWS = 128   # rows per block: bounds the [rows, 2, N] draw and the unpacked rows to a few tens of MB
 
@@ -89,6 +99,7 @@ class ErrorMemory:
     score: np.ndarray | None = None        # float32 [N]: each neuron's lasting score Z
     miss_chain: np.ndarray | None = None   # float32 [N]: the miss latent at the last step
     fp_chain: np.ndarray | None = None     # float32 [N]: the false-positive latent there
+    sparse: SparseErrorState | None = None  # the sparse draws' state (sim/policies/sparse_errors.py)
 
 
 @dataclass(frozen=True)
@@ -140,11 +151,32 @@ def _latents(u: np.ndarray, v: np.ndarray, p: Persistence, memory: ErrorMemory) 
     return out[0], out[1]
 
 
+def sparse_applies(recall: float, persistence: Persistence, q_cap: float | None) -> bool:
+    """Whether the sparse draws serve: errors with memory, both error regions narrow (see
+    sim/policies/sparse_errors.py) and latents not kept for long stretches."""
+    if q_cap is None or not persistence.any:
+        return False
+    lams = (mixture(persistence.fn, persistence.fn_far)[1], mixture(persistence.fp, persistence.fp_far)[1])
+    return q_cap + (1.0 - recall) <= SPARSE_MAX_REGION and max(lams) < 0.9
+
+
 def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Generator, truth: np.ndarray,
                           n_bits: int, recall: float, precision: float, persistence: Persistence,
-                          memory: ErrorMemory) -> np.ndarray:
+                          memory: ErrorMemory, q_cap: float | None = None) -> np.ndarray:
     """words [S, W]: the sets a predictor of this recall, precision and error memory outputs
-    for the true sets `truth` (words [S, W]), continuing from `memory` (updated in place)."""
+    for the true sets `truth` (words [S, W]), continuing from `memory` (updated in place).
+    `q_cap`: an upper bound of the false-positive rate over the whole run (every call with this
+    `memory`); where errors are rare (`sparse_applies`) it selects the sparse draws."""
+    if sparse_applies(recall, persistence, q_cap):
+        assert q_cap is not None
+        if memory.score is None:
+            memory.score = stratified_scores(memory_rng, n_bits)
+            memory.sparse = new_state(memory.score, rng, recall, q_cap,
+                                      (mixture(persistence.fn, persistence.fn_far), mixture(persistence.fp, persistence.fp_far)))
+        assert memory.sparse is not None
+        n_true = bitsets.count(truth)
+        return sparse_noisy_block(memory.sparse, memory.score, truth, n_bits, recall,
+                                  false_positive_rate(n_true, n_bits, recall, precision))
     out = np.empty_like(truth)
     for a in range(0, truth.shape[0], BLOCK_ROWS):
         t = bitsets.unpack(truth[a:a + BLOCK_ROWS], n_bits)

@@ -21,12 +21,16 @@ collapse). With room to spare, the first token loads everything and later tokens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.params import check, param
 from sim.policies.base import CacheSteps, Residency
 from sim.policies.registry import RESIDENCY
+
+if TYPE_CHECKING:
+    from devices.curves import ReadCurve
 
 
 class BlockLRU:
@@ -136,7 +140,8 @@ class MmapResidency(Residency):
     def on_budget_change(self, cap_neurons: int) -> np.ndarray:
         return np.zeros(self.ctx.n_layers, np.int64)
 
-    def dynamic_bytes(self) -> int:
+    def dynamic_bytes(self, neuron_bytes: int | None = None) -> int:
+        """Bytes of the page cache (its read-ahead windows; `neuron_bytes` does not apply)."""
         return self.state["lru"].cached * self.params.readahead_bytes
 
     def shrink_bytes(self, cap_bytes: int) -> None:
@@ -174,7 +179,7 @@ class MmapResidency(Residency):
             out["cached_bytes"][i] = max(peak, lru.cached) * ra
         return out
 
-    def miss_cost(self, misses: np.ndarray, curve) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    def miss_cost(self, misses: np.ndarray, curve: ReadCurve) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, bytes) to serve `misses` read-ahead windows issued together."""
         ra, q_max = self.params.readahead_bytes, self.params.in_flight
         m = np.asarray(misses, np.float64)

@@ -71,6 +71,12 @@ class _RankedPredictor(Predictor):
 class DensePredictor(Predictor):
     """Compute every FFN neuron."""
 
+    def computes_every_neuron(self) -> bool:
+        return True
+
+    def sets_from_the_model(self) -> bool:
+        return True
+
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
         return np.broadcast_to(bitsets.full(self.ctx.n_neurons), needed.shape).copy()
@@ -86,6 +92,9 @@ class OraclePredictor(_RankedPredictor):
 
         def __post_init__(self) -> None:
             check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+
+    def sets_from_the_model(self) -> bool:
+        return True
 
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         return needed
@@ -138,13 +147,49 @@ class NoisyPredictor(_RankedPredictor):
 
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
+        memo = _memo(self.ctx.view, self.describe(), self.ctx.rng.seed)
+        rows = memo.get(layer) if memo is not None else None
+        if rows is None and memo is not None and steps.start == 0:   # the whole layer once, for every run
+            rows = memo[layer] = self._draw(layer, self.ctx.view.needed(layer, 0, self.ctx.view.steps.n))
+        if rows is not None:
+            return rows[steps.start:steps.stop]
+        return self._draw(layer, needed)
+
+    def _draw(self, layer: int, needed: np.ndarray) -> np.ndarray:
+        assert self.ctx is not None
         st = self.state.get(layer)
-        if st is None:
-            st = self.state[layer] = (self.ctx.rng.fresh(f"predictor/noisy/layer{layer}"),
-                                      self.ctx.rng.fresh(f"predictor/noisy-memory/layer{layer}"), ErrorMemory())
         p = self.params
+        if st is None:
+            view = self.ctx.view
+            n_true = bitsets.count(view.needed(layer, 0, view.steps.n))
+            q_cap = float(false_positive_rate(n_true, self.ctx.n_neurons, p.recall, p.precision).max(initial=0.0))
+            st = self.state[layer] = (self.ctx.rng.fresh(f"predictor/noisy/layer{layer}"),
+                                      self.ctx.rng.fresh(f"predictor/noisy-memory/layer{layer}"), ErrorMemory(), q_cap)
         return persistent_noisy_sets(st[0], st[1], needed, self.ctx.n_neurons, p.recall, p.precision,
-                                     p.persistence, st[2])
+                                     p.persistence, st[2], q_cap=st[3])
+
+
+# A noisy predictor's sets depend only on the trace view, its parameters and the seed, never on the
+# device or the budget: a sweep or plan replaying one view draws them once per layer. Kept on the
+# view (which `sim.engine.SetAlgebraCache` shares across runs) for layers of at most this size, for
+# the most recent few parameter sets.
+MEMO_BYTES_PER_LAYER = 8 << 20
+MEMO_ENTRIES = 4
+
+
+def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # type: ignore[no-untyped-def]
+    """The view's memo of one parameter set's predicted rows per layer (None: too large to keep)."""
+    if view.steps.n * view.W * 8 > MEMO_BYTES_PER_LAYER:
+        return None
+    import json
+
+    store = view.__dict__.setdefault("_noisy_memo", {})
+    key = (json.dumps(describe, sort_keys=True, default=str), int(seed))
+    if key not in store:
+        while len(store) >= MEMO_ENTRIES:
+            store.pop(next(iter(store)))
+        store[key] = {}
+    return store[key]
 
 
 @PREDICTORS.register("recorded")
@@ -159,6 +204,9 @@ class RecordedPredictor(_RankedPredictor):
         def __post_init__(self) -> None:
             check(bool(self.path), "path must name a trace directory of recorded predictions")
             check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+
+    def sets_from_the_model(self) -> bool:
+        return True
 
     def bind(self, ctx) -> None:  # type: ignore[no-untyped-def]
         from traces.format import open_trace

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.params import check, param
-from sim.policies.base import Prefetcher
+from sim.policies.base import IssuePoint, Prefetcher
 from sim.policies.predictor import noisy_sets
 from sim.policies.registry import PREFETCHERS
 from sim.workload import StepSlice
@@ -30,7 +30,7 @@ from sim.workload import StepSlice
 class NoPrefetcher(Prefetcher):
     """Read nothing ahead."""
 
-    trigger = "none"
+    trigger = IssuePoint.NONE
 
     def predict(self, layer: int, steps: StepSlice, computed: np.ndarray) -> np.ndarray:
         return np.zeros_like(computed)
@@ -63,11 +63,11 @@ class _PredictingPrefetcher(Prefetcher):
 class LookaheadPrefetcher(_PredictingPrefetcher):
     """Predict the next layer of the same step; read it while this layer computes."""
 
-    trigger = "previous-layer"
+    trigger = IssuePoint.PREVIOUS_LAYER
 
 
 @PREFETCHERS.register("delta")
 class DeltaPrefetcher(_PredictingPrefetcher):
     """Predict the next step's set of this layer; read its delta while this step computes."""
 
-    trigger = "previous-step"
+    trigger = IssuePoint.PREVIOUS_STEP

@@ -72,7 +72,9 @@ class SelectiveResidency(CachedResidency, Residency):
             prof = load_neuron_profile(self.params.profile)
             src = f"profile {self.params.profile}"
         else:
-            prof = profile_traces([view.trace])
+            # the same trace view (shared across a sweep's or plan's runs) is profiled once
+            prof = view.__dict__.get("_self_profile") or view.__dict__.setdefault("_self_profile",
+                                                                                profile_traces([view.trace]))
             src = "the replayed trace itself"
             ctx.notes.append("selective: no profile file given, so the replayed trace was profiled itself "
                              "(optimistic: the neuron ranking has seen the tokens it is tested on)")

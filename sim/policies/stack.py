@@ -147,12 +147,13 @@ class PolicyStack:
         needed = self.ctx.view.needed(layer, start, stop)
         static = self.static_mask(layer)
         has_static = bool(static.any())
-        look = min(stop + 1, n_steps) if self.prefetch.trigger != "none" else stop
+        fires = self.prefetch.fires()
+        look = min(stop + 1, n_steps) if fires else stop
         rows = self.computed(layer, start, look)
         C = rows[: stop - start]
         C_dyn = bitsets.andnot(C, static) if has_static else C
         hint = None
-        if self.prefetch.trigger != "none":
+        if fires:
             nxt = rows[1:]
             hint = np.zeros_like(C)
             if len(nxt):

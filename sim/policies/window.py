@@ -11,7 +11,7 @@ When the cap binds, least-recently-used neurons are dropped first (see `sim.poli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sim.params import check, param
@@ -39,3 +39,9 @@ class WindowResidency(CachedResidency, Residency):
 
     def window_k(self) -> int | None:
         return None if self.params.k == "inf" else int(self.params.k)
+
+    def copies_on_insert(self) -> bool:
+        return bool(self.params.insert_copy)
+
+    def params_for_in_place_reads(self) -> WindowResidency.Params:
+        return replace(self.params, insert_copy=False) if self.params.insert_copy else self.params

@@ -35,7 +35,7 @@ def test_every_row_within_its_own_bound(dense, capsys):
     with capsys.disabled():
         print()
         for r in dense:
-            print(f"  {r['device']:26s} {r['model']:13s} {r['framework'][:30]:30s} published "
+            print(f"  {r['device']:26s} {r['model']:13s} {r['framework'][:30]:30s} {r['runtime']:14s} published "
                   f"{r['published_tokens_per_s']:6.1f}  simulated {r['simulated_tokens_per_s']:6.1f}  peak-bound "
                   f"{r['peak_bound_tokens_per_s']:6.1f}  error {100 * r['error']:+6.1f}%  bound "
                   f"{100 * r['max_error']:3.0f}% {'ok' if r['within_bound'] else 'MISS'}")
@@ -137,3 +137,22 @@ def test_streaming_row_with_other_bytes_is_refused(tmp_path):
                        framework="-", conditions="-", source="-")
     with pytest.raises(FlashsimError, match="not the same bytes"):
         streaming_value(row, tmp_path)
+
+
+def test_every_dense_row_names_a_bundled_runtime(dense):
+    from devices.runtime import list_runtimes
+
+    assert all(r["runtime"] in list_runtimes() for r in dense)
+    frameworks = {r["runtime"]: r["framework"] for r in dense}
+    assert "llama.cpp" in frameworks and "compiled-graph" in frameworks
+
+
+def test_a_rows_runtime_prices_its_kernels():
+    """The same row under eager PyTorch's kernels (24 + 9 per layer at 15 us) decodes slower than under
+    llama.cpp's: the runtime is an input of the figure, not a label."""
+    from analysis.baselines import dense_decode_tokens_per_s
+
+    args = ("jetson-orin-nano-8gb@25w", "smollm2-135m", "int4", 2048)
+    fused = dense_decode_tokens_per_s(*args, runtime="llama.cpp")
+    eager = dense_decode_tokens_per_s(*args, runtime="eager-pytorch")
+    assert eager < fused

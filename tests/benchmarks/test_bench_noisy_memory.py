@@ -35,3 +35,41 @@ def test_bench_noisy_memory_vs_memoryless() -> None:
     print(f"\nnoisy predictor, {steps} steps x {n} neurons: memoryless {memoryless * 1e3:.0f} ms CPU, with memory "
           f"{memory * 1e3:.0f} ms CPU ({memory / memoryless:.1f}x)")
     assert memory > 0 and memoryless > 0
+
+
+LLAMA3_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+              "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu",
+              "tie_word_embeddings": False}
+
+
+def test_bench_noisy_vs_oracle_70b_replay(tmp_path) -> None:
+    """Issue 55.1: a Llama-3-70B-shape trace (80 x 28,672 neurons, 512 tokens, 3% active, ReLU-like
+    statistics as `trace synth --active-fraction 0.03 --overlap 0.7 --hot-skew 0.25`) under
+    llm-in-a-flash on the AGX Orin 64 GB: CPU time of the replay with the oracle, with `noisy` at its
+    parameter defaults and with the preset's own predictor (noisy 0.99 / 0.3). Target: noisy <= 2x
+    oracle. Set FLASHSIM_BENCH_70B_TRACE to an existing trace folder to skip the synthesis (~40 s)."""
+    import os
+
+    from devices import load_profile
+    from devices.model_spec import ModelSpec
+    from sim.engine import SetAlgebraCache, simulate
+    from sim.policies.presets import preset_config
+    from traces.format import open_trace
+    from traces.synthetic import synthesize
+
+    spec = ModelSpec.from_hf_config(LLAMA3_70B, "llama-3-70b-shape")
+    path = os.environ.get("FLASHSIM_BENCH_70B_TRACE") or synthesize(
+        tmp_path / "t70b", spec, 512, 0, active_fraction=0.03, overlap=0.7, hot_skew=0.25, magnitudes=False)
+    trace, orin = open_trace(path), load_profile("jetson-agx-orin-64gb")
+    cpu = {}
+    oracle = ["predictor=oracle", "oracle.rank=128"]
+    simulate(trace, spec, orin, preset_config("llm-in-a-flash").with_overrides(oracle))   # warm-up: the trace's pages
+    for label, sets in (("oracle", oracle), ("noisy (defaults)", ["predictor=noisy"]),
+                        ("preset (noisy 0.99/0.3)", [])):
+        cfg = preset_config("llm-in-a-flash").with_overrides(sets)
+        c0 = time.process_time()
+        tps = simulate(trace, spec, orin, cfg, cache=SetAlgebraCache()).summary()["tokens_per_s"]
+        cpu[label] = time.process_time() - c0
+        print(f"\n70B-shape llm-in-a-flash, {label}: {cpu[label]:.1f} s CPU ({cpu[label] / cpu['oracle']:.2f}x oracle), "
+              f"{tps:.2f} tok/s")
+    assert all(v > 0 for v in cpu.values())

@@ -232,3 +232,17 @@ def test_cli_compares_predictors(tmp_path, capsys):
     assert main(base + ["--predictor", "oracle", "--predictor", "previous", "--records", str(tmp_path / "r.parquet")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "oracle, previous or lowrank" in err and "no such predictor file" in err
+
+
+def test_a_simulated_predictor_runs_as_the_oracle_and_says_so(tiny_llama, tmp_path):
+    """The presets' noisy predictor is simulated from statistics: model mode cannot compute its sets on a
+    real model, so it runs the true active sets under the oracle slot (the simulator replays the same) and
+    the run's notes say so."""
+    from real.runtime.model_mode import run_model
+
+    model, spec, store, ids, _ = tiny_llama
+    cfg = _cfg(2).with_overrides(["predictor=noisy", "noisy.recall=0.9", "noisy.precision=0.5"])
+    run, _ = run_model(model, spec, store, ids, load_profile("this-host"), cfg, keep_fraction=0.25, workdir=tmp_path)
+    assert any("noisy predictor is simulated from statistics" in n for n in run.notes)
+    k_active = int(np.ceil(0.25 * spec.d_ff))
+    assert all(t.computed == spec.n_layers * k_active for t in run.tokens)

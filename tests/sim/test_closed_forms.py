@@ -66,13 +66,12 @@ def test_repeated_token_under_an_unbounded_window_reads_nothing(traces_dir, host
                           np.zeros(T, np.int32), [PromptInfo(id="r", task="t", n_prompt_tokens=0, n_generated_tokens=T)],
                           rule="relu")
     trace = open_trace(p)
-    r = simulate(trace, None, host, preset_config("llm-in-a-flash").with_overrides(["window.k=inf"]),
-                 cache=SetAlgebraCache())
+    oracle = preset_config("llm-in-a-flash").with_overrides(["predictor=oracle", "oracle.rank=128"])
+    r = simulate(trace, None, host, oracle.with_overrides(["window.k=inf"]), cache=SetAlgebraCache())
     assert r.tokens[0].bytes_read > 0 and r.tokens[1].bytes_read > 0
     assert all(t.bytes_read == 0 and t.stall_s == 0 for t in r.tokens[2:])
     # a window of one step forgets A while B computes: every token reads again
-    r1 = simulate(trace, None, host, preset_config("llm-in-a-flash").with_overrides(["window.k=1"]),
-                  cache=SetAlgebraCache())
+    r1 = simulate(trace, None, host, oracle.with_overrides(["window.k=1"]), cache=SetAlgebraCache())
     assert all(t.bytes_read > 0 for t in r1.tokens)
 
 

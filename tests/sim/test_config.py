@@ -30,7 +30,7 @@ def test_presets_resolve_and_describe_every_slot() -> None:
         assert RunConfig.from_dict(d).to_dict() == d            # round trip
     lif = preset_config("llm-in-a-flash")
     assert (lif.residency.name, lif.residency.params.k) == ("window", 5)
-    assert lif.layout.params.bundled is True and lif.predictor.name == "oracle"
+    assert lif.layout.params.bundled is True and lif.predictor.name == "noisy"   # the paper's, as it behaves
     si = preset_config("selectinfer").residency.params
     assert (si.load_ratio, si.compute_ratio) == (0.7, 0.4)
     assert preset_config("neuroprefetcher").prefetch.name == "delta"
@@ -125,3 +125,14 @@ def test_malformed_policy_output_is_caught_in_one_place(small_trace, host) -> No
     sim.stack.predictor.predict = lambda layer, steps, needed: needed[:, :1]  # wrong shape
     with pytest.raises(PolicyOutputError, match="EveryOtherPredictor.predict must return uint64 words"):
         sim.run()
+
+
+def test_switching_a_slot_to_the_policy_it_holds_keeps_its_parameters() -> None:
+    from sim.policies.presets import preset_config
+
+    cfg = preset_config("llm-in-a-flash").with_overrides(["predictor=oracle", "oracle.rank=64"])
+    rank = cfg.predictor.params.rank
+    assert rank == 64 and cfg.predictor.name == "oracle"
+    assert cfg.with_overrides(["predictor=oracle"]).predictor.params.rank == rank
+    assert cfg.with_overrides(["residency=window"]).residency.params == cfg.residency.params
+    assert cfg.with_overrides(["predictor=noisy", "predictor=oracle"]).predictor.params.rank == rank

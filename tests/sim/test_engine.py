@@ -35,11 +35,11 @@ def test_window_cache_too_small_for_one_step(small_trace, host) -> None:
 
 
 def test_capped_window_stays_within_budget_and_reads_more(small_trace, host) -> None:
-    base = simulate(small_trace, None, host, preset_config("llm-in-a-flash").with_overrides(["window.k=inf"]),
-                    cache=SetAlgebraCache())
-    sim = build(small_trace, None, host, preset_config("llm-in-a-flash"), cache=SetAlgebraCache())
+    oracle = preset_config("llm-in-a-flash").with_overrides(["predictor=oracle", "oracle.rank=128"])
+    base = simulate(small_trace, None, host, oracle.with_overrides(["window.k=inf"]), cache=SetAlgebraCache())
+    sim = build(small_trace, None, host, oracle, cache=SetAlgebraCache())
     budget = sim.memory.fixed_bytes + int(sim.memory.kv_bytes.max()) + 60 * 2 * sim.spec.ffn_neuron_bytes
-    capped = simulate(small_trace, None, host, preset_config("llm-in-a-flash").with_overrides(
+    capped = simulate(small_trace, None, host, oracle.with_overrides(
         ["window.k=inf", f"memory.dram_budget_bytes={budget}"]), cache=SetAlgebraCache())
     assert all(t.resident_bytes <= budget for t in capped.tokens)
     assert sum(t.bytes_read for t in capped.tokens) > sum(t.bytes_read for t in base.tokens)
@@ -57,8 +57,9 @@ def _timeline_run(trace, host, preset, points, *sets):  # type: ignore[no-untype
     return build(trace, None, host, cfg, cache=SetAlgebraCache()).run(timeline=True)
 
 
-@pytest.mark.parametrize("preset, sets", [("llm-in-a-flash", ("window.k=inf",)), ("mmap", ()),
-                                          ("neuroprefetcher", ())])
+@pytest.mark.parametrize("preset, sets", [("llm-in-a-flash", ("window.k=inf", "predictor=oracle", "oracle.rank=128")), ("mmap", ()),
+                                          ("neuroprefetcher", ("predictor=oracle", "oracle.rank=128", "delta.recall=1.0",
+                                                               "delta.precision=1.0"))])
 def test_budget_timeline_shrinks_caches_when_memory_is_taken(small_trace, host, preset, sets) -> None:
     free = simulate(small_trace, None, host, preset_config(preset).with_overrides(list(sets)), cache=SetAlgebraCache())
     sim = build(small_trace, None, host, preset_config(preset).with_overrides(list(sets)), cache=SetAlgebraCache())
@@ -81,7 +82,8 @@ def test_budget_timeline_below_the_resident_weights_fails_clearly(small_trace, h
 
 
 def test_summary_records_and_exports(small_trace, host, tmp_path) -> None:
-    r = build(small_trace, None, host, preset_config("llm-in-a-flash").with_overrides(["prefetch=delta"]),
+    r = build(small_trace, None, host, preset_config("llm-in-a-flash").with_overrides(["prefetch=delta",
+                                                                                      "predictor=oracle", "oracle.rank=128"]),
               cache=SetAlgebraCache()).run(timeline=True)
     s = r.summary()
     assert set(SUMMARY_KEYS) <= set(s) and s["prefill"]["tokens"] == 4 and s["engine"] == "des"

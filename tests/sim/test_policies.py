@@ -137,7 +137,7 @@ def test_selective_computes_static_plus_dynamic_and_never_reads(small_trace, hos
 def test_none_and_oracle_predictors(small_trace, host) -> None:
     _, dense = run(small_trace, host, "llm-in-a-flash", "predictor=none")
     assert all(t.computed == small_trace.n_layers * small_trace.n_neurons for t in dense.tokens)
-    sim, orc = run(small_trace, host, "llm-in-a-flash")
+    sim, orc = run(small_trace, host, "llm-in-a-flash", "predictor=oracle")
     assert orc.summary()["recall"] == 1.0
     for layer in range(small_trace.n_layers):
         needed = sim.view.needed(layer, 0, sim.steps.n)
@@ -262,7 +262,8 @@ def test_bundling_alignment_pads_cached_neurons_in_dram_by_hand(gated_trace, hos
     last). Budget = fixed + 18,432 + 3 layers x 4096 x 40 = 1,061,760 B."""
     fixed, budget = 355_200 + 196_608, 355_200 + 196_608 + 18_432 + 3 * 4096 * 40
     for bundled in ("true", "false"):
-        sets = [f"bundling.bundled={bundled}", f"memory.dram_budget_bytes={budget}"]
+        sets = [f"bundling.bundled={bundled}", f"memory.dram_budget_bytes={budget}", "predictor=oracle",
+                "oracle.rank=128"]
         packed = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides(sets))
         padded = fresh(gated_trace, host, preset_config("llm-in-a-flash").with_overrides(
             [*sets, "bundling.align_bytes=4096"]))

@@ -39,6 +39,10 @@ def trace4(traces_dir):  # type: ignore[no-untyped-def]
     return open_trace(p)
 
 
+# the budgets here are sized for a perfect predictor and prefetch (the presets' realistic ones compute more)
+PERFECT = ("predictor=oracle", "oracle.rank=128", "delta.recall=1.0", "delta.precision=1.0")
+
+
 def _sim(trace, device, preset, blocks="", *extra):  # type: ignore[no-untyped-def]
     cfg = preset_config(preset).with_overrides([f"prune.blocks={blocks}", *extra])
     return build(trace, None, device, cfg, cache=SetAlgebraCache())
@@ -152,7 +156,7 @@ def test_fast_path_and_des_agree(trace4, preset, device):
 def test_budget_timeline_with_pruning(trace4, host, tmp_path):
     p = tmp_path / "tl.csv"
     p.write_text("t_s,available_bytes\n0,900KiB\n0.003,680KiB\n")
-    cfg = preset_config("neuroprefetcher").with_overrides(["prune.blocks=ffn:1,mha:2"])
+    cfg = preset_config("neuroprefetcher").with_overrides(["prune.blocks=ffn:1,mha:2", *PERFECT])
     cfg = replace(cfg, budget_timeline=load_budget_timeline(p))
     sim = build(trace4, None, host, cfg, cache=SetAlgebraCache())
     r = sim.run()
@@ -199,7 +203,7 @@ def test_more_dropped_never_costs_more_des(trace4, masks, device):
     grows; the caches may use the memory the dropped blocks free (dram_bytes stays within the budget)."""
     small, big = masks
     prof = load_profile(device)
-    extra = ["memory.dram_budget_bytes=800KiB"]
+    extra = ["memory.dram_budget_bytes=800KiB", *PERFECT]
     sa = _sim(trace4, prof, "neuroprefetcher", format_blocks(small), *extra)
     sb = _sim(trace4, prof, "neuroprefetcher", format_blocks(big), *extra)
     a, b = sa.run(), sb.run()

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,7 @@ def _load_folder(folder: Path) -> tuple[Any, Any]:
 
 
 def _load_gguf(path: Path) -> tuple[Any, Any]:
+    check_gguf_header(path)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -164,9 +166,30 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise FlashsimError(f"{path}: cannot load this GGUF ({_first_line(e)})") from e
+    except (OSError, ValueError, KeyError, RuntimeError, IndexError, TypeError, OverflowError, MemoryError,
+            struct.error) as e:    # the gguf parser's errors on a damaged file (a length past its end)
+        raise FlashsimError(f"{path}: cannot load this GGUF ({_first_line(e)})") from None
     return model, tok
+
+
+def check_gguf_header(path: Path) -> None:
+    """A GGUF's fixed header (magic, version, tensor and key counts) must fit the file: each tensor
+    and each key takes at least 8 bytes of header, so counts above file size / 8 are a damaged file
+    (refused before a parser tries to allocate or read that many)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(32)           # magic, version, counts, the first key's length
+    except OSError as e:
+        raise FlashsimError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise FlashsimError(f"{path}: cannot load this GGUF (no GGUF magic and header: not a GGUF file)")
+    n_tensors, n_keys = struct.unpack_from("<QQ", head, 8)
+    first_key = struct.unpack_from("<Q", head, 24)[0] if n_keys and len(head) == 32 else 0
+    if n_tensors > size // 8 or n_keys > size // 8 or first_key > size:
+        raise FlashsimError(f"{path}: cannot load this GGUF: the header claims {n_tensors:,} tensors, {n_keys:,} keys and a "
+                            f"{first_key:,}-byte first key, more than "
+                            f"its {size:,} bytes can hold; the file is damaged")
 
 
 def _first_line(e: Exception) -> str:

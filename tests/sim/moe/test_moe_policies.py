@@ -142,3 +142,16 @@ def test_batched_layer_walk_equals_step_by_step(T, M, E, K, cap, seed, pf, name)
     for f in ("hit", "prefetch_hit", "prefetch_reads", "evictions", "routed"):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
     assert a.resident_peak == b.resident_peak
+
+
+def test_every_module_in_the_policies_package_is_a_discovered_policy() -> None:
+    """A new expert-cache policy is one module in sim/moe/policies/: nothing lists them."""
+    import pkgutil
+
+    import sim.moe.policies as pkg
+    from sim.moe.base import _CLASSES, cache_names
+
+    names = cache_names()
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
+    assert {cls.__module__.rsplit(".", 1)[1] for cls in _CLASSES.values()} == modules
+    assert len(names) == len(modules)

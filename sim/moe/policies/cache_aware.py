@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.moe.base import register
-from sim.moe.lru import LruCache
+from sim.moe.policies.lru import LruCache
 
 
 @register("cache-aware")

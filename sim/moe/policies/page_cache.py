@@ -11,7 +11,7 @@ window (Linux: 128 KiB, `read_ahead_kb`) synchronously, one after another (sim/m
 from __future__ import annotations
 
 from sim.moe.base import register
-from sim.moe.lru import LruCache
+from sim.moe.policies.lru import LruCache
 
 
 @register("page-cache")

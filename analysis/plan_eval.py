@@ -1,0 +1,186 @@
+"""One planner configuration at one budget: run it (memoised), say whether it fits and what limits it.
+
+`Planner.evaluate(preset, overrides, budget_bytes, ideal=False)` returns an `Evaluation`: the run's
+summary, or why it did not run as a typed `failure` (`DOES_NOT_FIT`: the simulator's `BudgetError`,
+or the spec-only check below; `CANNOT_RUN`: any other refusal), never read from the message text.
+`ideal=True` runs the configuration with its policy idealisations switched on (oracle predictor,
+perfect prefetch; sim.policies.presets.ideal_policy): the ideal-policy bound; a configuration that
+is already ideal shares its own run.
+
+Before any run (and before any trace is loaded or synthesised: the trace is a callable, resolved on
+the first run) each configuration's resident weights are checked against the budget from the model
+spec alone: the non-FFN weights every non-paging residency keeps (at the configuration's precision).
+A budget below that cannot fit whatever the trace, and says so.
+
+Binding constraint, from the simulated per-token breakdown (ms): the largest of flash stall (time
+the decoder waits for reads: "flash bandwidth"), compute and memory management (moving cache rows:
+"memory management"). Compute is split by what bounds it: the decode step's weight and KV bytes
+streamed at the DRAM bandwidth against its FLOPs at the FLOP rate (sim/components/compute.py:
+t = max(FLOPs / rate, bytes / bandwidth) per phase); where the bytes take longer the limit is "DRAM
+bandwidth" (faster memory helps, a faster GPU does not), else "compute". A flash-bound configuration
+whose cache already fills the budget (peak >= `CACHE_FULL_SHARE` of it) is "memory capacity" bound:
+more DRAM means fewer reads. A configuration that does not fit is bound by memory capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devices.errors import BudgetError, FlashsimError
+from devices.model_spec import ModelSpec
+from devices.schema import DeviceProfile
+from devices.units import format_bytes
+from sim.config import RunConfig
+from sim.energy import step_traffic
+from sim.engine import SetAlgebraCache, build
+from sim.policies.presets import ideal_policy, preset_config
+from traces.format import DECODE, Trace
+
+FLASH, COMPUTE, DRAM_BW, MEM_MGMT, MEM_CAP = (
+    "flash bandwidth", "compute", "DRAM bandwidth", "memory management", "memory capacity")
+CACHE_FULL_SHARE = 0.97          # DRAM peak / budget at which a cache counts as full
+DOES_NOT_FIT, CANNOT_RUN = "does not fit", "cannot run"
+
+
+@dataclass
+class Evaluation:
+    """One configuration at one budget."""
+
+    preset: str
+    overrides: tuple[str, ...]
+    budget_bytes: int
+    summary: dict[str, Any] | None = None  # None: it did not run
+    error: str | None = None               # the refusal's message
+    failure: str | None = None             # DOES_NOT_FIT or CANNOT_RUN when it did not run
+
+    @property
+    def label(self) -> str:
+        return " ".join((self.preset, *self.overrides))
+
+    @property
+    def ran(self) -> bool:
+        return self.summary is not None
+
+    def metric(self, key: str) -> float:
+        return float(self.summary[key]) if self.summary is not None else math.nan
+
+
+def binding_constraint(summary: dict[str, Any] | None, budget_bytes: int) -> str:
+    """The resource that limits a configuration, from its per-token breakdown (see the module doc)."""
+    if summary is None:
+        return MEM_CAP
+    flop_ms, dram_ms = summary.get("compute_flop_ms_per_token"), summary.get("compute_dram_ms_per_token")
+    compute = DRAM_BW if flop_ms is not None and dram_ms is not None and dram_ms >= flop_ms else COMPUTE
+    parts = {FLASH: summary["stall_ms_per_token"], compute: summary["compute_ms_per_token"],
+             MEM_MGMT: summary["memory_mgmt_ms_per_token"]}
+    top = max(parts, key=lambda k: parts[k])
+    if top == FLASH and summary["dram_peak_bytes"] >= CACHE_FULL_SHARE * budget_bytes:
+        return MEM_CAP
+    return top
+
+
+def compute_split(sim: Any) -> dict[str, float]:
+    """Per decode step (ms): its FLOPs at the FLOP rate and its DRAM bytes (weights, KV cache, row
+    moves) at the DRAM bandwidth, as the run's compute model prices them."""
+    traffic = step_traffic(sim.planner, sim.planner.arr)
+    dec = sim.steps.phase == DECODE
+    if not dec.any():
+        return {}
+    c = sim.planner.compute
+    return {"compute_flop_ms_per_token": 1e3 * float(np.mean(traffic.flops[dec])) / c.flops_per_s,
+            "compute_dram_ms_per_token": 1e3 * float(np.mean(traffic.dram_bytes[dec])) / c.dram_bytes_per_s}
+
+
+def resident_floor_bytes(config: RunConfig, spec: ModelSpec) -> int:
+    """Bytes a configuration keeps resident whatever the trace: the non-FFN weights at its precision,
+    unless its residency pages the whole file or it streams them (0 with pruning: blocks leave)."""
+    if config.prune.blocks or config.memory.stream_non_ffn or config.residency.instantiate().page_granular:
+        return 0
+    return int(config.precision.instantiate().transform(spec).non_ffn_bytes)
+
+
+class Planner:
+    """Evaluates configurations of one (trace, model, device) at any budget, memoised. `trace` may be
+    a callable that returns it: it is called once, on the first configuration that must run."""
+
+    def __init__(self, trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DeviceProfile, *,
+                 rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
+                 cache: SetAlgebraCache | None = None, runtime: str | None = None):
+        self._trace = trace
+        self.runtime = runtime      # compute.runtime of every configuration (None: the preset's)
+        self.spec, self.profile = spec, profile
+        self.rescale, self.seed, self.progress = rescale, seed, progress
+        self.cache = cache or SetAlgebraCache()
+        self._memo: dict[tuple, Evaluation] = {}
+        self.n_runs = 0
+        self.run_s = 0.0     # seconds spent in simulated runs
+
+    @property
+    def trace(self) -> Trace:
+        if callable(self._trace) and not isinstance(self._trace, Trace):
+            self._trace = self._trace()
+        return self._trace
+
+    @property
+    def trace_loaded(self) -> bool:
+        return isinstance(self._trace, Trace)
+
+    def config(self, preset: str, overrides: Sequence[str], budget_bytes: int) -> RunConfig:
+        """The configuration at this budget and seed (rescaling, which needs the trace, is added by the run)."""
+        sets = [*overrides, f"memory.dram_budget_bytes={int(budget_bytes)}", f"sim.seed={self.seed}"]
+        if self.runtime is not None:
+            sets.append(f"compute.runtime={self.runtime}")
+        return preset_config(preset).with_overrides(sets)
+
+    def _rescale(self, trace: Trace) -> bool:
+        """`rescale` as given, or (None) whether the trace's shape differs from the model's."""
+        if self.rescale is None:
+            return (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff)
+        return self.rescale
+
+    def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
+        key = (preset, tuple(overrides), int(budget_bytes), ideal)
+        if key in self._memo:
+            return self._memo[key]
+        cfg = self.config(preset, overrides, budget_bytes)
+        if ideal:
+            ideal_cfg = ideal_policy(cfg)
+            if ideal_cfg is None:       # already ideal: its own run is the bound
+                ev = self._memo[key] = self.evaluate(preset, overrides, budget_bytes)
+                return ev
+            cfg = ideal_cfg
+        ev = Evaluation(preset, tuple(overrides), int(budget_bytes))
+        floor = resident_floor_bytes(cfg, self.spec)
+        if floor > budget_bytes:
+            ev.failure = DOES_NOT_FIT
+            ev.error = (f"DRAM budget {format_bytes(int(budget_bytes))} is too small: the resident non-FFN weights "
+                        f"alone are {format_bytes(floor)} (from the model spec)")
+        else:
+            self._run(ev, cfg)
+        self._memo[key] = ev
+        return ev
+
+    def _run(self, ev: Evaluation, cfg: RunConfig) -> None:
+        import time
+
+        trace = self.trace
+        if self._rescale(trace):
+            cfg = cfg.with_overrides(["sim.rescale=true"])
+        t0 = time.perf_counter()
+        try:
+            sim = build(trace, self.spec, self.profile, cfg, cache=self.cache)
+            ev.summary = sim.run().summary()
+            ev.summary.update(compute_split(sim))
+        except BudgetError as e:       # the budget check and cache-capacity refusals name the shortfall
+            ev.failure, ev.error = DOES_NOT_FIT, str(e)
+        except FlashsimError as e:
+            ev.failure, ev.error = CANNOT_RUN, str(e)
+        self.run_s += time.perf_counter() - t0
+        self.n_runs += 1
+        if self.progress:
+            self.progress()
