@@ -12,15 +12,15 @@ experts per MoE layer. For each, in interleaved passes like the dense grid
 routing, policy and capacity (real.runtime.moe_runs.simulated_shape: the MoE timeline with the
 executor's reads). Per token both sides give latency_s, io_s (from issuing a layer's reads to the
 last landing, the cached experts computed meanwhile: the simulated window is the longer of the read
-batch and that compute), compute_s (the experts' GEMVs) and
-bytes_read; validate_score.compare scores them, so the floor and the pass rule cover MoE rows as
-they cover dense ones.
+batch and that compute), compute_s (the experts' GEMVs) and bytes_read; validate_score.compare
+scores them, so the floor and the pass rule cover MoE rows as they cover dense ones.
 
 Sizes: `MOE_SMALL` (4 or 8 MoE layers x 8 experts of 1.5 MiB: 48 or 96 MiB) is the default and
 --quick store, which the host's page cache would hold but the direct reads bypass; `MOE_LARGE`
 (32 x 8 experts of 12 MiB: 3 GiB, the Mixtral-class store of docs/run-real.md) misses any page
-cache (`flashsim validate --moe-store large`). Nothing is fitted to these runs. MoE rows are scored against the profile as given:
-they are not kept (--keep), drift-corrected or recalibrated, which replay the dense simulator.
+cache (`flashsim validate --moe-store large`). Nothing is fitted to these runs. MoE rows are scored
+against the profile as given: they are not kept (--keep), drift-corrected or recalibrated, which
+replay the dense simulator.
 """
 
 from __future__ import annotations
