@@ -146,7 +146,7 @@ def run(args: argparse.Namespace, profile: Any) -> int:
     if mode == "shape":
         sim_lat, sim_hit = simulated_latency_s(store, experts, profile, policy=policy, params=params,
                                                capacity=args.capacity, scope=args.scope,
-                                               compute=not args.reads_only)
+                                               compute=not args.reads_only, threads=args.io_threads)
     else:
         sim_lat, sim_hit = simulated_model_latency_s(args.model, store, experts, profile, policy=policy,
                                                      params=params, capacity=args.capacity, scope=args.scope)

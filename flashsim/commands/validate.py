@@ -2,7 +2,7 @@
 or (--rescore) kept grids replayed on another profile.
 
     flashsim validate [--quick] [--json] [--plot DIR] [--profile NAME|YAML] [--tokens N] [--seed S]
-                      [--modes shape,model] [--keep DIR | --rescore DIR ...]
+                      [--modes shape,model,moe] [--moe-store small|large] [--keep DIR | --rescore DIR ...]
 
 The report's tables are flashsim/validation_output.py (shared with `flashsim calibrate`).
 """
@@ -18,13 +18,13 @@ from flashsim.validation_output import print_rescore_many, print_validation, val
 # validate's options that shape the real runs: a rescore runs none, so it refuses them rather than ignore them
 KEPT_PROFILE = "kept"
 RUN_OPTIONS = ("quick", "tokens", "seed", "workdir", "threads", "modes", "repeats", "check_every", "keep",
-               "recalibrate_every")
+               "recalibrate_every", "moe_store")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("validate", help="run a grid of configurations on the real backend and report the "
                                         "simulator's error against it")
-    v.add_argument("--quick", action="store_true", help="a 20-configuration subset (12 shape, 8 model), 12 steps each")
+    v.add_argument("--quick", action="store_true", help="a 24-configuration subset (12 shape, 8 model, 4 moe), 12 steps each")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--plot", metavar="DIR", help="write a sim-vs-real scatter plot (PNG) into DIR")
     v.add_argument("--profile", default="this-host", help="device profile the simulator replays with "
@@ -36,8 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--workdir", help="folder for the temporary store and traces (default: system temp)")
     v.add_argument("--threads", type=int, help="PyTorch compute threads of the real runs (default: the profile's "
                                                "compute.threads, the count its rates were measured at; 1 if none)")
-    v.add_argument("--modes", default="shape,model", help="shape (random-weight store of a small llama shape), model "
-                                                        "(SmolLM2 token by token, its real FFN weights), or both (default)")
+    v.add_argument("--modes", default="shape,model,moe",
+                   help="shape (random-weight store of a small llama shape), model (SmolLM2 token by token, its real "
+                        "FFN weights), moe (expert caches on an expert store of random experts); comma-separated "
+                        "(default all three)")
+    v.add_argument("--moe-store", default="small", choices=("small", "large"),
+                   help="the moe mode's expert store: small (tens of MiB, default) or large (3 GiB of 12 MiB experts, "
+                        "past the page cache; writing it takes a minute)")
     v.add_argument("--repeats", type=int, default=3,
                    help="real runs per configuration, as interleaved passes over the whole grid (default 3, also "
                         "with --quick); each pass is scored against the mean of the others, the host's repeat "
@@ -82,7 +87,7 @@ def _validate(args: argparse.Namespace) -> int:
     report = run_validation(profile, quick=args.quick, tokens=args.tokens, seed=args.seed, workdir=args.workdir,
                             progress=validate_progress(args.json), threads=args.threads, modes=modes,
                             repeats=args.repeats, check_every_s=args.check_every, keep=args.keep,
-                            recalibrate_every_s=args.recalibrate_every)
+                            recalibrate_every_s=args.recalibrate_every, moe_store=args.moe_store)
     return print_validation(report, args.json, args.plot)
 
 

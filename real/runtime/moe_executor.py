@@ -51,6 +51,7 @@ class StepStats:
     bytes_read: int
     evictions: int
     replaced_mass: float = 0.0
+    compute_s: float = 0.0      # wall time in the experts' GEMVs (cached ones while the reads run, then the missed)
 
 
 @dataclass
@@ -102,7 +103,12 @@ class ExpertExecutor:
         self._pool = ThreadPoolExecutor(max_workers=len(self._readers), thread_name_prefix="flashsim-expert")
         init = np.asarray(policy.initial(), np.int64)
         if len(init):
-            self._load(init, [self._take_slot() for _ in init])
+            # the policy's initial set is resident before the first step (the simulator's walk starts
+            # with it cached): wait for its reads, so no step computes on a slot still being filled
+            # or queues its reads behind them
+            futs, _ = self._load(init, [self._take_slot() for _ in init])
+            for f in futs:
+                f.result()
             self.resident[init] = True
             np.add.at(self.count, self.layer_of[init], 1)
         self.totals = ExecutorTotals()
@@ -219,17 +225,21 @@ class ExpertExecutor:
                 raise AssertionError(f"{self.policy.name}: over capacity {self.capacity}")
         y = None
         w = np.asarray(weights, np.float32)
+        compute_s = 0.0
         if x is not None:
             import torch
 
             y = torch.zeros_like(x)
+            t_c = time.perf_counter()
             for j in np.flatnonzero(h):                # cached experts while the reads run
                 y += float(w[j]) * self.expert_out(int(self.slot_of[keys[j]]), x)
+            compute_s += time.perf_counter() - t_c
         nbytes = sum(f.result() for f in futs)
         t_read1 = time.perf_counter()
         if x is not None:
             for j in np.flatnonzero(~h):
                 y += float(w[j]) * self.expert_out(int(self.slot_of[keys[j]]), x)
+            compute_s += time.perf_counter() - t_read1
         for k in staged:                                # staged experts leave with the step
             self.slot_of[k] = -1
         for k in later:
@@ -237,7 +247,7 @@ class ExpertExecutor:
             self.slot_of[k] = -1
         self._drop(np.array(later + staged, np.int64))
         st = StepStats(int(h.sum()), int(len(missed)), t_read1 - t_read0 if len(missed) else 0.0,
-                       time.perf_counter() - t_start, int(nbytes), n_evict, mass)
+                       time.perf_counter() - t_start, int(nbytes), n_evict, mass, compute_s)
         self.totals.steps.append(st)
         return y, st
 

@@ -61,7 +61,7 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
 
             gen = torch.Generator().manual_seed(seed)
             x = (torch.randn(1, man.d_model, generator=gen) / np.sqrt(man.d_model)).to(ex.tdtype)
-        lat, read, hits, nbytes = (np.zeros(T) for _ in range(4))
+        lat, read, hits, nbytes, comp = (np.zeros(T) for _ in range(5))
         for t in range(T):
             t0 = time.perf_counter()
             for m in range(M):
@@ -69,31 +69,53 @@ def run_shape(store: ExpertStore, experts: np.ndarray, weights: np.ndarray, *, p
                 read[t] += st.read_s
                 hits[t] += st.hits
                 nbytes[t] += st.bytes_read
+                comp[t] += st.compute_s
             lat[t] = time.perf_counter() - t0
         direct_io = ex.direct_io
-    return {"latency_s": lat, "read_s": read, "hits": hits, "bytes_read": nbytes, "direct_io": direct_io,
-            "hit_rate": float(hits.sum() / (T * M * K))}
+    return {"latency_s": lat, "read_s": read, "compute_s": comp, "hits": hits, "bytes_read": nbytes,
+            "direct_io": direct_io, "hit_rate": float(hits.sum() / (T * M * K))}
 
 
 def simulated_latency_s(store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str, params: dict | None,
-                        capacity: int, scope: str = "layer", compute: bool = True) -> tuple[np.ndarray, float]:
+                        capacity: int, scope: str = "layer", compute: bool = True,
+                        threads: int | None = 4) -> tuple[np.ndarray, float]:
     """(per-token latency [T], hit rate) the simulator predicts for the expert part of the same run
     (compute=False: the reads alone, as `run_shape(compute=False)` executes them)."""
+    sim = simulated_shape(store, experts, profile, policy=policy, params=params, capacity=capacity, scope=scope,
+                          compute=compute, threads=threads)
+    return sim["latency_s"], sim["hit_rate"]
+
+
+def simulated_shape(store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str, params: dict | None,
+                    capacity: int, scope: str = "layer", compute: bool = True,
+                    threads: int | None = 4) -> dict[str, Any]:
+    """The simulator's per-token records [T] of the expert part of a shape-mode run: latency_s, io_s
+    (the flash's busy time: the read batches), read_s (the reads in flight as the executor counts
+    them, `run_shape`'s read_s), compute_s (the experts' compute), bytes_read (the
+    missed experts at the store's stride), and the hit rate. `threads`: the executor's reader threads,
+    each reading one whole expert per call (sim.moe.timing.ReadEngine; None: the profile's engine)."""
     from devices.achievable import at_bound
     from sim.moe.residency import walk
-    from sim.moe.timing import fast_path, layer_costs
+    from sim.moe.timing import ReadEngine, fast_path, layer_costs
 
     spec = store_spec(store)
     prof = at_bound(profile, "achievable") if profile.bound == "raw" else profile
     cache = build_cache(policy, params)
     res = walk(np.asarray(experts, np.int64), spec.n_experts, cache, capacity, scope)
     hits, pf, misses = res.layer_counts()
-    costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k)
+    costs = layer_costs(spec, prof, spec.dtype, 0, max_batch=2 * spec.top_k,
+                        engine=None if threads is None else ReadEngine(threads))
     L = spec.n_layers
     costs = replace(costs, pre_s=np.zeros(L), router_s=np.zeros(L), shared_s=np.zeros(L), head_s=0.0,
                     expert_s=costs.expert_s if compute else 0.0)
     tl = fast_path(costs, hits, pf, misses, res.prefetch_reads, cache.page_faults)
-    return tl.latency_s, res.hit_rate
+    used = (hits + pf + misses).sum(axis=1)
+    # reads in flight, as the executor's read_s counts them: from issuing a layer's batch to its last
+    # read landing, or to the end of the cached experts' compute run meanwhile if that is later
+    window = np.where(misses > 0, np.maximum(costs.read_batch_s[misses], (hits + pf) * costs.expert_s), 0.0)
+    return {"latency_s": tl.latency_s, "io_s": tl.io_s, "read_s": window.sum(axis=1), "compute_s": used * costs.expert_s,
+            "bytes_read": (misses.sum(axis=1) + res.prefetch_reads.sum(axis=1)) * float(store.manifest.stride_bytes),
+            "hit_rate": res.hit_rate}
 
 
 def simulated_model_latency_s(folder: str, store: ExpertStore, experts: np.ndarray, profile: Any, *, policy: str,

@@ -15,6 +15,9 @@ For each configuration (window k x bundling x prefetch x budget) and mode:
    `WARMUP_STEPS` steps skipped on both sides: cold caches, thread start-up and allocator warm-up
    belong to neither model).
 
+The moe mode scores expert caches on an expert store the same way (interleaved passes, the same
+metrics, floor and pass rule), its simulator being the MoE timeline: real/validation/validate_moe.py.
+
 The modules: the grid (configurations, budgets, model mode's settings) is
 real/validation/validate_grid.py; steps 1-3 per mode, real/validation/validate_runs.py; the scoring
 (metrics, summaries, groups, each pass alone), real/validation/validate_score.py; the scatter plot,
@@ -51,7 +54,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
                    workdir: str | Path | None = None, progress: Any = None, threads: int | None = None,
                    modes: tuple[str, ...] = MODES, repeats: int = DEFAULT_REPEATS,
                    check_every_s: float | None = None, keep: str | Path | None = None,
-                   recalibrate_every_s: float | None = None) -> dict[str, Any]:
+                   recalibrate_every_s: float | None = None, moe_store: str = "small") -> dict[str, Any]:
     """Runs the grid in each mode; returns the JSON report (summary, per-mode summaries, one row per
     configuration, provenance). threads None: the profile's `compute.threads` (1 if it has none).
     repeats: the real side runs the whole grid that many times over (interleaved passes, so drift of
@@ -69,10 +72,14 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     start, between real runs once that many seconds of runs have passed since the last calibration,
     and at the end, and score the runs against the calibrations' mean (real.validation.profile_merge) instead of
     `profile`, which stays the base of each calibration and the drift checks' reference;
-    `recalibration` reports the calibrations' times and the errors against `profile` too."""
+    `recalibration` reports the calibrations' times and the errors against `profile` too.
+    `moe_store`: the expert store of the moe mode (real.validation.validate_moe: "small", or
+    "large", 3 GiB); MoE rows are scored against `profile` as given (not kept, drift-corrected or
+    recalibrated)."""
     from devices.errors import FlashsimError
     from real.validation.drift import CHECK_EVERY_S, DriftLog, drift_warning
     from real.validation.validate_keep import check_keep_target, write_kept_grid
+    from real.validation.validate_moe import moe_grid, moe_rows, store_shape
 
     if repeats < 1:
         raise FlashsimError(f"--repeats {repeats}: give 1 or more real runs per configuration")
@@ -87,6 +94,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         raise FlashsimError(f"--workdir {workdir}: no such folder; create it, or omit --workdir for the system temp folder")
     if threads is None:
         threads = profile.compute.threads or 1
+    moe_shape = store_shape(quick, moe_store)
     keep_path = check_keep_target(keep) if keep is not None else None
     load_start = host_load()
     t0 = time.perf_counter()
@@ -95,7 +103,8 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     root = Path(tmp.name)
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
-    n_total = (len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
+    n_total = ((len(grid(quick)) if "shape" in modes else 0) + (len(model_grid(quick)) if "model" in modes else 0)
+               + (len(moe_grid(quick)) if "moe" in modes else 0))
     log = DriftLog(profile, root, seed, every_s=check_every_s)
     recal = None
     if recalibrate_every_s is not None:
@@ -115,6 +124,9 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
         if "model" in modes:
             info["model"] = model_rows(profile, model_grid(quick), n_tokens, seed, root / "model", threads, rows,
                                        progress, n_total, repeats, replays=replays, drift=between)
+        if "moe" in modes:
+            info["moe"] = moe_rows(profile, moe_grid(quick), moe_shape, n_tokens, seed, root / "moe", threads, rows,
+                                   progress, n_total, repeats, drift=between)
         log.check()
         corrected = _drift_corrected(profile, log, replays, t0)
         if recal is not None:
@@ -158,7 +170,7 @@ def run_validation(profile: Any, *, quick: bool = False, tokens: int | None = No
     report["per_mode"] = {m: {**summarize([r for r in rows if r["mode"] == m], fitted), **info[m]} for m in modes}
     report["calibration"] = calibration
     report["per_group"] = per_group(rows)
-    report.update({"modes": list(modes), "mode": "+".join(modes), "model": info.get("shape", info.get("model", {})).get("model"),
+    report.update({"modes": list(modes), "mode": "+".join(modes), "model": next(iter(info.values()), {}).get("model"),
                    "profile": profile.name, "tokens": n_tokens, "warmup_steps": WARMUP_STEPS, "quick": quick,
                    "seed": seed, "compute_threads": threads, "threads": threads, "repeats": repeats,
                    "check_every_s": check_every_s,

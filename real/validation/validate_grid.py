@@ -35,7 +35,7 @@ MODEL_BUDGET_FRACTIONS = (0.375, 0.5)
 # every prefetch policy the real backend executes (real.runtime.executor_plan.executes_prefetch; the
 # lookahead prefetcher is refused there), so each is scored against the simulator
 PREFETCH = ("none", "delta")
-MODES = ("shape", "model")
+MODES = ("shape", "model", "moe")     # moe: expert caches on an expert store (real/validation/validate_moe.py)
 MODEL_NAME = "smollm2-135m"
 MODEL_QUICK_K = (0, 4)
 # oracle active fraction of model mode: SmolLM2's SwiGLU is not naturally sparse, so a quarter of the
@@ -114,5 +114,5 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise FlashsimError(f"--modes {text!r}: give one or both of {', '.join(MODES)} (comma-separated)")
+        raise FlashsimError(f"--modes {text!r}: give one or more of {', '.join(MODES)} (comma-separated)")
     return modes

@@ -30,7 +30,7 @@ def scatter_plot(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
         r = [row["metrics"][m]["real"] for row in rows]
         s = [row["metrics"][m]["sim"] for row in rows]
         runs = [row["metrics"][m].get("real_runs") for row in rows]
-        for mode, marker in zip(MODES, "o^"):
+        for mode, marker in zip(MODES, "o^s"):
             sel = [i for i, row in enumerate(rows) if row.get("mode", "shape") == mode]
             if sel:
                 dots = ax.scatter([r[i] for i in sel], [s[i] for i in sel], s=14, marker=marker, label=mode)

@@ -2,7 +2,14 @@
 
 Compute is memory-bound at batch 1: every weight byte a layer uses is streamed from DRAM at the
 device's bandwidth x its GEMV efficiency for the dtype (devices/achievable.py folds in the
-achievable numbers), plus a per-operation overhead. Per layer: the attention (its weights and the
+achievable numbers), plus a per-operation overhead. A routed expert is priced from the profile's
+measured dense GEMV table of its dtype where it has one (`compute.dense_gemv`, the table the dense
+simulator prices its projections with: one token, weights streamed from DRAM, dispatch and per-row
+work included): gate and up are [d_expert_ff x d_model] GEMVs, down a [d_model x d_expert_ff] one,
+plus the SiLU, the product and the weighted add as per-operation overheads. At batch 1 a GEMV
+reaches a fraction of the copy bandwidth that depends on its shape (on this project's host a
+1024 x 1024 fp32 GEMV takes ~0.3 ms against the 0.14 ms of its 4 MiB at the copy rate), which the
+single stream rate cannot show. Per layer: the attention (its weights and the
 KV cache of the context), and either a dense FFN or, in an MoE layer, the router, the host's
 read-back of the router's choice (`moe.router_sync_s`: the GPU pipeline drains once per MoE layer,
 sourced per device), the shared experts, and each routed expert used (hits and misses alike).
@@ -10,7 +17,10 @@ sourced per device), the shared experts, and each routed expert used (hits and m
 Flash: once the router's choice is known, the missed experts are read together, each one
 contiguous unit; the block layer splits a large read into `SPLIT_BYTES` requests, so a batch of n
 experts of b bytes is n * ceil(b / SPLIT_BYTES) requests kept in flight up to the engine's limit,
-served at the device's read curve for that request size and depth. The page-cache baseline instead
+served at the device's read curve for that request size and depth. An engine that reads each
+expert with one call per thread (`ReadEngine`: the real backend's executor, one `os.preadv` of the
+whole expert on each of its reader threads) is priced as it issues them: n reads of the expert's
+bytes with at most `threads` outstanding. The page-cache baseline instead
 faults: each miss is b / page_fault_bytes synchronous faults of read-around size at depth 1, taken
 by the compute thread itself (no overlap). On a discrete accelerator whose profile sets
 `moe.host_copy_bytes_per_s` the read lands in host memory first and each expert is then copied over
@@ -39,6 +49,15 @@ from devices.schema import DeviceProfile
 SPLIT_BYTES = 1 << 20          # largest request the block layer sends for one big read (max_sectors_kb class)
 OPS_ATTENTION = 4              # q/k/v/o projections (a fused qkv still launches the score and output kernels)
 OPS_EXPERT = 3                 # gate, up, down
+OPS_EXPERT_ELEMENTWISE = 3     # silu(gate), its product with up, the weighted add into the output
+
+
+@dataclass(frozen=True)
+class ReadEngine:
+    """How an engine issues expert reads: one read of the whole expert per call, `threads` calls
+    outstanding at once (the real backend's executor: one BundleReader per thread)."""
+
+    threads: int
 
 
 @dataclass(frozen=True)
@@ -73,11 +92,29 @@ def host_copy_rate(profile: DeviceProfile) -> float | None:
     return m.host_copy_link_bytes_per_s if profile.bound == "peak" else m.host_copy_bytes_per_s
 
 
+def expert_compute_s(spec: MoESpec, profile: DeviceProfile, dtype: str) -> float:
+    """One routed expert's compute for one token (module docstring): the measured dense GEMV table of
+    `dtype` where the profile has one, else its bytes at the stream rate; each with the overheads."""
+    ovh = profile.compute.op_overhead_s
+    dg = profile.compute.dense_gemv
+    table = dg.tables.get(dtype) if dg is not None else None
+    if table is None:
+        return spec.expert_bytes(dtype) / _stream_rate(profile, dtype) + ovh * OPS_EXPERT
+    kt = table.table()
+    d, F = spec.d_model, spec.d_expert_ff
+
+    def gemv_s(out_features: int, in_features: int) -> float:
+        return float(kt.seconds_at(in_features, np.array([out_features], np.float64))[0])
+
+    return 2 * gemv_s(F, d) + gemv_s(d, F) + ovh * OPS_EXPERT_ELEMENTWISE
+
+
 def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_tokens: int,
-                max_batch: int, router_sync: bool = True) -> LayerCosts:
+                max_batch: int, router_sync: bool = True, engine: ReadEngine | None = None) -> LayerCosts:
     """Costs of `spec` at weight `dtype` on a profile already folded to its bound. `router_sync`: the
     engine must learn the router's choice to issue reads (False when every expert is cached, or when
-    the page cache serves the misses inside the compute: then the decode never waits on the host)."""
+    the page cache serves the misses inside the compute: then the decode never waits on the host).
+    `engine`: how the reads are issued (None: the block layer's split requests at the profile's depth)."""
     bits = MOE_DTYPE_BITS[dtype]
     rate = _stream_rate(profile, dtype)
     ovh = profile.compute.op_overhead_s
@@ -104,12 +141,15 @@ def layer_costs(spec: MoESpec, profile: DeviceProfile, dtype: str, context_token
     per = math.ceil(eb / SPLIT_BYTES)
     chunk = eb / per
     hop_s = eb / copy if (copy := host_copy_rate(profile)) else 0.0       # second hop per expert (0: none)
-    batch = np.array([read_time_s(curve, chunk, n * per, qd) + n * hop_s for n in range(max_batch + 1)])
+    if engine is None:
+        batch = np.array([read_time_s(curve, chunk, n * per, qd) + n * hop_s for n in range(max_batch + 1)])
+    else:
+        batch = np.array([read_time_s(curve, eb, n, engine.threads) + n * hop_s for n in range(max_batch + 1)])
     fb = profile.moe.page_fault_bytes if profile.moe is not None else 131072
     fault = math.ceil(eb / fb) * read_time_s(curve, fb, 1, 1) + hop_s
     stream = float(attn_bytes.sum() + dense_bytes.sum() + head_bytes
                    + spec.n_moe_layers * (spec.router_params + spec.shared_params_per_layer) * bits / 8)
-    return LayerCosts(pre, router, shared, eb / rate + ovh * OPS_EXPERT, head, moe_index, batch, fault, eb,
+    return LayerCosts(pre, router, shared, expert_compute_s(spec, profile, dtype), head, moe_index, batch, fault, eb,
                       stream, rate, spec.router_params * bits / 8 / rate + ovh)
 
 

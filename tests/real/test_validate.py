@@ -60,8 +60,9 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     calls = tiny_grids(monkeypatch, tmp_path)
     work = tmp_path / "work"
     work.mkdir()
+    # the dense modes' contract (the moe mode's rows: tests/real/test_validate_moe.py)
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--plot", str(tmp_path / "plots"),
-                 "--workdir", str(work), "--repeats", "1"]) == 0
+                 "--workdir", str(work), "--repeats", "1", "--modes", "shape,model"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("n_configs", "latency_error_median", "latency_error_p90", "latency_error_max", "per_metric", "per_mode"):
         assert key in out
@@ -128,7 +129,7 @@ def test_validate_json_contract_on_a_tiny_grid(monkeypatch, tmp_path, capsys):
     # two passes over the grid: the real runs' spread is reported next to the errors
     # (and the host checked after every real run: each run sits between two checks)
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--check-every", "0",
-                 "--workdir", str(work)]) == 0
+                 "--workdir", str(work), "--modes", "shape,model"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["repeats"] == 2 and out["noise_floor"]["latency_s"]["max"] >= 0.0
     assert out["check_every_s"] == 0.0 and len(out["drift_checks"]) == 1 + 2 * 4 + 1   # start, 8 runs, end
@@ -199,7 +200,7 @@ def test_validate_bad_input_exits_2(capsys):
 def test_validate_quick_end_to_end(capsys):
     assert main(["validate", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["n_configs"] >= 20 and out["per_mode"]["model"]["n_configs"] == 8
+    assert out["n_configs"] >= 24 and out["per_mode"]["model"]["n_configs"] == 8 and out["per_mode"]["moe"]["n_configs"] == 4
     assert out["repeats"] == 3 and out["floor"]["metrics"]["latency_s"]["real_repeat_p50"] is not None  # the < 3 min target of --quick is measured in tests/benchmarks/test_bench_validate.py
 
 
