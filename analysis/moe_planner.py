@@ -67,13 +67,33 @@ def dram_for_target(spec: MoESpec, ach: DeviceProfile, routing: dict[str, Any], 
     return None
 
 
+# The router's choice is the model's own: a configuration that reroutes tokens to cached experts changes
+# the model's output. By default the best row keeps every choice; `--max-router-mass-replaced X` admits
+# cache-aware routing up to a share X of router-weight mass handed to other experts.
+DEFAULT_MAX_MASS_REPLACED = 0.0
+
+
+def floor_rule(max_mass_replaced: float) -> str:
+    """The quality floor of the MoE plan's best row, in words."""
+    if max_mass_replaced <= 0:
+        return ("best is the fastest configuration that keeps every routing choice of the model (cache-aware "
+                "routing changes them: admit it with --max-router-mass-replaced X)")
+    return (f"best is the fastest configuration that hands at most {max_mass_replaced:.1%} of the router-weight "
+            "mass to experts the router did not choose")
+
+
 def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = None, target_tps: float | None = None,
              routing: dict[str, Any] | None = None, tokens: int = 48, seed: int = 0,
              dtypes: tuple[str, ...] = PLAN_DTYPES, policies: tuple[str, ...] = PLAN_POLICIES,
              scope: str = "layer", context_tokens: int = 1024,
-             prefetch: PrefetchAccuracy | None = None) -> dict[str, Any]:
+             prefetch: PrefetchAccuracy | None = None,
+             max_mass_replaced: float = DEFAULT_MAX_MASS_REPLACED) -> dict[str, Any]:
     """Rows (dtype x policy), the ideal bound per dtype, the best feasible row and the DRAM for a target;
-    with `prefetch` every row (and the DRAM search) runs speculative next-layer prefetch at its accuracy."""
+    with `prefetch` every row (and the DRAM search) runs speculative next-layer prefetch at its accuracy.
+    The best row is the fastest whose routing keeps the router's choice within `max_mass_replaced` (the
+    share of router-weight mass a cache-aware policy hands to other experts: a quality cost, so 0 by default)."""
+    if not 0.0 <= max_mass_replaced <= 1.0:
+        raise FlashsimError(f"--max-router-mass-replaced {max_mass_replaced:g}: must be a share in [0, 1]")
     pf = {"prefetch_accuracy": prefetch.accuracy, "prefetch_memory": prefetch.memory} if prefetch else {}
     ach, peak = at_bound(raw, "achievable"), at_bound(raw, "peak")
     budget = budget_bytes if budget_bytes is not None else raw.available_bytes
@@ -98,7 +118,8 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
         ib = simulate(spec, ach, routing["experts"], replace(base, policy="belady", prefetch_accuracy=1.0, prefetch_memory=0.0),
                       weights=routing["weights"], phase=routing["phase"]).summary
         ideal[dt] = {"tokens_per_s": ib["tokens_per_s"], "hit_rate": ib["hit_rate"], "capacity": cap}
-    best = max(rows, key=lambda r: r["tokens_per_s"], default=None)
+    kept = [r for r in rows if r["quality_router_mass_replaced"] <= max_mass_replaced + 1e-12]
+    best = max(kept, key=lambda r: r["tokens_per_s"], default=None)
     need = None
     if target_tps is not None and best is not None:
         cfg = MoERunConfig(policy=best["policy"], params=best["params"], scope=scope, dtype=best["dtype"],  # type: ignore[arg-type]
@@ -107,6 +128,7 @@ def moe_plan(spec: MoESpec, raw: DeviceProfile, *, budget_bytes: int | None = No
     return {"model": spec.name, "device": raw.name, "budget_bytes": budget, "target_tps": target_tps,
             "warm_passes": warm, "prefetch": asdict(prefetch) if prefetch else None,
             "routing_source": routing["source"], "rows": rows, "ideal_policy_bound": ideal, "best": best,
+            "quality_floor": {"max_router_mass_replaced": max_mass_replaced, "rule": floor_rule(max_mass_replaced)},
             "meets_target": None if target_tps is None or best is None else best["tokens_per_s"] >= target_tps,
             "dram_for_target": need, "does_not_fit": unfit, "resident_bytes": {d: spec.resident_bytes(d) for d in dtypes},
             "expert_bytes": {d: spec.expert_bytes(d) for d in dtypes}}

@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "published accuracy of the model's family (devices/models/moe/prefetch/); off by default")
     g.add_argument("--prefetch-accuracy", type=float, help="speculative prefetch with this accuracy instead "
                    "(implies --prefetch)")
+    g.add_argument("--max-router-mass-replaced", type=float, default=0.0, metavar="X",
+                   help="quality floor of the best row: the share of router-weight mass a cache-aware policy may "
+                        "hand to experts the router did not choose (default 0: every routing choice kept)")
     g.add_argument("--prefetch-memory", type=float, default=None,
                    help="persistence of prefetch errors from token to token, in [0, 1) (default 0)")
 
@@ -44,7 +47,7 @@ def plan_moe(args: argparse.Namespace) -> int:
                    tokens=min(args.tokens, 64), seed=args.seed, dtypes=tuple(args.expert_dtype or PLAN_DTYPES),
                    scope=args.cache_scope, prefetch=resolve_prefetch(
                        spec.family, enabled=args.prefetch, accuracy=args.prefetch_accuracy,
-                       memory=args.prefetch_memory))
+                       memory=args.prefetch_memory), max_mass_replaced=args.max_router_mass_replaced)
     if args.json:
         print_json(out)
         return 0
@@ -64,6 +67,7 @@ def plan_moe(args: argparse.Namespace) -> int:
     for u in out["does_not_fit"]:
         print(f"{u['dtype']}: does not fit: needs {format_bytes(u['dram_needed_without_cache_bytes'])} before any "
               "expert is cached")
+    print(f"quality floor: {out['quality_floor']['rule']}")
     b = out["best"]
     if b:
         print(f"best: {b['policy']} with {b['dtype']} experts, {b['cache_slots_per_layer']:.0f} slots per layer: "

@@ -97,3 +97,18 @@ def test_prefetch_default_is_the_family_figure_with_its_source(model_and_trace, 
     assert "speculative prefetch: accuracy 0.797 (published" in capsys.readouterr().out
     assert main([*args, "--prefetch-memory", "0.5"]) == 2
     assert "needs speculative prefetch" in capsys.readouterr().err
+
+
+def test_plan_moe_best_keeps_the_routers_choice_unless_allowed(model_and_trace, capsys) -> None:
+    """Cache-aware routing buys hits with the model's routing choices (a quality cost): the best row keeps
+    every choice by default and says so; --max-router-mass-replaced admits it."""
+    model, trace = model_and_trace
+    args = ["plan", "--model", str(model), "--device", "rtx4090-nvme", "--routing-trace", str(trace),
+            "--dram-free", "200MiB", "--expert-dtype", "int4", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["quality_router_mass_replaced"] == 0.0
+    assert "keeps every routing choice" in out["quality_floor"]["rule"]
+    assert main([*args, "--max-router-mass-replaced", "1"]) == 0
+    loose = json.loads(capsys.readouterr().out)
+    assert loose["best"]["tokens_per_s"] == max(r["tokens_per_s"] for r in loose["rows"])
