@@ -80,6 +80,9 @@ def _validate(args: argparse.Namespace) -> int:
     if args.rescore is not None:
         return _rescore(args)
     modes = parse_modes(args.modes)
+    if args.keep is not None and "moe" in modes:
+        raise FlashsimError("--keep: a kept grid holds the dense modes' runs only (--rescore replays the dense "
+                            "simulator); add --modes shape,model (or shape / model) to keep one")
     if args.profile == KEPT_PROFILE:
         raise FlashsimError(f"--profile {KEPT_PROFILE}: only with --rescore DIR (the profile a kept grid was "
                             "validated with); give a profile name or YAML file")

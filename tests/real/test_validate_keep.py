@@ -135,7 +135,10 @@ def test_keep_and_rescore_through_the_cli(monkeypatch, tmp_path, capsys):
     work, keep = tmp_path / "work", tmp_path / "kept"
     work.mkdir()
     assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work),
-                 "--keep", str(keep)]) == 0
+                 "--keep", str(keep), "--modes", "moe,shape"]) == 2     # MoE rows cannot be kept: refused first
+    assert "--modes shape,model" in capsys.readouterr().err and not keep.exists()
+    assert main(["validate", "--quick", "--json", "--tokens", "6", "--repeats", "2", "--workdir", str(work),
+                 "--keep", str(keep), "--modes", "shape,model"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kept"] == str(keep) and list(work.iterdir()) == [] and calls == [6]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".kept")) == []   # no temporary left
@@ -217,10 +220,10 @@ def test_a_version_1_grid_is_still_read(tmp_path):
 
 def test_keep_refuses_an_existing_folder_before_running(tmp_path, capsys):
     (tmp_path / "kept").mkdir()
-    assert main(["validate", "--quick", "--keep", str(tmp_path / "kept")]) == 2
+    assert main(["validate", "--quick", "--modes", "shape", "--keep", str(tmp_path / "kept")]) == 2
     err = capsys.readouterr().err
     assert "already exists" in err and err.count("\n") == 1
-    assert main(["validate", "--quick", "--keep", str(tmp_path / "no" / "kept")]) == 2
+    assert main(["validate", "--quick", "--modes", "shape", "--keep", str(tmp_path / "no" / "kept")]) == 2
     assert "no such folder" in capsys.readouterr().err
 
 
