@@ -235,6 +235,36 @@ def _beside(path: Path) -> str:
     return f"; {suggestion}" if suggestion else ""
 
 
+def load_listed_arrays(path: Path, mpath: Path, files: dict[str, FileEntry],
+                       expected: dict[str, tuple[tuple, np.dtype]], verify: bool, remedy: str) -> dict[str, np.ndarray]:
+    """The arrays a manifest lists (`files`), memory-mapped: exactly the `expected` names, no stray .npy
+    in the folder, each with its expected shape and dtype and (with `verify`) its checksum; FlashsimError
+    names the file and what to do (`remedy`) otherwise. Shared by dense and routing traces."""
+    extra = set(files) - set(expected)
+    if extra:
+        raise FlashsimError(f"{mpath}: field 'files': unexpected array(s) {sorted(extra)}")
+    stray = {p.name for p in path.glob("*.npy")} - {f"{n}.npy" for n in expected}
+    if stray:
+        raise FlashsimError(f"{path}: unexpected file(s) {sorted(stray)}; the trace directory was modified")
+    arrays: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in expected.items():
+        f = path / f"{name}.npy"
+        if name not in files:
+            raise FlashsimError(f"{mpath}: field 'files.{name}': required array is not listed")
+        if not f.is_file():
+            raise FlashsimError(f"{f}: missing array file")
+        try:
+            arr = np.load(f, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise FlashsimError(f"{f}: unreadable or truncated .npy ({e})") from None
+        if arr.shape != shape or arr.dtype != dtype:
+            raise FlashsimError(f"{f}: shape {arr.shape} dtype {arr.dtype}, expected {shape} {dtype} from the manifest")
+        if verify and sha256_file(f) != files[name].sha256:
+            raise FlashsimError(f"{f}: checksum mismatch (the file changed after it was written); {remedy}")
+        arrays[name] = arr
+    return arrays
+
+
 def open_trace(path: str | Path, verify: bool = True) -> Trace:
     """Open and validate a trace directory; FlashsimError names the file and the field.
 
@@ -263,31 +293,7 @@ def open_trace(path: str | Path, verify: bool = True) -> Trace:
             f"{manifest.n_neurons} neurons but its model {spec.name} has {spec.n_layers} x {spec.d_ff}"
         )
     expected = expected_arrays(manifest.n_layers, manifest.n_tokens, manifest.n_neurons, manifest.top_k)
-    extra = set(manifest.files) - set(expected)
-    if extra:
-        raise FlashsimError(f"{mpath}: field 'files': unexpected array(s) {sorted(extra)}")
-    on_disk = {p.name for p in path.glob("*.npy")}
-    stray = on_disk - {f"{n}.npy" for n in expected}
-    if stray:
-        raise FlashsimError(f"{path}: unexpected file(s) {sorted(stray)}; the trace directory was modified")
-    arrays: dict[str, np.ndarray] = {}
-    for name, (shape, dtype) in expected.items():
-        f = path / f"{name}.npy"
-        if name not in manifest.files:
-            raise FlashsimError(f"{mpath}: field 'files.{name}': required array is not listed")
-        if not f.is_file():
-            raise FlashsimError(f"{f}: missing array file")
-        try:
-            arr = np.load(f, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise FlashsimError(f"{f}: unreadable or truncated .npy ({e})") from None
-        if arr.shape != shape or arr.dtype != dtype:
-            raise FlashsimError(
-                f"{f}: shape {arr.shape} dtype {arr.dtype}, expected {shape} {dtype} from the manifest"
-            )
-        if verify and sha256_file(f) != manifest.files[name].sha256:
-            raise FlashsimError(f"{f}: checksum mismatch (the file changed after it was written); re-capture it")
-        arrays[name] = arr
+    arrays = load_listed_arrays(path, mpath, manifest.files, expected, verify, "re-capture it")
     if verify:
         _check_values(path, manifest, arrays)
     return Trace(path, manifest, arrays)

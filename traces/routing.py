@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from devices.errors import FlashsimError
 from devices.limits import MAX_ROUTING_CELLS, check_memory, check_size
 from devices.loading import read_versioned_json, validation_message
-from traces.format import FileEntry, sha256_file
+from traces.format import FileEntry, load_listed_arrays, sha256_file
 from traces.outputs import check_output_dir, publish_dir, remove_stale_temporaries, temp_name
 
 ROUTING_SCHEMA_VERSION = 1
@@ -248,28 +248,7 @@ def open_routing_trace(path: str | Path, verify: bool = True) -> RoutingTrace:
     except ValidationError as e:
         raise FlashsimError(f"{mpath}: {validation_message(e)}") from None
     expected = expected_routing_arrays(m.n_tokens, len(m.moe_layers), m.top_k)
-    extra = set(m.files) - set(expected)
-    if extra:
-        raise FlashsimError(f"{mpath}: field 'files': unexpected array(s) {sorted(extra)}")
-    stray = {p.name for p in path.glob("*.npy")} - {f"{n}.npy" for n in expected}
-    if stray:
-        raise FlashsimError(f"{path}: unexpected file(s) {sorted(stray)}; the trace directory was modified")
-    arrays: dict[str, np.ndarray] = {}
-    for name, (shape, dtype) in expected.items():
-        f = path / f"{name}.npy"
-        if name not in m.files:
-            raise FlashsimError(f"{mpath}: field 'files.{name}': required array is not listed")
-        if not f.is_file():
-            raise FlashsimError(f"{f}: missing array file")
-        try:
-            a = np.load(f, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise FlashsimError(f"{f}: unreadable or truncated .npy ({e})") from None
-        if a.shape != shape or a.dtype != dtype:
-            raise FlashsimError(f"{f}: shape {a.shape} dtype {a.dtype}, expected {shape} {dtype} from the manifest")
-        if verify and sha256_file(f) != m.files[name].sha256:
-            raise FlashsimError(f"{f}: checksum mismatch (the file changed after it was written); re-create the trace")
-        arrays[name] = a
+    arrays = load_listed_arrays(path, mpath, m.files, expected, verify, "re-create the trace")
     if verify:
         check_routing_arrays(path, m.n_experts, arrays["experts"], arrays["weights"], arrays["phase"],
                              arrays["sequence"])

@@ -14,21 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.moe.base import CacheContext, ExpertCache, register
+from sim.moe.base import register
+from sim.moe.policies.lru import LruCache
 
 
 @register("least-stale")
-class LeastStaleCache(ExpertCache):
-    """Keep-priority = (token of the last use, closeness of the expert's layer ahead of the decode)."""
-
-    vectorised = True
-
-    def bind(self, ctx: CacheContext) -> None:
-        super().bind(ctx)
-        self.last = np.full(ctx.n_keys, -1, np.int64)
-
-    def touch(self, step: int, keys: np.ndarray) -> None:
-        self.last[keys] = step
+class LeastStaleCache(LruCache):
+    """Keep-priority = (token of the last use, closeness of the expert's layer ahead of the decode); the
+    last use of every expert is kept as LRU keeps it."""
 
     def score(self, step: int, keys: np.ndarray) -> np.ndarray:
         return self.score_many(np.asarray(step), keys)
@@ -41,6 +34,3 @@ class LeastStaleCache(ExpertCache):
         now = (np.asarray(steps) % M).reshape(np.shape(steps) + (1,) * (keys.ndim - np.ndim(steps)))
         ahead = (layer - now - 1) % M + 1               # steps until the decode reaches that layer: 1..M
         return last_token.astype(np.float64) * (M + 1) + (M - ahead)
-
-    def touch_many(self, steps: np.ndarray, keys: np.ndarray) -> None:
-        self.last[keys] = steps[:, None]
