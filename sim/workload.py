@@ -215,7 +215,7 @@ class TraceView:
         rows = _rows(positions)
         full = self._full_top(tl)
         if full is not None:
-            idx, mag, tot = (x[rows] for x in full)
+            idx, mag, tot = (x[rows] for x in full[:3])
         else:
             idx, mag = self.trace.top(tl)
             idx = np.asarray(idx[rows]).astype(np.int32)
@@ -232,22 +232,30 @@ class TraceView:
             tot = tot * (self.n_neurons / Nt)
         return idx, mag, tot
 
-    def _full_top(self, tl: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Trace layer `tl`'s top-K (idx int32, |a| float32, abs_sum float32) over all its tokens, kept
-        on the view when the whole trace's fit in TOP_CACHE_BYTES (else None): the quality proxy of
-        every run of a sweep or plan reads them, and converting the stored dtypes is most of its cost."""
+    def _full_top(self, tl: int) -> tuple[np.ndarray, ...] | None:
+        """Trace layer `tl`'s top-K (idx int32, |a| float32, abs_sum float32, stored sum float64) over
+        all its tokens, kept on the view when the whole trace's fit in TOP_CACHE_BYTES (else None):
+        the quality proxy of every run of a sweep or plan reads them, and converting the stored
+        dtypes is most of its cost."""
         c = self.__dict__.get("_top")
         if c is None:
             t = self.trace
-            fits = t.n_layers * t.n_tokens * (8 * t.top_k + 4) <= TOP_CACHE_BYTES
+            fits = t.n_layers * t.n_tokens * (8 * t.top_k + 12) <= TOP_CACHE_BYTES
             c = self.__dict__["_top"] = {} if fits else False
         if c is False:
             return None
         if tl not in c:
             idx, mag = self.trace.top(tl)
-            c[tl] = (np.asarray(idx).astype(np.int32), np.asarray(mag).astype(np.float32),
-                     np.asarray(self.trace.abs_sum(tl)).astype(np.float32))
+            mag32 = np.asarray(mag).astype(np.float32)
+            c[tl] = (np.asarray(idx).astype(np.int32), mag32, np.asarray(self.trace.abs_sum(tl)).astype(np.float32),
+                     mag32.sum(axis=1, dtype=np.float64))
         return c[tl]
+
+    def token_stored_sum(self, layer: int, positions: np.ndarray) -> np.ndarray | None:
+        """float64 [t]: the sum of the stored |a| of each token (None: not kept, see _full_top);
+        only for a view that is not rescaled."""
+        full = None if self._neuron_map is not None else self._full_top(self.trace_layer(layer))
+        return None if full is None else full[3][_rows(positions)]
 
     def token_magnitudes(self, layer: int, positions: np.ndarray) -> np.ndarray:
         """float32 [t, N]: |a| where stored (top K), 0 elsewhere."""
