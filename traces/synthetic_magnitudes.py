@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from devices.errors import FlashsimError
 from traces.format import Trace
 
 TOP_K_SIGMAS = 6.0
@@ -156,72 +155,83 @@ def top_k_for(n_neurons: int, max_fraction: float) -> int:
     return min(n_neurons, math.ceil(mean + TOP_K_SIGMAS * math.sqrt(mean * (1.0 - max_fraction))) + 1)
 
 
-_U_BITS = 39                 # random sort keys: 39 bits of uniform draw above 24 bits of neuron index
-_IDX_BITS = 24               # neuron indices < 2^24 (16.7M neurons per layer)
+def _radix_order(key: np.ndarray) -> np.ndarray:
+    """int64 [B, C]: flat positions (row * C + column) that sort each row of uint32 keys ascending,
+    equal keys kept in their original order. Two stable sorts of 16-bit words, the low word first
+    (LSD radix): NumPy sorts 16-bit integers stably by radix in O(C), several times faster than a
+    comparison sort of wider keys. Gathers go through flat `np.take` (take_along_axis is slower)."""
+    b, c = key.shape
+    off = (np.arange(b, dtype=np.int64) * c)[:, None]
+    p = np.argsort(key.astype(np.uint16), axis=1, kind="stable")
+    p += off
+    hi = np.take((key >> 16).astype(np.uint16).ravel(), p)
+    p2 = np.argsort(hi, axis=1, kind="stable")
+    p2 += off
+    return np.take(p.ravel(), p2)
 
 
-def _lookup(u: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
-    """Inverse CDF on the uniform MAG_PROBS grid, piecewise linear (np.interp, but O(1) per value)."""
+def _lookup_key(v: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """float32 |a| at quantile level v / 2^32 (v uint32): the inverse CDF on the uniform MAG_PROBS grid,
+    piecewise linear, from the top 24 bits of v (float16 output keeps 11)."""
     q = np.asarray(quantiles, np.float64)
-    x = u * (len(q) - 1)
-    i = np.minimum(x.astype(np.int64), len(q) - 2)
-    return q[i] + (x - i) * (q[i + 1] - q[i])
+    n_seg = len(q) - 1
+    x = (v >> 8).astype(np.float32)
+    x *= np.float32(n_seg / (1 << 24))
+    i = x.astype(np.intp)
+    np.minimum(i, n_seg - 1, out=i)
+    frac = x - i
+    frac *= np.take(np.diff(q).astype(np.float32), i)
+    frac += np.take(q.astype(np.float32), i)
+    return frac
 
 
 def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
-                    log_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Top-k (indices, |a| float16, descending) and abs_sum (float32) for one block bool [B, N].
+                    log_weight: np.ndarray | None = None, index_dtype: Any = np.int64
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-k (indices in index_dtype, |a| float16, descending) and abs_sum (float32) for one block bool [B, N].
 
     Active |a| are i.i.d. from the model's quantiles, clipped below at the threshold (the synthetic
-    trace's rule is "active <=> |a| >= theta"); each row stores its strongest actives, then the top
-    order statistics of its inactive |a| (all below theta). Rows are ordered with integer sort keys
-    (uniform draw, then neuron index) so the order is exact and platform-independent.
+    trace's rule is "active <=> |a| >= theta"): each active neuron draws a uniform 32-bit key, its
+    |a| is the quantile at 1 - key / 2^32, and the row is ordered by key (equal keys, probability
+    2^-32 per pair, by neuron index), so the order is exact and platform-independent. Each row
+    stores its strongest actives, then the top order statistics of its inactive |a| (all below
+    theta), on m distinct inactive neurons drawn uniformly.
     With log_weight (float [N], traces/synthetic_tasks.py) a row's magnitudes (the same i.i.d.
     multiset) go to its active neurons in a Plackett-Luce order with weights exp(log_weight) (sorted
     by log_weight + Gumbel noise): neurons that carry the source's strongest activations get the
     largest draws more often, while every token's magnitude distribution is unchanged.
     """
     b, n = active.shape
-    if n >= 1 << _IDX_BITS:
-        raise FlashsimError(f"synthetic magnitudes support at most {1 << _IDX_BITS} neurons per layer")
-    counts = active.sum(axis=1)
-    flat = np.flatnonzero(active)
-    rows = flat // n
-    cols = flat - rows * n
-    u_key = rng.integers(0, 1 << _U_BITS, len(flat))
+    counts = np.count_nonzero(active, axis=1)
+    c_max = max(int(counts.max()) if b else 0, 1)
+    valid = np.arange(c_max)[None, :] < counts[:, None]          # padded [B, c_max]; padding sorts last
+    cols = np.zeros((b, c_max), np.int64)
+    cols[valid] = np.flatnonzero(active)                          # row-major, like `valid`
+    cols -= (np.arange(b, dtype=np.int64) * n)[:, None]
+    key = rng.integers(0, 1 << 32, (b, c_max), dtype=np.uint32)
+    key[~valid] = 0xFFFFFFFF
+    order = _radix_order(key)
     quant = np.maximum(np.asarray(model.active_quantiles), model.threshold)
-    c_max = int(counts.max()) if b else 0
-    keys = np.full((b, max(c_max, 1)), -1, np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    keys[rows, np.arange(len(flat)) - starts[rows]] = (u_key << _IDX_BITS) | cols
-    keys = np.sort(keys, axis=1)[:, ::-1][:, :k]                 # strongest first, padding (-1) last
+    mags = _lookup_key(~np.take(key.ravel(), order), quant)       # descending along each row
+    mags[~valid] = 0.0
+    act_sum = mags.sum(axis=1, dtype=np.float64)          # every active, also those past the stored k
+    if log_weight is not None and b:
+        race = log_weight[cols[valid]] + rng.gumbel(size=int(counts.sum()))   # Plackett-Luce via Gumbel-max
+        r_int = np.clip(np.floor((race + 256.0) * (1 << 23)), 0, (1 << 32) - 1).astype(np.uint32)
+        rkey = np.full((b, c_max), 0xFFFFFFFF, np.uint32)
+        rkey[valid] = ~r_int                                       # ascending key = descending race
+        order = _radix_order(rkey)
     n_act = np.minimum(counts, k)
-    act_idx = keys & ((1 << _IDX_BITS) - 1)
-    act_mag = _lookup((keys >> _IDX_BITS) / float(1 << _U_BITS), quant)
-    if log_weight is not None and len(flat):
-        race = log_weight[cols] + rng.gumbel(size=len(flat))        # Plackett-Luce via Gumbel-max
-        r_int = np.clip(np.floor((race + 256.0) * (1 << 30)), 0, (1 << _U_BITS) - 1).astype(np.int64)
-        rkeys = np.full((b, max(c_max, 1)), -1, np.int64)
-        rkeys[rows, np.arange(len(flat)) - starts[rows]] = (r_int << _IDX_BITS) | cols
-        act_idx = np.sort(rkeys, axis=1)[:, ::-1][:, :k] & ((1 << _IDX_BITS) - 1)
+    w = min(c_max, k)
+    top_idx = np.zeros((b, k), index_dtype)
+    top_mag = np.zeros((b, k), np.float16)
+    top_idx[:, :w] = np.where(valid[:, :w], np.take(cols.ravel(), order[:, :w]), 0)
+    top_mag[:, :w] = mags[:, :w]
     n_off = n - counts
     m = np.minimum(k - n_act, n_off)                              # inactive entries stored per row
     m_max = int(m.max()) if b else 0
     theta, nu = model.threshold, model.inactive_mean_ratio
     rest = np.zeros(b)
-    col = np.arange(k)[None, :]
-    is_act = col < n_act[:, None]
-    top_idx = np.zeros((b, k), np.int64)
-    top_mag = np.zeros((b, k))
-    w = act_idx.shape[1]
-    top_idx[:, :w] = np.where(is_act[:, :w], act_idx, 0)
-    top_mag[:, :w] = np.where(is_act[:, :w], act_mag, 0.0)
-    act_sum = top_mag.sum(axis=1)
-    over = np.flatnonzero(counts > k)          # rare: actives beyond the stored K still count in abs_sum
-    if len(over):
-        sel = np.isin(rows, over)
-        act_sum += np.bincount(rows[sel], weights=_lookup(u_key[sel] / float(1 << _U_BITS), quant),
-                               minlength=b) - np.where(counts > k, top_mag.sum(axis=1), 0.0)
     if m_max > 0:
         inact_idx = _pick_inactive(active, m, rng)
         gam = np.cumsum(rng.standard_exponential((b, m_max)), axis=1)
@@ -235,12 +245,13 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.r
             rest = (n_off - m) * v_last * a / (a + 1.0)           # expected sum of the unstored rest
         else:
             v = np.zeros_like(u_top)
-        j = np.clip(col - n_act[:, None], 0, m_max - 1)
-        is_in = ~is_act & (col < (n_act + m)[:, None])
-        top_idx = np.where(is_in, np.take_along_axis(inact_idx, j, axis=1), top_idx)
-        top_mag = np.where(is_in, np.take_along_axis(v, j, axis=1), top_mag)
-        rest += np.where(np.arange(m_max)[None, :] < m[:, None], v, 0.0).sum(axis=1)
-    return top_idx, top_mag.astype(np.float16), (act_sum + rest).astype(np.float32)
+        stored = np.arange(m_max)[None, :] < m[:, None]
+        col = np.arange(k)[None, :]
+        is_in = (col >= n_act[:, None]) & (col < (n_act + m)[:, None])   # row-major, like `stored`
+        top_idx[is_in] = inact_idx[stored]
+        top_mag[is_in] = v[stored]
+        rest += np.where(stored, v, 0.0).sum(axis=1)
+    return top_idx, top_mag, (act_sum + rest).astype(np.float32)
 
 
 def _pick_inactive(active: np.ndarray, m: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -252,8 +263,11 @@ def _pick_inactive(active: np.ndarray, m: np.ndarray, rng: np.random.Generator) 
     cand = rng.integers(0, n, (b, n_cand))
     ok = ~np.take_along_axis(active, cand, axis=1)
     # duplicates: sort unique keys (value, column); every copy after the first column is dropped
-    keys = np.sort(cand * n_cand + np.arange(n_cand), axis=1)
-    vals, where = np.divmod(keys, n_cand)
+    if n <= 1 << 16:            # the same order, by a stable radix sort of 16-bit values
+        where = np.argsort(cand.astype(np.uint16), axis=1, kind="stable")
+        vals = np.take_along_axis(cand, where, axis=1)
+    else:
+        vals, where = np.divmod(np.sort(cand * n_cand + np.arange(n_cand), axis=1), n_cand)
     dup_sorted = np.zeros((b, n_cand), bool)
     dup_sorted[:, 1:] = vals[:, 1:] == vals[:, :-1]
     dup = np.zeros_like(dup_sorted)
@@ -262,8 +276,7 @@ def _pick_inactive(active: np.ndarray, m: np.ndarray, rng: np.random.Generator) 
     rank = np.cumsum(ok, axis=1)
     take = ok & (rank <= m[:, None])
     out = np.zeros((b, m_max), np.int64)
-    r_i, c_i = np.nonzero(take)
-    out[r_i, rank[r_i, c_i] - 1] = cand[r_i, c_i]
+    out[np.arange(m_max)[None, :] < np.minimum(rank[:, -1], m)[:, None]] = cand[take]   # row-major both
     for r in np.flatnonzero(rank[:, -1] < m):                     # rare: nearly dense rows
         out[r, : m[r]] = rng.choice(np.flatnonzero(~active[r]), m[r], replace=False)
     return out
