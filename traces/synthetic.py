@@ -192,6 +192,7 @@ def _fit_layer(p_hat: np.ndarray, t_src: int, pl: dict[str, Any], segments: list
     target_cov = [pl["window_coverage"][str(k)] for k in range(1, FIT_WINDOWS + 1)]
     infl: float | np.ndarray = 1.0
     scale = 1.0
+    shares = None
     for it in range(4):                  # rates, classes and noise depend on each other
         src_rates, shrink = shrink_rates(p_hat, t_src, infl)
         rates = normalize_rates(resample_quantiles(src_rates, n), f * scale)
@@ -199,7 +200,7 @@ def _fit_layer(p_hat: np.ndarray, t_src: int, pl: dict[str, Any], segments: list
         # Coverage pools events, so classes mix by their share of events v_c = w_c ratio_c / sum:
         # linear in v. The neuron shares follow as w_c = v_c / ratio_c, normalised.
         shares = fit_classes(cov, target_cov, minimax_iters=1 if it < 2 else 15, context_penalty=CONTEXT_PENALTY,
-                             fallback_index=CLASSES.index((0.0, 0.0)))
+                             fallback_index=CLASSES.index((0.0, 0.0)), start=shares)
         weights = shares / ratio
         weights /= weights.sum()
         mean_rate = float(weights @ ratio) * float(rates.mean())
@@ -384,7 +385,7 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
                     assert plan.magnitude is not None
                     w.top_idx[layer, t0:t1], w.top_mag[layer, t0:t1], w.abs_sum[layer, t0:t1] = \
                         draw_magnitudes(unpack(packed, spec.d_ff), plan.magnitude, k, mrng, plan.log_weight,
-                                        w.top_idx.dtype)
+                                        w.top_idx.dtype, packed)
                 else:
                     w.abs_sum[layer, t0:t1] = np.bitwise_count(packed).sum(axis=1)
             counts.append(count_packed(w.masks[layer], spec.d_ff, measured, n_before, None, FIT_WINDOWS))
