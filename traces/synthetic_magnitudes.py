@@ -205,10 +205,26 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.r
     largest draws more often, while every token's magnitude distribution is unchanged.
     `packed` (the same block bit-packed, bitorder "little") is optional and only saves time.
     """
-    b, n = active.shape
     if packed is None:
         packed = np.packbits(active, axis=1, bitorder="little")
     counts = np.bitwise_count(packed).sum(axis=1, dtype=np.int64)
+    # rows in chunks of about _CHUNK_CELLS stored entries: the working arrays stay in cache
+    rows = max(1, _CHUNK_CELLS // max(k, 1))
+    if len(active) <= rows:
+        return _draw_rows(active, model, k, rng, log_weight, index_dtype, packed, counts)
+    parts = [_draw_rows(active[r:r + rows], model, k, rng, log_weight, index_dtype, packed[r:r + rows],
+                        counts[r:r + rows]) for r in range(0, len(active), rows)]
+    return tuple(np.concatenate(v) for v in zip(*parts))   # type: ignore[return-value]
+
+
+_CHUNK_CELLS = 1 << 17
+
+
+def _draw_rows(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
+               log_weight: np.ndarray | None, index_dtype: Any, packed: np.ndarray, counts: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`draw_magnitudes` for some rows."""
+    b, n = active.shape
     c_max = max(int(counts.max()) if b else 0, 1)
     valid = np.arange(c_max)[None, :] < counts[:, None]          # padded [B, c_max]; padding sorts last
     flat = np.flatnonzero(active)                                 # row-major: row r's actives from first_r
