@@ -79,6 +79,7 @@ from traces.synthetic_chain import (
     QUAD_Z,
     RATE_FLOOR,
     class_matrix,
+    context_norm,
     count_inflation,
     cycle_segments,
     expected_hot80,
@@ -266,6 +267,7 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
     nb = (n + 7) // 8
     words = -(-nb // 8)                                   # 64-bit words per token (padded)
     has_ctx = bool(np.any(plan.sigma > 0))
+    norm = context_norm(plan.sigma)
     prev = np.zeros(words, np.uint64)
     p01 = p11 = None
     for t0 in range(0, n_tokens, block):
@@ -280,10 +282,10 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
                 task = -1 if task_of_token is None or plan.task_z is None else int(task_of_token[t0 + s0])
                 if task >= 0:
                     assert plan.task_scale is not None
-                    lam64 = prompt_rates(plan.rates * plan.task_scale[task], plan.sigma, plan.task_z[task])
+                    lam64 = prompt_rates(plan.rates * plan.task_scale[task], plan.sigma, plan.task_z[task], norm)
                 else:
                     z = QUAD_Z[rng.integers(0, len(QUAD_Z), n)] if has_ctx else 0.0
-                    lam64 = prompt_rates(plan.rates, plan.sigma, z)
+                    lam64 = prompt_rates(plan.rates, plan.sigma, z, norm)
                 q01, q11 = transition_probs(lam64, plan.rho)
                 lam, p01, p11 = (a.astype(np.float32) for a in (lam64, q01, q11))
                 out[s0, :nb] = np.packbits(u[s0] < lam, bitorder="little")

@@ -49,12 +49,21 @@ def transition_probs(rates: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np
     return rates * (1.0 - r), rates + r * (1.0 - rates)
 
 
-def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | float) -> np.ndarray:
+def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | float,
+                 norm: np.ndarray | None = None) -> np.ndarray:
     """Prompt-level rates lambda = min(pi exp(sigma z) / M(sigma), RATE_CAP) for z among the QUAD_Z
-    nodes, M(sigma) = mean over the nodes of exp(sigma z), so E[lambda] = pi before the cap."""
+    nodes, M(sigma) = mean over the nodes of exp(sigma z), so E[lambda] = pi before the cap.
+    `norm` is M(sigma) when already known (`context_norm`)."""
     sigma = np.asarray(sigma, np.float64)
-    norm = np.exp(sigma[..., None] * QUAD_Z).mean(axis=-1)
+    if norm is None:
+        norm = np.exp(sigma[..., None] * QUAD_Z).mean(axis=-1)
     return np.clip(rates * np.exp(sigma * z) / norm, RATE_FLOOR, RATE_CAP)
+
+
+def context_norm(sigma: np.ndarray) -> np.ndarray:
+    """M(sigma) of `prompt_rates` per neuron, evaluated once per distinct sigma (the same values)."""
+    values, inverse = np.unique(sigma, return_inverse=True)
+    return np.exp(values[:, None] * QUAD_Z).mean(axis=-1)[inverse]
 
 
 def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np.ndarray, np.ndarray]:
