@@ -61,9 +61,20 @@ def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | f
 
 
 def context_norm(sigma: np.ndarray) -> np.ndarray:
-    """M(sigma) of `prompt_rates` per neuron, evaluated once per distinct sigma (the same values)."""
-    values, inverse = np.unique(sigma, return_inverse=True)
-    return np.exp(values[:, None] * QUAD_Z).mean(axis=-1)[inverse]
+    """M(sigma) of `prompt_rates` per neuron, evaluated once per distinct sigma (the same values):
+    the classes give a neuron one of a few sigma values."""
+    sigma = np.asarray(sigma, np.float64)
+    norm = np.empty(len(sigma))
+    todo = np.ones(len(sigma), bool)
+    for _ in range(len(SIGMA_GRID) + 2):
+        if not todo.any():
+            return norm
+        value = sigma[np.argmax(todo)]
+        same = sigma == value
+        norm[same] = np.exp(value * QUAD_Z).mean()
+        todo &= ~same
+    norm[todo] = np.exp(sigma[todo, None] * QUAD_Z).mean(axis=-1)
+    return norm
 
 
 def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np.ndarray, np.ndarray]:
