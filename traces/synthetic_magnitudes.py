@@ -217,7 +217,7 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.r
     return tuple(np.concatenate(v) for v in zip(*parts))   # type: ignore[return-value]
 
 
-_CHUNK_CELLS = 1 << 17
+_CHUNK_CELLS = 1 << 18
 
 
 def _draw_rows(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
