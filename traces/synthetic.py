@@ -78,6 +78,7 @@ from traces.synthetic_chain import (
     CONTEXT_PENALTY,
     QUAD_Z,
     RATE_FLOOR,
+    bit_thresholds,
     class_matrix,
     context_norm,
     count_inflation,
@@ -93,6 +94,7 @@ from traces.synthetic_chain import (
     shrink_rates,
     solve_overlap,
     transition_probs,
+    uniform_bits,
 )
 from traces.synthetic_magnitudes import (
     MagnitudeModel,
@@ -260,7 +262,8 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
     traces/synthetic_tasks.py).
 
     Within a prompt, token t is on iff u_t < p11 (if on at t-1) or u_t < p01 (if off), u_t uniform
-    float32: both comparisons are made for the whole block at once and packed, and the recurrence
+    float32 (compared as its 32-bit draw, `uniform_bits`): both comparisons are made for the whole
+    block at once and packed, and the recurrence
     x_t = B_t ^ ((A_t ^ B_t) & x_(t-1)) (A = [u < p11], B = [u < p01]) runs on 64-bit words, 64
     neurons per operation."""
     n_tokens, n = len(restart), len(plan.rates)
@@ -269,10 +272,10 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
     has_ctx = bool(np.any(plan.sigma > 0))
     norm = context_norm(plan.sigma)
     prev = np.zeros(words, np.uint64)
-    p01 = p11 = None
+    th01 = th11 = (np.zeros(n, np.uint32), np.zeros(n, bool))    # set at the first token (a prompt start)
     for t0 in range(0, n_tokens, block):
         b = min(block, n_tokens - t0)
-        u = rng.random((b, n), dtype=np.float32)
+        u = uniform_bits(rng, (b, n))                     # u < p  <=>  bits < bit_thresholds(p)
         out = np.zeros((b, words * 8), np.uint8)
         out64 = out.view(np.uint64)
         starts = np.flatnonzero(restart[t0:t0 + b])
@@ -287,15 +290,17 @@ def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generato
                     z = QUAD_Z[rng.integers(0, len(QUAD_Z), n)] if has_ctx else 0.0
                     lam64 = prompt_rates(plan.rates, plan.sigma, z, norm)
                 q01, q11 = transition_probs(lam64, plan.rho)
-                lam, p01, p11 = (a.astype(np.float32) for a in (lam64, q01, q11))
-                out[s0, :nb] = np.packbits(u[s0] < lam, bitorder="little")
+                (t_lam, one_lam), th01, th11 = (bit_thresholds(a.astype(np.float32)) for a in (lam64, q01, q11))
+                out[s0, :nb] = np.packbits((u[s0] < t_lam) | one_lam, bitorder="little")
                 prev = out64[s0]
                 s0 += 1
             if s0 == s1:
                 continue
             on = np.zeros((2, s1 - s0, words * 8), np.uint8)
-            on[0, :, :nb] = np.packbits(u[s0:s1] < p11, axis=1, bitorder="little")
-            on[1, :, :nb] = np.packbits(u[s0:s1] < p01, axis=1, bitorder="little")
+            for j, (thr, one) in enumerate((th11, th01)):
+                on[j, :, :nb] = np.packbits(u[s0:s1] < thr, axis=1, bitorder="little")
+                if one.any():                              # p = 1: on whatever the draw
+                    on[j, :, :nb] |= np.packbits(one, bitorder="little")
             flip, base = on.view(np.uint64)                   # A ^ B and B per token
             flip ^= base
             for i in range(s1 - s0):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,6 +76,38 @@ def context_norm(sigma: np.ndarray) -> np.ndarray:
         todo &= ~same
     norm[todo] = np.exp(sigma[todo, None] * QUAD_Z).mean(axis=-1)
     return norm
+
+
+def uniform_bits(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """uint32 [shape]: the 32-bit draws behind `rng.random(shape, dtype=np.float32)`, whose values
+    are u = (x >> 8) / 2^24, leaving rng where that call would (so the chains compare integers with
+    `bit_thresholds` and get the same booleans). NumPy's PCG64 hands out each 64-bit output as two
+    32-bit draws, low half first, and keeps an odd one's high half for the next draw: on a
+    little-endian host the raw outputs viewed as uint32 are that sequence. Otherwise the float32
+    draws are scaled back (the same top 24 bits)."""
+    bitgen, size = rng.bit_generator, shape[0] * shape[1]
+    if not isinstance(bitgen, np.random.PCG64) or sys.byteorder != "little" or size == 0:
+        return (rng.random(shape, dtype=np.float32) * np.float32(1 << 24)).astype(np.uint32) << 8
+    state = bitgen.state
+    first = [np.uint32(state["uinteger"])] if state["has_uint32"] else []
+    if first:
+        state["has_uint32"] = 0
+        bitgen.state = state
+    rest = size - len(first)
+    raw = bitgen.random_raw((rest + 1) // 2).view(np.uint32)
+    if rest % 2:                                  # the last output's high half stays buffered
+        state = bitgen.state
+        state["has_uint32"], state["uinteger"] = 1, int(raw[-1])
+        bitgen.state = state
+    bits = np.concatenate([first, raw[:rest]]).astype(np.uint32, copy=False) if first else raw[:rest]
+    return bits.reshape(shape)
+
+
+def bit_thresholds(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint32 thresholds, bool [p >= 1]) such that for x from `uniform_bits` and its float32
+    u = (x >> 8) / 2^24: u < p  <=>  x < threshold, or p >= 1 (whose threshold 2^32 does not fit)."""
+    t = np.ceil(np.asarray(p, np.float32).astype(np.float64) * (1 << 24)) * 256.0
+    return np.minimum(t, 2.0 ** 32 - 1).astype(np.uint32), np.asarray(p) >= 1.0
 
 
 def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np.ndarray, np.ndarray]:

@@ -18,12 +18,14 @@ from traces.synthetic_chain import (
     CLASSES,
     QUAD_Z,
     _nnls,
+    bit_thresholds,
     class_matrix,
     normalize_rates,
     prompt_rates,
     representative_rates,
     rho_floor,
     transition_probs,
+    uniform_bits,
 )
 from traces.synthetic_magnitudes import MAG_PROBS, default_magnitudes, draw_magnitudes
 
@@ -80,7 +82,8 @@ def _per_token_chain(plan, restart, rng, block):
     return np.concatenate(out)
 
 
-def test_packed_chain_is_the_per_token_chain():
+@pytest.mark.parametrize("block", [32, 33])         # 33 x 203 draws: odd, a 32-bit half left buffered
+def test_packed_chain_is_the_per_token_chain(block):
     rng = np.random.default_rng(2)
     n = 203                                              # neither bytes nor 64-bit words divide it
     classes = [(-0.5, 0.0), (0.6, 1.5), (1.0, 0.0), (0.0, 3.0), (0.9, 0.5)]
@@ -88,10 +91,25 @@ def test_packed_chain_is_the_per_token_chain():
     plan = LayerPlan(r, rho, sigma, [], {}, {})
     restart = np.zeros(100, bool)
     restart[[0, 17, 18, 40, 64, 65]] = True             # a one-token prompt, prompts at block edges
-    got = np.concatenate([p for _, p in generate_layer(plan, restart, np.random.default_rng(9), block=32)])
-    want = _per_token_chain(plan, restart, np.random.default_rng(9), 32)
+    rng_got, rng_want = np.random.default_rng(9), np.random.default_rng(9)
+    got = np.concatenate([p for _, p in generate_layer(plan, restart, rng_got, block=block)])
+    want = _per_token_chain(plan, restart, rng_want, block)
     assert np.array_equal(got, np.packbits(want, axis=1, bitorder="little"))
     assert np.array_equal(unpack(got, n), want)
+    assert rng_got.random(5).tolist() == rng_want.random(5).tolist()   # the generator is left in the same state
+
+
+def test_uniform_bits_are_the_float32_draws():
+    for size in (0, 1, 7, 64):
+        a, b = np.random.default_rng(size), np.random.default_rng(size)
+        for shape in ((3, size), (1, 1), (2, size + 1)):                # odd and even counts, buffer carried
+            bits = uniform_bits(a, shape)
+            u = b.random(shape, dtype=np.float32)
+            assert np.array_equal((bits >> 8).astype(np.float32) / np.float32(1 << 24), u)
+            p = np.array([0.0, 1e-7, 0.3, 0.5, 0.999, 1.0], np.float32)
+            thr, one = bit_thresholds(p)
+            assert np.array_equal((bits.ravel()[:, None] < thr) | one, u.ravel()[:, None] < p)
+        assert a.integers(0, 1 << 30) == b.integers(0, 1 << 30)
 
 
 def test_magnitude_draw_follows_the_model():
