@@ -114,7 +114,8 @@ def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np
     """(values, neuron counts) standing for a rate distribution in the coverage integrals: all
     rates when there are at most n_reps, else the n_reps/4 hottest one by one (they carry the most
     events) and equal-count bin means of the rest."""
-    pi = np.sort(np.asarray(rates, np.float64))[::-1]
+    r = np.asarray(rates, np.float64)
+    pi = (r if np.all(r[1:] >= r[:-1]) else np.sort(r))[::-1]     # the fits pass ascending rates
     if len(pi) <= n_reps:
         return pi, np.ones(len(pi))
     top = n_reps // 4
@@ -124,8 +125,8 @@ def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np
     return np.concatenate([pi[:top], means]), np.concatenate([np.ones(top), counts])
 
 
-def class_matrix(rates: np.ndarray, max_k: int,
-                 classes: Sequence[tuple[float, float]] = CLASSES) -> tuple[np.ndarray, np.ndarray]:
+def class_matrix(rates: np.ndarray, max_k: int, classes: Sequence[tuple[float, float]] = CLASSES,
+                 reps: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Expected coverage [max_k, C] at k = 1..max_k if every neuron were in class c, and the mean
     rate ratio [C] E[lambda] / E[pi] (below 1 where the cap bites).
 
@@ -137,8 +138,9 @@ def class_matrix(rates: np.ndarray, max_k: int,
     so every class shares the moments M_j; a class with rho < 0 clips the elements with
     floor_i > rho, whose terms (r = floor_i) do not depend on the class: both are summed once per
     level of floor_i between the classes' rho values. (All terms are in [0, 1] x w_i; the sums
-    agree with the direct ones to ~1e-15 absolute in coverage.)"""
-    pi, count = representative_rates(rates)
+    agree with the direct ones to ~1e-15 absolute in coverage.) `reps`: `representative_rates(rates)`
+    when already computed."""
+    pi, count = representative_rates(rates) if reps is None else reps
     table = np.asarray(classes, np.float64).reshape(-1, 2)
     powers = np.arange(max_k)
     binom = np.array([[math.comb(k, j) for j in powers] for k in powers], np.float64)   # C(k-1, j)
@@ -392,8 +394,10 @@ def fit_hot_skew(n: int, mean: float, hot80: float, n_tokens: int, infl: float, 
 def solve_overlap(rates: np.ndarray, overlap: float, f: float, h: float) -> float:
     """The single persistence rho (sigma = 0) whose expected overlap_prev is `overlap` (bisection;
     rho is clipped per neuron at its floor, so the overlap is monotone in rho)."""
+    reps = representative_rates(rates)
+
     def ov(r: float) -> float:
-        return float(class_matrix(rates, 1, [(r, 0.0)])[0][0, 0])
+        return float(class_matrix(rates, 1, [(r, 0.0)], reps)[0][0, 0])
 
     lo, hi = -1.0, RHO_GRID[-2]
     if not ov(lo) - 1e-9 <= overlap <= ov(hi) + 1e-9:
