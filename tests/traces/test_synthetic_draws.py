@@ -110,6 +110,8 @@ def test_uniform_bits_are_the_float32_draws():
             thr, one = bit_thresholds(p)
             assert np.array_equal((bits.ravel()[:, None] < thr) | one, u.ravel()[:, None] < p)
         assert a.integers(0, 1 << 30) == b.integers(0, 1 << 30)
+    a, b = (np.random.Generator(np.random.MT19937(3)) for _ in range(2))   # another bit generator: scaled back
+    assert np.array_equal(uniform_bits(a, (4, 9)) >> 8, (b.random((4, 9), dtype=np.float32) * (1 << 24)).astype(np.uint32))
 
 
 def test_magnitude_draw_follows_the_model():
