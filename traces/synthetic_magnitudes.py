@@ -214,9 +214,10 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.r
     rows = max(1, _CHUNK_CELLS // max(k, 1))
     b = len(active)
     top_idx, top_mag, abs_sum = np.zeros((b, k), index_dtype), np.zeros((b, k), np.float16), np.empty(b, np.float32)
+    table = _level_table(tuple(float(q) for q in np.maximum(model.active_quantiles, model.threshold)))
     for r in range(0, b, rows):
         part = slice(r, r + rows)
-        abs_sum[part] = _draw_rows(active[part], model, k, rng, log_weight, packed[part], counts[part],
+        abs_sum[part] = _draw_rows(active[part], model, table, k, rng, log_weight, packed[part], counts[part],
                                    top_idx[part], top_mag[part])
     return top_idx, top_mag, abs_sum
 
@@ -224,10 +225,11 @@ def draw_magnitudes(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.r
 _CHUNK_CELLS = 1 << 18
 
 
-def _draw_rows(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random.Generator,
+def _draw_rows(active: np.ndarray, model: MagnitudeModel, table: np.ndarray, k: int, rng: np.random.Generator,
                log_weight: np.ndarray | None, packed: np.ndarray, counts: np.ndarray, top_idx: np.ndarray,
                top_mag: np.ndarray) -> np.ndarray:
-    """`draw_magnitudes` for some rows: fills their top_idx / top_mag (zeros on entry), returns abs_sum."""
+    """`draw_magnitudes` for some rows (`table`: the model's `_level_table`): fills their top_idx /
+    top_mag (zeros on entry), returns abs_sum."""
     b, n = active.shape
     c_max = max(int(counts.max()) if b else 0, 1)
     valid = np.arange(c_max)[None, :] < counts[:, None]          # padded [B, c_max]; padding sorts last
@@ -236,7 +238,6 @@ def _draw_rows(active: np.ndarray, model: MagnitudeModel, k: int, rng: np.random
     key = rng.integers(0, _LEVELS, (b, c_max), dtype=np.uint16)
     key[~valid] = _LEVELS - 1
     order = np.argsort(key, axis=1, kind="stable")                # radix: ascending key, descending |a|
-    table = _level_table(tuple(float(q) for q in np.maximum(model.active_quantiles, model.threshold)))
     mags = np.take(table, np.take(key.ravel(), order + (np.arange(b, dtype=np.int64) * c_max)[:, None]))
     mags[~valid] = 0.0
     act_sum = mags.sum(axis=1, dtype=np.float64)          # every active, also those past the stored k
