@@ -34,9 +34,61 @@ from sim import bitsets
 # Sparse draws when the two regions together cover at most this share of latents: beyond it the
 # per-event bookkeeping costs more than the dense draws (measured: equal near 0.3 at 8192 neurons).
 SPARSE_MAX_REGION = 0.25
-CHUNK = 8192        # events drawn per refill of a kind's stream
 _NO_EVENT = np.iinfo(np.int64).max
 STREAMS = ("rz", "gap", "value", "extra", "first")
+# Keep probabilities up to this carry kept latents by chain depth (work ~ kept cells / (1 - lam));
+# above it row by row (work ~ rows x columns).
+_DEPTH_CARRY_MAX_LAM = 0.5
+
+
+def carry_kept(full: np.ndarray, keep: np.ndarray, lam: float) -> None:
+    """In place on `full` [S + 1, M]: where `keep[s]` (bool [S, M]) row s + 1 takes row s's value, in
+    row order, so a kept latent repeats along its run of kept steps; row 0 is the state before the
+    block. `lam`, the keep probability, only picks the faster of two equal computations."""
+    n_rows, m = keep.shape
+    if lam > _DEPTH_CARRY_MAX_LAM:
+        for s in range(n_rows):
+            np.copyto(full[s + 1], full[s], where=keep[s])
+        return
+    flat, kflat = full.reshape(-1), keep.reshape(-1)
+    idx = np.flatnonzero(kflat) + m          # kept cells, as flat indices of `full`
+    depth = 1
+    while len(idx):
+        # a cell d deep in a run of kept cells is final after d passes (each pass gathers, then writes)
+        flat[idx] = flat[idx - m]
+        above = idx - (depth + 1) * m        # `depth` rows up, as an index of `keep` (< 0: the state row)
+        depth += 1
+        deeper = above >= 0
+        deeper[deeper] = kflat[above[deeper]]
+        idx = idx[deeper]
+
+
+def _search_table(p: float) -> np.ndarray:
+    """float64: P(X <= x) of a geometric(p) for x = 1, 2, ..., summed term by term (as NumPy does)."""
+    sums: list[float] = []
+    s = prod = p
+    while s < 1.0 and len(sums) < 4096 and (not sums or s != sums[-1]):
+        sums.append(s)
+        prod *= 1.0 - p
+        s += prod
+    sums.append(s)
+    return np.array(sums)
+
+
+def geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
+    """int64 [n]: geometric(p) variates (number of trials to the first success), the very numbers
+    `rng.geometric(p, n)` draws from the stream, vectorised: below p = 1/3 by inversion of standard
+    exponentials E, ceil(-E / log1p(-p)); from 1/3 the smallest x with U <= P(X <= x), U uniform."""
+    if p < 0.333333333333333333333333:
+        z = np.ceil(-rng.standard_exponential(n) / np.log1p(-p))
+        return np.minimum(z, 2.0 ** 62).astype(np.int64)
+    u = rng.random(n)
+    out = np.ones(n, np.int64)
+    big = np.flatnonzero(u > p)
+    if len(big):
+        table = _search_table(p)
+        out[big] = np.minimum(np.searchsorted(table, u[big]), len(table) - 1) + 1
+    return out
 
 
 @dataclass
@@ -72,7 +124,9 @@ class KindState:
         """Steps a new latent is kept after its event (geometric: P(>= g) = stay**g)."""
         if self.stay <= 0.0:
             return np.zeros(n, np.int64)
-        return rng.geometric(1.0 - self.stay, n) - 1
+        out = geometric(rng, 1.0 - self.stay, n)
+        out -= 1
+        return out
 
     def events(self, lo_flat: int, hi_flat: int, n_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pos, val, extra) of the fresh-in-region events with flat position in [lo_flat, hi_flat).
@@ -85,9 +139,12 @@ class KindState:
         chunks = [(self.buf_pos, self.buf_val, self.buf_extra)]
         while self.last_pos < hi_flat - 1:
             n = int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64
-            pos = self.last_pos + np.cumsum(self.rngs["gap"].geometric(self.rate, n))
-            vals = (self.lo + self.rngs["value"].random(n) * self.width).astype(np.float32)
-            chunks.append((pos, vals, self.extras(self.rngs["extra"], n)))
+            pos = np.cumsum(geometric(self.rngs["gap"], self.rate, n))
+            pos += self.last_pos
+            vals = self.rngs["value"].random(n)
+            vals *= self.width
+            vals += self.lo
+            chunks.append((pos, vals.astype(np.float32), self.extras(self.rngs["extra"], n)))
             self.last_pos = int(pos[-1])
         pos, vals, extra = (np.concatenate(c) for c in zip(*chunks)) if len(chunks) > 1 else chunks[0]
         a, b = np.searchsorted(pos, [lo_flat, hi_flat])
@@ -108,6 +165,8 @@ def new_state(score: np.ndarray, rng: np.random.Generator, recall: float, q_cap:
               mixtures: tuple[tuple[float, float], tuple[float, float]]) -> SparseErrorState:
     """Sparse state for scores `score` [N]; `mixtures` = ((a, lam) of misses, (a, lam) of false positives)."""
     gens = rng.spawn(10)
+    if q_cap > recall:
+        raise ValueError(f"false-positive region [0, {q_cap:.4g}) overlaps the miss region [{recall:.4g}, 1)")
     kinds, in_rz = [], []
     for k, (lo, width) in enumerate(((recall, 1.0 - recall), (0.0, q_cap))):
         a, lam = mixtures[k]
@@ -121,35 +180,34 @@ def new_state(score: np.ndarray, rng: np.random.Generator, recall: float, q_cap:
 def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
     """float32 [S, |rz|]: the Rz neurons' latents over the block (the dense chain on those columns)."""
     m = len(ks.rz)
-    d = ks.rngs["rz"].random((n_rows, m), dtype=np.float32)
+    full = np.empty((n_rows + 1, m), np.float32)      # row 0: the latent before the block
+    d = full[1:]
+    ks.rngs["rz"].random((n_rows, m), dtype=np.float32, out=d)
     # one uniform decides keep (< lam), else the score (< c), else a fresh latent: (d - c) / (1 - c),
     # uniform on [0, 1) given d >= c
     c = ks.lam + (1.0 - ks.lam) * ks.a
     keep = d < np.float32(ks.lam)
     to_score = d < np.float32(c)
     if ks.rz_latent is None:             # the run's first step: nothing to keep
-        keep[0] = False
-        to_score[0] = d[0] < np.float32(ks.a)
-        d[0] = np.where(to_score[0], d[0], (d[0] - np.float32(ks.a)) / np.float32(1.0 - ks.a))
-        d[1:] = (d[1:] - np.float32(c)) / np.float32(1.0 - c)
+        keep[:1] = False
+        to_score[:1] = d[:1] < np.float32(ks.a)
+        d[:1] = np.where(to_score[:1], d[:1], (d[:1] - np.float32(ks.a)) / np.float32(1.0 - ks.a))
+        rest = d[1:]
     else:
-        d = (d - np.float32(c)) / np.float32(1.0 - c)
-    redraw = np.where(to_score, score[ks.rz][None, :], d)
-    if not keep.any():
-        latent = redraw
-    else:
-        src = np.where(keep, np.int32(-1), np.arange(n_rows, dtype=np.int32)[:, None])
-        np.maximum.accumulate(src, axis=0, out=src)      # last redraw at or before each row
-        latent = np.take_along_axis(redraw, np.maximum(src, 0), axis=0)
-        if ks.rz_latent is not None and (src < 0).any():
-            latent = np.where(src < 0, ks.rz_latent[None, :], latent)
+        full[0] = ks.rz_latent
+        rest = d
+    rest -= np.float32(c)
+    rest /= np.float32(1.0 - c)
+    np.copyto(d, score[ks.rz], where=to_score)
+    carry_kept(full, keep, ks.lam)
     if n_rows:
-        ks.rz_latent = latent[-1].copy()
-    return latent
+        ks.rz_latent = full[-1].copy()
+    return d
 
 
 def _sojourns(ks: KindState, in_rz: np.ndarray, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray, ...]:
-    """(step, neuron, latent) of every non-Rz neuron whose latent is in the region at steps [s0, s1)."""
+    """(row, cell, latent) of every non-Rz neuron whose latent is in the region at steps [s0, s1):
+    row = step - s0, cell = row * N + neuron (the flat index into the block's [S, N] grid)."""
     pos, val, extra = ks.events(s0 * n_bits, s1 * n_bits, n_bits)
     if s0 == 0:   # the first step: redrawn to the score (probability a) or fresh, never kept
         p0 = (1.0 - ks.a) * ks.width
@@ -159,34 +217,31 @@ def _sojourns(ks: KindState, in_rz: np.ndarray, s0: int, s1: int, n_bits: int) -
         pos = np.concatenate([hit.astype(np.int64), pos])      # step 0's flat positions precede the stream's
         val = np.concatenate([v0, val])
         extra = np.concatenate([ks.extras(ks.rngs["first"], len(hit)), extra])
-    other = ~in_rz[pos % n_bits]                              # Rz neurons run their own chain
-    pos, val, extra = pos[other], val[other], extra[other]
+    else:
+        pos = pos - s0 * n_bits
+    row, neuron = np.divmod(pos, n_bits)
+    other = ~in_rz[neuron]                                   # Rz neurons run their own chain
     # a latent kept past its event's step (and those carried in) lasts until the neuron's next event
-    held = extra > 0
-    l_s = np.concatenate([np.full(len(ks.idx), s0 - 1, np.int64), pos[held] // n_bits])
-    l_i = np.concatenate([ks.idx, pos[held] % n_bits])
+    held = np.flatnonzero(other & (extra > 0))
+    n_rows = s1 - s0
+    l_s = np.concatenate([np.full(len(ks.idx), -1, np.int64), row[held]])     # the event's row
+    l_i = np.concatenate([ks.idx, neuron[held]])
     l_v = np.concatenate([ks.val, val[held]])
-    l_end = np.concatenate([ks.until, pos[held] // n_bits + extra[held]])
-    span = np.minimum(l_end, s1 - 1) - l_s                   # steps after the event inside the block
-    span = np.maximum(span, 0)
+    l_end = np.concatenate([ks.until - s0, row[held] + extra[held]])          # the last row it is kept to
+    pos, row, val = pos[other], row[other], val[other]
+    span = np.maximum(np.minimum(l_end, n_rows - 1) - l_s, 0)                 # rows after the event in the block
     rep = np.repeat(np.arange(len(l_s)), span)
-    step = l_s[rep] + 1 + np.arange(len(rep)) - np.repeat(np.cumsum(span) - span, span)
-    flat = step * n_bits + l_i[rep]
-    j = np.minimum(np.searchsorted(pos, flat), max(len(pos) - 1, 0))
-    replaced = (pos[j] == flat) if len(pos) else np.zeros(len(flat), bool)
-    first = np.full(len(l_s), _NO_EVENT, np.int64)            # step of each latent's replacing event
-    np.minimum.at(first, rep[replaced], step[replaced])
-    alive = step < first[rep]
-    carry = (first == _NO_EVENT) & (l_end >= s1)
-    ks.idx, ks.val, ks.until = l_i[carry], l_v[carry], l_end[carry]
-    steps = np.concatenate([pos // n_bits, step[alive]])
-    return steps, np.concatenate([pos % n_bits, l_i[rep][alive]]), np.concatenate([val, l_v[rep][alive]])
-
-
-def _bits_at(truth: np.ndarray, rows: np.ndarray, neurons: np.ndarray) -> np.ndarray:
-    """bool: whether each (row, neuron) is set in words [S, W]."""
-    w = truth[rows, neurons >> 6]
-    return ((w >> (neurons & 63).astype(np.uint64)) & bitsets._ONE).astype(bool)
+    h_row = l_s[rep] + 1 + np.arange(len(rep)) - np.repeat(np.cumsum(span) - span, span)
+    h_cell = h_row * n_bits + l_i[rep]
+    j = np.minimum(np.searchsorted(pos, h_cell), max(len(pos) - 1, 0))
+    replaced = (pos[j] == h_cell) if len(pos) else np.zeros(len(h_cell), bool)
+    first = np.full(len(l_s), _NO_EVENT, np.int64)            # row of each latent's replacing event
+    np.minimum.at(first, rep[replaced], h_row[replaced])
+    alive = h_row < first[rep]
+    carry = (first == _NO_EVENT) & (l_end >= n_rows)
+    ks.idx, ks.val, ks.until = l_i[carry], l_v[carry], l_end[carry] + s0
+    return (np.concatenate([row, h_row[alive]]), np.concatenate([pos, h_cell[alive]]),
+            np.concatenate([val, l_v[rep][alive]]))
 
 
 def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarray, n_bits: int,
@@ -198,24 +253,25 @@ def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarra
     q32 = q.astype(np.float32)
     if np.any(q32 > np.float32(st.kinds[1].width)):
         raise ValueError(f"false-positive rate {float(q.max()):.4g} above the cap {st.kinds[1].width:.4g}")
-    flips_r, flips_n = [], []
-    for k, ks in enumerate(st.kinds):
+    words = np.ascontiguousarray(truth, dtype=bitsets.WORD)
+    active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool)
+    # misses are active cells and false positives inactive ones, each cell at most once: the
+    # predicted sets are the true ones with the error cells flipped
+    flip = np.zeros((S, n_bits), bool)
+    for k, ks in enumerate(st.kinds):   # the kinds' Rz neurons are disjoint (new_state)
         lat = _carry_rz(ks, score, S)
-        act = ((np.take(truth, ks.rz >> 6, axis=1) >> (ks.rz & 63).astype(np.uint64)) & bitsets._ONE).astype(bool)
-        err = (act & (lat >= np.float32(recall))) if k == 0 else (~act & (lat < q32[:, None]))
-        r, c = np.nonzero(err)
-        flips_r.append(r)
-        flips_n.append(ks.rz[c])
-        steps, neurons, vals = _sojourns(ks, st.in_rz[k], s0, s1, n_bits)
-        rows = steps - s0
-        act = _bits_at(truth, rows, neurons)
-        err = act if k == 0 else (~act & (vals < q32[rows]))
-        flips_r.append(rows[err])
-        flips_n.append(neurons[err])
+        cells = (np.arange(0, S * n_bits, n_bits)[:, None] + ks.rz).reshape(-1)
+        act = active.reshape(-1)[cells].reshape(lat.shape)
+        if k == 0:
+            err = lat >= np.float32(recall)
+            err &= act
+        else:
+            err = lat < q32[:, None]
+            err &= ~act
+        flip.reshape(-1)[cells] = err.reshape(-1)
+    for k, ks in enumerate(st.kinds):
+        rows, cells, vals = _sojourns(ks, st.in_rz[k], s0, s1, n_bits)
+        act = active.reshape(-1)[cells]
+        flip.reshape(-1)[cells[act if k == 0 else (~act & (vals < q32[rows]))]] = True
     st.step = s1
-    out = np.array(truth, dtype=bitsets.WORD, copy=True)
-    rows, neurons = np.concatenate(flips_r), np.concatenate(flips_n)
-    # misses are active bits and false positives inactive ones, each (row, neuron) at most once: xor flips them
-    np.bitwise_xor.at(out.reshape(-1), rows * out.shape[1] + (neurons >> 6),
-                      np.left_shift(bitsets._ONE, (neurons & 63).astype(np.uint64)))
-    return out
+    return words ^ bitsets.pack(flip)
