@@ -25,6 +25,8 @@ row, the events' gaps, values and persistence, and the first step's draws.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +38,9 @@ from sim import bitsets
 SPARSE_MAX_REGION = 0.25
 _NO_EVENT = np.iinfo(np.int64).max
 STREAMS = ("rz", "gap", "value", "extra", "first")
+# Cells per piece of work on the [S, N] grid (a block is done in row chunks of about this many
+# cells, so each chunk's grids and temporaries stay in cache and are reused).
+CHUNK_CELLS = 1 << 21
 # Keep probabilities up to this carry kept latents by chain depth (work ~ kept cells / (1 - lam));
 # above it row by row (work ~ rows x columns).
 _DEPTH_CARRY_MAX_LAM = 0.5
@@ -63,6 +68,7 @@ def carry_kept(full: np.ndarray, keep: np.ndarray, lam: float) -> None:
         idx = idx[deeper]
 
 
+@functools.lru_cache(maxsize=64)
 def _search_table(p: float) -> np.ndarray:
     """float64: P(X <= x) of a geometric(p) for x = 1, 2, ..., summed term by term (as NumPy does)."""
     sums: list[float] = []
@@ -80,15 +86,29 @@ def geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
     `rng.geometric(p, n)` draws from the stream, vectorised: below p = 1/3 by inversion of standard
     exponentials E, ceil(-E / log1p(-p)); from 1/3 the smallest x with U <= P(X <= x), U uniform."""
     if p < 0.333333333333333333333333:
-        z = np.ceil(-rng.standard_exponential(n) / np.log1p(-p))
-        return np.minimum(z, 2.0 ** 62).astype(np.int64)
-    u = rng.random(n)
+        z = rng.standard_exponential(n)
+        z /= -math.log1p(-p)                # = -E / log1p(-p) exactly (division is sign-symmetric)
+        np.ceil(z, out=z)
+        np.minimum(z, 2.0 ** 62, out=z)
+        return z.astype(np.int64)
+    big, x = geometric_above_one(rng, p, n)
     out = np.ones(n, np.int64)
-    big = np.flatnonzero(u > p)
-    if len(big):
-        table = _search_table(p)
-        out[big] = np.minimum(np.searchsorted(table, u[big]), len(table) - 1) + 1
+    out[big] = x + 1
     return out
+
+
+def geometric_above_one(rng: np.random.Generator, p: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i, X - 1) for the draws i of `geometric(rng, p, n)` that are above 1 (the same numbers, sparse)."""
+    if p < 0.333333333333333333333333:
+        x = geometric(rng, p, n)
+        big = np.flatnonzero(x > 1)
+        return big, x[big] - 1
+    u = rng.random(n)
+    big = np.flatnonzero(u > p)
+    if not len(big):
+        return big, np.zeros(0, np.int64)
+    table = _search_table(p)
+    return big, np.minimum(np.searchsorted(table, u[big]), len(table) - 1)
 
 
 @dataclass
@@ -107,7 +127,8 @@ class KindState:
     until: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # last step it is kept to
     buf_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # drawn, not yet used events
     buf_val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    buf_extra: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    buf_held: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # which of them are kept ...
+    buf_extra: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # ... and for how many steps
     last_pos: int = -1                     # flat position (step * N + neuron) of the last drawn event
 
     @property
@@ -120,36 +141,52 @@ class KindState:
         """Probability that a latent in the region is kept at a step without an event."""
         return self.lam / (1.0 - self.rate)
 
-    def extras(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Steps a new latent is kept after its event (geometric: P(>= g) = stay**g)."""
-        if self.stay <= 0.0:
-            return np.zeros(n, np.int64)
-        out = geometric(rng, 1.0 - self.stay, n)
-        out -= 1
-        return out
+    @property
+    def valued(self) -> bool:
+        """Whether an event's value matters: a false positive compares it with q_s each step; any
+        latent in the miss region is a miss, so miss events draw no values (the low end stands in)."""
+        return self.lo == 0.0
 
-    def events(self, lo_flat: int, hi_flat: int, n_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pos, val, extra) of the fresh-in-region events with flat position in [lo_flat, hi_flat).
+    def extras(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(i, g): the new latents i = 0..n-1 that are kept g > 0 steps after their event (geometric:
+        P(>= g) = stay**g); the others are kept 0 steps."""
+        if self.stay <= 0.0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return geometric_above_one(rng, 1.0 - self.stay, n)
+
+    def events(self, lo_flat: int, hi_flat: int, n_bits: int) -> tuple[np.ndarray, ...]:
+        """(pos, val, held, extra) of the fresh-in-region events with flat position in [lo_flat,
+        hi_flat): the events `held` (indices into pos) are kept `extra` > 0 steps after theirs.
         Gaps, values and persistence each come from their own stream, so how many are drawn at a
         time never changes the numbers."""
         if self.rate <= 0.0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64)
+            return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.last_pos < 0:
             self.last_pos = n_bits - 1          # the stream starts at step 1 (step 0 is drawn apart)
-        chunks = [(self.buf_pos, self.buf_val, self.buf_extra)]
+        chunks = [(self.buf_pos, self.buf_val, self.buf_held, self.buf_extra)] if len(self.buf_pos) else []
+        n_buf = len(self.buf_pos)
         while self.last_pos < hi_flat - 1:
             n = int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64
             pos = np.cumsum(geometric(self.rngs["gap"], self.rate, n))
             pos += self.last_pos
-            vals = self.rngs["value"].random(n)
-            vals *= self.width
-            vals += self.lo
-            chunks.append((pos, vals.astype(np.float32), self.extras(self.rngs["extra"], n)))
+            if self.valued:
+                v64 = self.rngs["value"].random(n)
+                v64 *= self.width
+                v64 += self.lo
+                vals = v64.astype(np.float32)
+            else:
+                vals = np.full(n, self.lo, np.float32)
+            held, extra = self.extras(self.rngs["extra"], n)
+            chunks.append((pos, vals, held + n_buf, extra))
+            n_buf += n
             self.last_pos = int(pos[-1])
-        pos, vals, extra = (np.concatenate(c) for c in zip(*chunks)) if len(chunks) > 1 else chunks[0]
+        if not chunks:
+            return self.buf_pos[:0], self.buf_val[:0], self.buf_held[:0], self.buf_extra[:0]
+        pos, vals, held, extra = (np.concatenate(c) for c in zip(*chunks)) if len(chunks) > 1 else chunks[0]
         a, b = np.searchsorted(pos, [lo_flat, hi_flat])
-        self.buf_pos, self.buf_val, self.buf_extra = pos[b:], vals[b:], extra[b:]
-        return pos[a:b], vals[a:b], extra[a:b]
+        ha, hb = np.searchsorted(held, [a, b])
+        self.buf_pos, self.buf_val, self.buf_held, self.buf_extra = pos[b:], vals[b:], held[hb:] - b, extra[hb:]
+        return pos[a:b], vals[a:b], held[ha:hb] - a, extra[ha:hb]
 
 
 @dataclass
@@ -157,7 +194,6 @@ class SparseErrorState:
     """A layer's sparse state: the step count so far and both kinds (miss first)."""
 
     kinds: list[KindState]
-    in_rz: list[np.ndarray]                # bool [N] per kind
     step: int = 0
 
 
@@ -167,14 +203,27 @@ def new_state(score: np.ndarray, rng: np.random.Generator, recall: float, q_cap:
     gens = rng.spawn(10)
     if q_cap > recall:
         raise ValueError(f"false-positive region [0, {q_cap:.4g}) overlaps the miss region [{recall:.4g}, 1)")
-    kinds, in_rz = [], []
+    kinds = []
     for k, (lo, width) in enumerate(((recall, 1.0 - recall), (0.0, q_cap))):
         a, lam = mixtures[k]
         inside = (score >= lo) & (score < lo + width) if a > 0 else np.zeros(len(score), bool)
         kinds.append(KindState(lo, width, lam, a, np.flatnonzero(inside),
                                dict(zip(STREAMS, gens[len(STREAMS) * k: len(STREAMS) * (k + 1)]))))
-        in_rz.append(inside)
-    return SparseErrorState(kinds, in_rz)
+    return SparseErrorState(kinds)
+
+
+def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """b = where(mask, a, b) in place for float32 b [S, M] and a [M]: bitwise, so exact and free of the
+    branch mispredictions that make np.where slow on random masks; by row chunks that stay in cache."""
+    a32 = a.view(np.uint32)
+    step = max(1, CHUNK_CELLS // max(b.shape[1], 1))
+    for r in range(0, b.shape[0], step):
+        bb = b[r:r + step].view(np.uint32)
+        m32 = mask[r:r + step].view(np.uint8).astype(np.uint32)
+        np.negative(m32, out=m32)              # 0 or all ones
+        diff = np.bitwise_xor(bb, a32)
+        diff &= m32
+        bb ^= diff
 
 
 def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
@@ -198,17 +247,19 @@ def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
         rest = d
     rest -= np.float32(c)
     rest /= np.float32(1.0 - c)
-    np.copyto(d, score[ks.rz], where=to_score)
+    select(to_score, score[ks.rz], d)
     carry_kept(full, keep, ks.lam)
     if n_rows:
         ks.rz_latent = full[-1].copy()
     return d
 
 
-def _sojourns(ks: KindState, in_rz: np.ndarray, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray, ...]:
-    """(row, cell, latent) of every non-Rz neuron whose latent is in the region at steps [s0, s1):
-    row = step - s0, cell = row * N + neuron (the flat index into the block's [S, N] grid)."""
-    pos, val, extra = ks.events(s0 * n_bits, s1 * n_bits, n_bits)
+def _sojourns(ks: KindState, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray, ...]:
+    """(cells, vals, h_rows, h_cells, h_vals): the cells (flat indices row * N + neuron of the block's
+    [S, N] grid, row = step - s0) where a neuron's latent is in the region at steps [s0, s1) by the
+    event process, with its value: at the events (`cells`, sorted) and at the later steps a latent
+    is kept (`h_*`). Rz neurons are included; their own chain replaces them (sparse_noisy_block)."""
+    pos, val, held, extra = ks.events(s0 * n_bits, s1 * n_bits, n_bits)
     if s0 == 0:   # the first step: redrawn to the score (probability a) or fresh, never kept
         p0 = (1.0 - ks.a) * ks.width
         u0 = ks.rngs["first"].random(n_bits, dtype=np.float32)
@@ -216,20 +267,18 @@ def _sojourns(ks: KindState, in_rz: np.ndarray, s0: int, s1: int, n_bits: int) -
         v0 = (ks.lo + u0[hit].astype(np.float64) / p0 * ks.width).astype(np.float32)
         pos = np.concatenate([hit.astype(np.int64), pos])      # step 0's flat positions precede the stream's
         val = np.concatenate([v0, val])
-        extra = np.concatenate([ks.extras(ks.rngs["first"], len(hit)), extra])
+        held0, extra0 = ks.extras(ks.rngs["first"], len(hit))
+        held, extra = np.concatenate([held0, held + len(hit)]), np.concatenate([extra0, extra])
     else:
         pos = pos - s0 * n_bits
-    row, neuron = np.divmod(pos, n_bits)
-    other = ~in_rz[neuron]                                   # Rz neurons run their own chain
     # a latent kept past its event's step (and those carried in) lasts until the neuron's next event
-    held = np.flatnonzero(other & (extra > 0))
+    row, neuron = np.divmod(pos[held], n_bits)
     n_rows = s1 - s0
-    l_s = np.concatenate([np.full(len(ks.idx), -1, np.int64), row[held]])     # the event's row
-    l_i = np.concatenate([ks.idx, neuron[held]])
+    l_s = np.concatenate([np.full(len(ks.idx), -1, np.int64), row])        # the event's row
+    l_i = np.concatenate([ks.idx, neuron])
     l_v = np.concatenate([ks.val, val[held]])
-    l_end = np.concatenate([ks.until - s0, row[held] + extra[held]])          # the last row it is kept to
-    pos, row, val = pos[other], row[other], val[other]
-    span = np.maximum(np.minimum(l_end, n_rows - 1) - l_s, 0)                 # rows after the event in the block
+    l_end = np.concatenate([ks.until - s0, row + extra])              # the last row it is kept to
+    span = np.maximum(np.minimum(l_end, n_rows - 1) - l_s, 0)              # rows after the event in the block
     rep = np.repeat(np.arange(len(l_s)), span)
     h_row = l_s[rep] + 1 + np.arange(len(rep)) - np.repeat(np.cumsum(span) - span, span)
     h_cell = h_row * n_bits + l_i[rep]
@@ -240,38 +289,55 @@ def _sojourns(ks: KindState, in_rz: np.ndarray, s0: int, s1: int, n_bits: int) -
     alive = h_row < first[rep]
     carry = (first == _NO_EVENT) & (l_end >= n_rows)
     ks.idx, ks.val, ks.until = l_i[carry], l_v[carry], l_end[carry] + s0
-    return (np.concatenate([row, h_row[alive]]), np.concatenate([pos, h_cell[alive]]),
-            np.concatenate([val, l_v[rep][alive]]))
+    return pos, val, h_row[alive], h_cell[alive], l_v[rep][alive]
 
 
 def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarray, n_bits: int,
                        recall: float, q: np.ndarray) -> np.ndarray:
     """words [S, W]: the predicted sets of the next S steps (true sets `truth`, false-positive
-    rates q [S] <= the state's q_cap); updates `st`."""
-    S = truth.shape[0]
-    s0, s1 = st.step, st.step + S
+    rates q [S] <= the state's q_cap); updates `st`. Done in row chunks of about CHUNK_CELLS cells,
+    each continuing the state of the one before (the same sets as the whole block at once)."""
     q32 = q.astype(np.float32)
     if np.any(q32 > np.float32(st.kinds[1].width)):
         raise ValueError(f"false-positive rate {float(q.max()):.4g} above the cap {st.kinds[1].width:.4g}")
     words = np.ascontiguousarray(truth, dtype=bitsets.WORD)
-    active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool)
-    # misses are active cells and false positives inactive ones, each cell at most once: the
-    # predicted sets are the true ones with the error cells flipped
-    flip = np.zeros((S, n_bits), bool)
-    for k, ks in enumerate(st.kinds):   # the kinds' Rz neurons are disjoint (new_state)
+    out = np.empty_like(words)
+    rows = max(1, CHUNK_CELLS // max(n_bits, 1))
+    for r0 in range(0, len(words), rows):
+        out[r0:r0 + rows] = _chunk(st, score, words[r0:r0 + rows], n_bits, recall, q32[r0:r0 + rows])
+    return out
+
+
+def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: int, recall: float,
+           q32: np.ndarray) -> np.ndarray:
+    S = len(words)
+    s0, s1 = st.step, st.step + S
+    active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool).reshape(-1)
+    # misses are active cells and false positives inactive ones, so each cell has at most one
+    # error: the predicted sets are the true ones with the error cells flipped
+    flip = np.zeros(S * n_bits, bool)
+    for k, ks in enumerate(st.kinds):
+        cells, vals, h_rows, h_cells, h_vals = _sojourns(ks, s0, s1, n_bits)
+        if k == 0:                                    # a miss: the neuron is active
+            flip[cells[active[cells]]] = True
+            flip[h_cells[active[h_cells]]] = True
+        else:                                         # a false positive: inactive, latent below q_s
+            err = vals < np.repeat(q32, np.diff(np.searchsorted(cells, np.arange(S + 1) * n_bits)))
+            err &= ~active[cells]
+            flip[cells[err]] = True
+            flip[h_cells[(h_vals < q32[h_rows]) & ~active[h_cells]]] = True
+        # the Rz neurons' cells: their own chain's errors replace the event process's (the other
+        # kind's errors there, on cells of the other activity, stay)
         lat = _carry_rz(ks, score, S)
-        cells = (np.arange(0, S * n_bits, n_bits)[:, None] + ks.rz).reshape(-1)
-        act = active.reshape(-1)[cells].reshape(lat.shape)
+        rz_cells = (np.arange(0, S * n_bits, n_bits)[:, None] + ks.rz).reshape(-1)
+        act = active[rz_cells].reshape(lat.shape)
         if k == 0:
             err = lat >= np.float32(recall)
             err &= act
         else:
             err = lat < q32[:, None]
             err &= ~act
-        flip.reshape(-1)[cells] = err.reshape(-1)
-    for k, ks in enumerate(st.kinds):
-        rows, cells, vals = _sojourns(ks, st.in_rz[k], s0, s1, n_bits)
-        act = active.reshape(-1)[cells]
-        flip.reshape(-1)[cells[act if k == 0 else (~act & (vals < q32[rows]))]] = True
+            err |= flip[rz_cells].reshape(lat.shape) & act
+        flip[rz_cells] = err.reshape(-1)
     st.step = s1
-    return words ^ bitsets.pack(flip)
+    return words ^ bitsets.pack(flip.reshape(S, n_bits))
