@@ -254,6 +254,39 @@ def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
     return d
 
 
+def _rz_latents_at(ks: KindState, score: np.ndarray, n_rows: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """float32: the Rz neurons' latents at the cells (rows, cols) of the block only (the same values as
+    `_carry_rz`, from the same draws): each is the value set at the last step at or before it
+    that did not keep, found by stepping back through the kept steps."""
+    m = len(ks.rz)
+    d = ks.rngs["rz"].random((n_rows, m), dtype=np.float32)
+    first = ks.rz_latent is None
+    last = np.arange(m)
+    rows, cols = np.concatenate([rows, np.full(m, n_rows - 1)]), np.concatenate([cols, last])
+    src = rows.copy()
+    back = np.arange(len(src))
+    lam = np.float32(ks.lam)
+    while len(back):
+        r = src[back]
+        kept = (r >= 0) & (d[np.maximum(r, 0), cols[back]] < lam)
+        if first:
+            kept &= r > 0                    # the run's first step keeps nothing
+        back = back[kept]
+        src[back] -= 1
+    x = d[np.maximum(src, 0), cols]
+    c = ks.lam + (1.0 - ks.lam) * ks.a
+    lo = np.full(len(x), np.float32(c))
+    hi = np.full(len(x), np.float32(1.0 - c))
+    if first:                                # the first step: the score below a, else fresh
+        lo[src == 0], hi[src == 0] = np.float32(ks.a), np.float32(1.0 - ks.a)
+    val = np.where(x < lo, score[ks.rz][cols], (x - lo) / hi)
+    if not first:
+        val[src < 0] = ks.rz_latent[cols[src < 0]]
+    if n_rows:
+        ks.rz_latent = val[-m:].copy()
+    return val[:-m]
+
+
 def _sojourns(ks: KindState, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray, ...]:
     """(cells, vals, h_rows, h_cells, h_vals): the cells (flat indices row * N + neuron of the block's
     [S, N] grid, row = step - s0) where a neuron's latent is in the region at steps [s0, s1) by the
@@ -302,42 +335,41 @@ def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarra
         raise ValueError(f"false-positive rate {float(q.max()):.4g} above the cap {st.kinds[1].width:.4g}")
     words = np.ascontiguousarray(truth, dtype=bitsets.WORD)
     out = np.empty_like(words)
-    rows = max(1, CHUNK_CELLS // max(n_bits, 1))
+    rows = max(1, min(CHUNK_CELLS // max(n_bits, 1), len(words)))
+    # each kind's Rz cells in a chunk: flat indices into the chunk's [rows, N] grid
+    rz_cells = [(np.arange(0, rows * n_bits, n_bits)[:, None] + ks.rz).reshape(-1) for ks in st.kinds]
     for r0 in range(0, len(words), rows):
-        out[r0:r0 + rows] = _chunk(st, score, words[r0:r0 + rows], n_bits, recall, q32[r0:r0 + rows])
+        out[r0:r0 + rows] = _chunk(st, score, words[r0:r0 + rows], n_bits, recall, q32[r0:r0 + rows], rz_cells)
     return out
 
 
 def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: int, recall: float,
-           q32: np.ndarray) -> np.ndarray:
+           q32: np.ndarray, rz_cells: list[np.ndarray]) -> np.ndarray:
     S = len(words)
     s0, s1 = st.step, st.step + S
     active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool).reshape(-1)
     # misses are active cells and false positives inactive ones, so each cell has at most one
     # error: the predicted sets are the true ones with the error cells flipped
     flip = np.zeros(S * n_bits, bool)
-    for k, ks in enumerate(st.kinds):
-        cells, vals, h_rows, h_cells, h_vals = _sojourns(ks, s0, s1, n_bits)
-        if k == 0:                                    # a miss: the neuron is active
-            flip[cells[active[cells]]] = True
-            flip[h_cells[active[h_cells]]] = True
-        else:                                         # a false positive: inactive, latent below q_s
-            err = vals < np.repeat(q32, np.diff(np.searchsorted(cells, np.arange(S + 1) * n_bits)))
-            err &= ~active[cells]
-            flip[cells[err]] = True
-            flip[h_cells[(h_vals < q32[h_rows]) & ~active[h_cells]]] = True
-        # the Rz neurons' cells: their own chain's errors replace the event process's (the other
-        # kind's errors there, on cells of the other activity, stay)
-        lat = _carry_rz(ks, score, S)
-        rz_cells = (np.arange(0, S * n_bits, n_bits)[:, None] + ks.rz).reshape(-1)
-        act = active[rz_cells].reshape(lat.shape)
-        if k == 0:
-            err = lat >= np.float32(recall)
-            err &= act
-        else:
-            err = lat < q32[:, None]
-            err &= ~act
-            err |= flip[rz_cells].reshape(lat.shape) & act
-        flip[rz_cells] = err.reshape(-1)
+    miss, fp = st.kinds
+    # false positives: the event process's, then the Rz neurons' own chain replaces theirs
+    cells, vals, h_rows, h_cells, h_vals = _sojourns(fp, s0, s1, n_bits)
+    err = vals < np.repeat(q32, np.diff(np.searchsorted(cells, np.arange(S + 1) * n_bits)))
+    err &= ~active[cells]
+    flip[cells[err]] = True
+    flip[h_cells[(h_vals < q32[h_rows]) & ~active[h_cells]]] = True
+    rc = rz_cells[1][:S * len(fp.rz)]
+    lat = _carry_rz(fp, score, S)
+    err = lat < q32[:, None]
+    err &= ~active[rc].reshape(lat.shape)
+    flip[rc] = err.reshape(-1)
+    # misses likewise, the Rz chain only where the neuron is active (the only cells it decides)
+    cells, _, _, h_cells, _ = _sojourns(miss, s0, s1, n_bits)
+    flip[cells[active[cells]]] = True
+    flip[h_cells[active[h_cells]]] = True
+    rc = rz_cells[0][:S * len(miss.rz)]
+    at = np.flatnonzero(active[rc])
+    rows, cols = np.divmod(at, max(len(miss.rz), 1))
+    flip[rc[at]] = _rz_latents_at(miss, score, S, rows, cols) >= np.float32(recall)
     st.step = s1
     return words ^ bitsets.pack(flip.reshape(S, n_bits))
