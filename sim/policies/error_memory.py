@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim import bitsets
+from sim.policies.scratch import work
 from sim.policies.sparse_errors import (
     SPARSE_MAX_REGION,
     SparseErrorState,
@@ -119,15 +120,16 @@ class Persistence:
         return self.fp > 0 or self.fp_far > 0 or self.fn > 0 or self.fn_far > 0
 
 
-def _latent(u: np.ndarray, v: np.ndarray, a: float, lam: float, score: np.ndarray,
+def _latent(kind: str, u: np.ndarray, v: np.ndarray, a: float, lam: float, score: np.ndarray,
             before: np.ndarray | None) -> np.ndarray:
-    """float32 [S + 1, N]: row 0 the latent before the block (`before`, or anything at the run's
-    first step), rows 1.. each step's latent, from the fresh uniforms `u` [S, N] and the deciding
-    uniforms `v` [S, N]: keep (v < lam), else redraw to the score (v < lam + (1 - lam) a), else `u`."""
-    full = np.empty((u.shape[0] + 1, u.shape[1]), np.float32)
+    """float32 [S + 1, N] (a work array named `kind`): row 0 the latent before the block (`before`, or
+    anything at the run's first step), rows 1.. each step's latent, from the fresh uniforms `u`
+    [S, N] and the deciding uniforms `v` [S, N]: keep (v < lam), else redraw to the score (v < lam +
+    (1 - lam) a), else `u`."""
+    full = work(kind, (u.shape[0] + 1, u.shape[1]), np.float32)
     full[1:] = u
-    keep = v < np.float32(lam)
-    to_score = v < np.float32(lam + (1.0 - lam) * a)
+    keep = np.less(v, np.float32(lam), out=work("keep", v.shape, bool))
+    to_score = np.less(v, np.float32(lam + (1.0 - lam) * a), out=work("to_score", v.shape, bool))
     if before is None:                  # the run's first step: nothing to keep
         keep[:1] = False
         to_score[:1] = v[:1] < np.float32(a)
@@ -171,21 +173,21 @@ def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Genera
     mix = (mixture(persistence.fn, persistence.fn_far), mixture(persistence.fp, persistence.fp_far))
     for r0 in range(0, len(words), rows):
         t = np.unpackbits(words[r0:r0 + rows].view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool)
-        u = rng.random(t.shape, dtype=np.float32)
+        u = rng.random(dtype=np.float32, out=work("u", t.shape, np.float32))
         if persistence.any:
             if memory.score is None:
                 memory.score = stratified_scores(memory_rng, n_bits)
-            v = memory_rng.random((t.shape[0], 2, n_bits), dtype=np.float32)
-            miss = _latent(u, v[:, 0], *mix[0], memory.score, memory.miss_chain)
-            fp = _latent(u, v[:, 1], *mix[1], memory.score, memory.fp_chain)
+            v = memory_rng.random(dtype=np.float32, out=work("v", (t.shape[0], 2, n_bits), np.float32))
+            miss = _latent("miss", u, v[:, 0], *mix[0], memory.score, memory.miss_chain)
+            fp = _latent("fp", u, v[:, 1], *mix[1], memory.score, memory.fp_chain)
             memory.miss_chain, memory.fp_chain = miss[-1].copy(), fp[-1].copy()
             miss_l, fp_l = miss[1:], fp[1:]
         else:
             miss_l = fp_l = u
-        pred = miss_l < np.float32(recall)
+        pred = np.less(miss_l, np.float32(recall), out=work("pred", t.shape, bool))
         pred &= t
-        add = fp_l < q32[r0:r0 + rows, None]
-        add &= ~t
+        add = np.less(fp_l, q32[r0:r0 + rows, None], out=work("add", t.shape, bool))
+        np.greater(add, t, out=add)        # below q and inactive
         pred |= add
         out[r0:r0 + rows] = bitsets.pack(pred)
     return out

@@ -103,13 +103,9 @@ class OraclePredictor(_RankedPredictor):
 def noisy_sets(rng: np.random.Generator, truth: np.ndarray, n_bits: int, recall: float,
                precision: float) -> np.ndarray:
     """The sets a memoryless predictor of this recall/precision would output (words [S, W]); one
-    uniform draw per neuron per row, in row order."""
-    t = bitsets.unpack(truth, n_bits)
-    u = rng.random(t.shape, dtype=np.float32)
-    keep = t & (u < recall)
-    q = false_positive_rate(t.sum(axis=1), n_bits, recall, precision)
-    add = ~t & (u < q[:, None].astype(np.float32))
-    return bitsets.pack(keep | add)
+    uniform draw per neuron per row, in row order: an active neuron is kept below `recall`, an
+    inactive one added below the false-positive rate of its row."""
+    return persistent_noisy_sets(rng, rng, truth, n_bits, recall, precision, Persistence(), ErrorMemory())
 
 
 @PREDICTORS.register("noisy")

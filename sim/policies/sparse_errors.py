@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim import bitsets
+from sim.policies.scratch import work
 
 # Sparse draws when the two regions together cover at most this share of latents: beyond it the
 # per-event bookkeeping costs more than the dense draws (measured: equal near 0.3 at 8192 neurons).
@@ -214,16 +215,12 @@ def new_state(score: np.ndarray, rng: np.random.Generator, recall: float, q_cap:
 
 def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """b = where(mask, a, b) in place for float32 b [S, M] and a [M]: bitwise, so exact and free of the
-    branch mispredictions that make np.where slow on random masks; by row chunks that stay in cache."""
-    a32 = a.view(np.uint32)
-    step = max(1, CHUNK_CELLS // max(b.shape[1], 1))
-    for r in range(0, b.shape[0], step):
-        bb = b[r:r + step].view(np.uint32)
-        m32 = mask[r:r + step].view(np.uint8).astype(np.uint32)
-        np.negative(m32, out=m32)              # 0 or all ones
-        diff = np.bitwise_xor(bb, a32)
-        diff &= m32
-        bb ^= diff
+    branch mispredictions that make np.where slow on random masks."""
+    bb = b.view(np.uint32)
+    m32 = np.negative(mask.view(np.uint8), out=work("select_mask", b.shape, np.uint32), dtype=np.uint32)
+    diff = np.bitwise_xor(bb, a.view(np.uint32), out=work("select_diff", b.shape, np.uint32))
+    diff &= m32                                # mask: 0 or all ones
+    bb ^= diff
 
 
 def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
