@@ -48,21 +48,26 @@ _DEPTH_CARRY_MAX_LAM = 0.5
 
 
 def carry_kept(full: np.ndarray, keep: np.ndarray, lam: float) -> None:
-    """In place on `full` [S + 1, M]: where `keep[s]` (bool [S, M]) row s + 1 takes row s's value, in
-    row order, so a kept latent repeats along its run of kept steps; row 0 is the state before the
-    block. `lam`, the keep probability, only picks the faster of two equal computations."""
+    """In place on float32 `full` [S + 1, M]: where `keep[s]` (bool [S, M]) row s + 1 takes row s's
+    value, in row order, so a kept latent repeats along its run of kept steps; row 0 is the state
+    before the block. `lam`, the keep probability, only picks the faster of two equal computations."""
     n_rows, m = keep.shape
     if lam > _DEPTH_CARRY_MAX_LAM:
         for s in range(n_rows):
             np.copyto(full[s + 1], full[s], where=keep[s])
         return
+    # every kept cell takes the cell above at once: final for runs of one kept step; a cell d deep
+    # in a longer run is final after d such passes, done for the few deeper cells by index
+    select(keep, full[:-1], full[1:])
+    if n_rows < 2:
+        return
     flat, kflat = full.reshape(-1), keep.reshape(-1)
-    idx = np.flatnonzero(kflat) + m          # kept cells, as flat indices of `full`
-    depth = 1
+    deep = np.logical_and(keep[1:], keep[:-1], out=work("deep", (n_rows - 1, m), bool))
+    idx = np.flatnonzero(deep) + 2 * m          # as flat indices of `full`
+    depth = 2
     while len(idx):
-        # a cell d deep in a run of kept cells is final after d passes (each pass gathers, then writes)
-        flat[idx] = flat[idx - m]
-        above = idx - (depth + 1) * m        # `depth` rows up, as an index of `keep` (< 0: the state row)
+        flat[idx] = flat[idx - m]               # gathers, then writes
+        above = idx - (depth + 1) * m           # `depth` rows up, as an index of `keep` (< 0: the state row)
         depth += 1
         deeper = above >= 0
         deeper[deeper] = kflat[above[deeper]]
@@ -214,8 +219,9 @@ def new_state(score: np.ndarray, rng: np.random.Generator, recall: float, q_cap:
 
 
 def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """b = where(mask, a, b) in place for float32 b [S, M] and a [M]: bitwise, so exact and free of the
-    branch mispredictions that make np.where slow on random masks."""
+    """b = where(mask, a, b) in place for float32 b [S, M] and a (broadcast to it; it may be b's rows
+    shifted): bitwise, so exact and free of the branch mispredictions that make np.where slow on
+    random masks."""
     bb = b.view(np.uint32)
     m32 = np.negative(mask.view(np.uint8), out=work("select_mask", b.shape, np.uint32), dtype=np.uint32)
     diff = np.bitwise_xor(bb, a.view(np.uint32), out=work("select_diff", b.shape, np.uint32))
@@ -226,14 +232,14 @@ def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
     """float32 [S, |rz|]: the Rz neurons' latents over the block (the dense chain on those columns)."""
     m = len(ks.rz)
-    full = np.empty((n_rows + 1, m), np.float32)      # row 0: the latent before the block
+    full = work("rz_latent", (n_rows + 1, m), np.float32)   # row 0: the latent before the block
     d = full[1:]
     ks.rngs["rz"].random((n_rows, m), dtype=np.float32, out=d)
     # one uniform decides keep (< lam), else the score (< c), else a fresh latent: (d - c) / (1 - c),
     # uniform on [0, 1) given d >= c
     c = ks.lam + (1.0 - ks.lam) * ks.a
-    keep = d < np.float32(ks.lam)
-    to_score = d < np.float32(c)
+    keep = np.less(d, np.float32(ks.lam), out=work("keep", d.shape, bool))
+    to_score = np.less(d, np.float32(c), out=work("to_score", d.shape, bool))
     if ks.rz_latent is None:             # the run's first step: nothing to keep
         keep[:1] = False
         to_score[:1] = d[:1] < np.float32(ks.a)
@@ -347,7 +353,8 @@ def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: i
     active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool).reshape(-1)
     # misses are active cells and false positives inactive ones, so each cell has at most one
     # error: the predicted sets are the true ones with the error cells flipped
-    flip = np.zeros(S * n_bits, bool)
+    flip = work("flip", (S * n_bits,), bool)
+    flip.fill(False)
     miss, fp = st.kinds
     # false positives: the event process's, then the Rz neurons' own chain replaces theirs
     cells, vals, h_rows, h_cells, h_vals = _sojourns(fp, s0, s1, n_bits)
@@ -357,8 +364,9 @@ def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: i
     flip[h_cells[(h_vals < q32[h_rows]) & ~active[h_cells]]] = True
     rc = rz_cells[1][:S * len(fp.rz)]
     lat = _carry_rz(fp, score, S)
-    err = lat < q32[:, None]
-    err &= ~active[rc].reshape(lat.shape)
+    err = np.less(lat, q32[:, None], out=work("rz_err", lat.shape, bool))
+    np.greater(err, np.take(active, rc, out=work("rz_active", lat.shape, bool).reshape(-1)).reshape(lat.shape),
+               out=err)                                # below q and inactive
     flip[rc] = err.reshape(-1)
     # misses likewise, the Rz chain only where the neuron is active (the only cells it decides)
     cells, _, _, h_cells, _ = _sojourns(miss, s0, s1, n_bits)
