@@ -9,18 +9,26 @@ of the run) can ever make an error, and on a sparse trace (a ReLU model: a few %
 good predictor those regions are a few % of [0, 1). So instead of a uniform per neuron per step:
 
 * neurons whose score Z lies in the region ("Rz", a region-width share of them: Z is stratified)
-  run the latent chain exactly, with draws for them only;
+  run the latent chain exactly, with draws for them only; a miss latent decides something only
+  where the neuron is active, so the miss chain is evaluated there alone (stepping back through
+  the kept steps to the value last set);
 * every other neuron's latent is in the region only after a fresh redraw that landed there, an
   event of probability r = (1 - lam)(1 - a) width at every step whatever the neuron's state; the
   events are a Bernoulli(r) process over the (step, neuron) grid, drawn as geometric gaps; after
   an event the latent stays (same value) at each later step with probability lam / (1 - r) (kept,
-  given no new event) until its first failure or the neuron's next event.
+  given no new event) until its first failure or the neuron's next event. The process runs over
+  Rz neurons too, whose cells the chain then overwrites, so each stream's numbers do not depend on
+  which neurons are Rz. Any latent in the miss region is a miss: miss events draw no values.
 
 Both are exact for the model (the per-step recall and expected precision are the configured
 ones); they use other random numbers than the dense draws. Cost: O(region width x N) per step
 instead of O(N). Streams (each its own Generator spawned from the layer's stream, so a range and
 the same steps one at a time draw identical numbers): per kind the Rz draws [S, |Rz|] row by
-row, the events' gaps, values and persistence, and the first step's draws.
+row, the events' gaps (geometric: by inversion of standard exponentials, the numbers
+`Generator.geometric` gives), values (false positives) and kept steps (geometric, by its CDF
+table, the same numbers), and the first step's draws. A block is done in row chunks of about
+CHUNK_CELLS cells, each continuing the state of the one before; the predicted sets are the true
+ones with each chunk's error cells flipped on a [rows, N] grid.
 """
 
 from __future__ import annotations
@@ -128,7 +136,7 @@ class KindState:
     rz: np.ndarray                         # int64: neurons whose score lies in the region
     rngs: dict[str, np.random.Generator]   # "rz", "gap", "value", "extra", "first": one stream each
     rz_latent: np.ndarray | None = None    # float32 [|rz|]: their latent at the last step
-    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))     # other neurons in the region
+    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))     # neurons whose event latent is kept on
     val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))   # their latent
     until: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # last step it is kept to
     buf_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # drawn, not yet used events
@@ -294,7 +302,7 @@ def _sojourns(ks: KindState, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray,
     """(cells, vals, h_rows, h_cells, h_vals): the cells (flat indices row * N + neuron of the block's
     [S, N] grid, row = step - s0) where a neuron's latent is in the region at steps [s0, s1) by the
     event process, with its value: at the events (`cells`, sorted) and at the later steps a latent
-    is kept (`h_*`). Rz neurons are included; their own chain replaces them (sparse_noisy_block)."""
+    is kept (`h_*`). Rz neurons are included; their own chain replaces them (`_chunk`)."""
     pos, val, held, extra = ks.events(s0 * n_bits, s1 * n_bits, n_bits)
     if s0 == 0:   # the first step: redrawn to the score (probability a) or fresh, never kept
         p0 = (1.0 - ks.a) * ks.width
