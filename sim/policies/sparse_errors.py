@@ -136,6 +136,7 @@ class KindState:
     rz: np.ndarray                         # int64: neurons whose score lies in the region
     rngs: dict[str, np.random.Generator]   # "rz", "gap", "value", "extra", "first": one stream each
     rz_latent: np.ndarray | None = None    # float32 [|rz|]: their latent at the last step
+    rz_score: np.ndarray | None = None     # float32 [|rz|]: their score
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))     # neurons whose event latent is kept on
     val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))   # their latent
     until: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # last step it is kept to
@@ -258,7 +259,9 @@ def _carry_rz(ks: KindState, score: np.ndarray, n_rows: int) -> np.ndarray:
         rest = d
     rest -= np.float32(c)
     rest /= np.float32(1.0 - c)
-    select(to_score, score[ks.rz], d)
+    if ks.rz_score is None:
+        ks.rz_score = score[ks.rz]
+    select(to_score, ks.rz_score, d)
     carry_kept(full, keep, ks.lam)
     if n_rows:
         ks.rz_latent = full[-1].copy()
@@ -350,12 +353,18 @@ def sparse_noisy_block(st: SparseErrorState, score: np.ndarray, truth: np.ndarra
     # each kind's Rz cells in a chunk: flat indices into the chunk's [rows, N] grid
     rz_cells = [(np.arange(0, rows * n_bits, n_bits)[:, None] + ks.rz).reshape(-1) for ks in st.kinds]
     for r0 in range(0, len(words), rows):
-        out[r0:r0 + rows] = _chunk(st, score, words[r0:r0 + rows], n_bits, recall, q32[r0:r0 + rows], rz_cells)
+        flip = _chunk(st, score, words[r0:r0 + rows], n_bits, recall, q32[r0:r0 + rows], rz_cells)
+        if n_bits % 64 == 0:                           # whole words: the packed bytes are the words
+            packed = np.packbits(flip, axis=-1, bitorder="little").view(bitsets.WORD)
+        else:
+            packed = bitsets.pack(flip)
+        np.bitwise_xor(words[r0:r0 + rows], packed, out=out[r0:r0 + rows])
     return out
 
 
 def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: int, recall: float,
            q32: np.ndarray, rz_cells: list[np.ndarray]) -> np.ndarray:
+    """bool [S, N] (a work array): the error cells of the next S steps (true sets `words`); updates `st`."""
     S = len(words)
     s0, s1 = st.step, st.step + S
     active = np.unpackbits(words.view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool).reshape(-1)
@@ -367,8 +376,8 @@ def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: i
     # false positives: the event process's, then the Rz neurons' own chain replaces theirs
     cells, vals, h_rows, h_cells, h_vals = _sojourns(fp, s0, s1, n_bits)
     err = vals < np.repeat(q32, np.diff(np.searchsorted(cells, np.arange(S + 1) * n_bits)))
-    err &= ~active[cells]
-    flip[cells[err]] = True
+    np.greater(err, active[cells], out=err)               # below q and inactive
+    flip[cells] = err                                     # the first writes: events are distinct cells
     flip[h_cells[(h_vals < q32[h_rows]) & ~active[h_cells]]] = True
     rc = rz_cells[1][:S * len(fp.rz)]
     lat = _carry_rz(fp, score, S)
@@ -385,4 +394,4 @@ def _chunk(st: SparseErrorState, score: np.ndarray, words: np.ndarray, n_bits: i
     rows, cols = np.divmod(at, max(len(miss.rz), 1))
     flip[rc[at]] = _rz_latents_at(miss, score, S, rows, cols) >= np.float32(recall)
     st.step = s1
-    return words ^ bitsets.pack(flip.reshape(S, n_bits))
+    return flip.reshape(S, n_bits)
