@@ -111,13 +111,26 @@ def geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
     return out
 
 
+def event_positions(rng: np.random.Generator, p: float, n: int, start: int) -> np.ndarray:
+    """int64 [n]: `start` plus the running sum of n `geometric(rng, p, n)` gaps (the same numbers),
+    summed exactly in float64 where every sum stays below 2**53."""
+    if p < 1e-9 or p >= 0.333333333333333333333333:
+        return start + np.cumsum(geometric(rng, p, n))
+    z = rng.standard_exponential(out=work("gaps", (n,), np.float64))
+    z /= -math.log1p(-p)
+    np.ceil(z, out=z)
+    z[0] += start
+    np.cumsum(z, out=z)
+    return z.astype(np.int64)
+
+
 def geometric_above_one(rng: np.random.Generator, p: float, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(i, X - 1) for the draws i of `geometric(rng, p, n)` that are above 1 (the same numbers, sparse)."""
     if p < 0.333333333333333333333333:
         x = geometric(rng, p, n)
         big = np.flatnonzero(x > 1)
         return big, x[big] - 1
-    u = rng.random(n)
+    u = rng.random(out=work("geometric_u", (n,), np.float64))
     big = np.flatnonzero(u > p)
     if not len(big):
         return big, np.zeros(0, np.int64)
@@ -182,10 +195,9 @@ class KindState:
         n_buf = len(self.buf_pos)
         while self.last_pos < hi_flat - 1:
             n = int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64
-            pos = np.cumsum(geometric(self.rngs["gap"], self.rate, n))
-            pos += self.last_pos
+            pos = event_positions(self.rngs["gap"], self.rate, n, self.last_pos)
             if self.valued:
-                v64 = self.rngs["value"].random(n)
+                v64 = self.rngs["value"].random(out=work("values", (n,), np.float64))
                 v64 *= self.width
                 v64 += self.lo
                 vals = v64.astype(np.float32)
