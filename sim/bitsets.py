@@ -41,7 +41,7 @@ def pack(mask: np.ndarray) -> np.ndarray:
 def unpack(words: np.ndarray, n_bits: int) -> np.ndarray:
     """words [..., W] -> bool [..., N]."""
     b = np.ascontiguousarray(words, dtype=WORD).view(np.uint8)
-    return np.unpackbits(b, axis=-1, count=n_bits, bitorder="little").astype(bool)
+    return np.unpackbits(b, axis=-1, count=n_bits, bitorder="little").view(bool)   # 0/1 bytes are bools
 
 
 def full(n_bits: int) -> np.ndarray:

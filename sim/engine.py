@@ -9,10 +9,9 @@ memory and checks the budget (FlashsimError with the shortfall). `run` plans (se
 vectorised) and times the plan with SimPy (`sim.components.pipeline`) or analytically
 (`sim.fastpath`; `fast="auto"` uses it whenever the configuration has no timing feedback).
 
-Sweeps call `simulate` in a loop: the resolved workload and the per-layer needed sets of a trace
-are cached (`SetAlgebraCache`, keyed by trace identity, workload and model shape), and so is the
-quality proxy per computed-set configuration, so changing the device or the budget does not
-recompute them.
+Sweeps call `simulate` in a loop: the resolved workload and the per-layer needed sets of a trace,
+the quality proxy per computed-set configuration and whole runs' decisions are cached
+(sim/set_cache.py `SetAlgebraCache`), so changing the device or the budget does not recompute them.
 
 Block pruning (`config.prune.blocks`, sim/blocks.py syntax) is resolved here against the model's
 layers: the planner skips dropped FFN layers and dropped attention; `_memory_model` removes the
@@ -23,9 +22,6 @@ column of the records).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -46,59 +42,16 @@ from sim.components.pipeline import Decoder
 from sim.config import RunConfig
 from sim.energy import energy_summary, step_traffic
 from sim.fastpath import decline_reason, run_fast
-from sim.policies.base import PolicyContext, Residency, require_hooks
+from sim.policies.base import PolicyContext, require_hooks
 from sim.policies.cache_shares import CacheShares, compute_shares
 from sim.policies.stack import PolicyStack
 from sim.records import MemorySample, Recorder
 from sim.results import RunResult
 from sim.rng import RngStreams
+from sim.set_cache import DEFAULT_CACHE, SetAlgebraCache
 from sim.step_plans import StepPlanner
-from sim.workload import Steps, TraceView, build_steps
+from sim.workload import Steps, TraceView
 from traces.format import Trace, check_run_memory
-
-
-class SetAlgebraCache:
-    """Trace views (with their per-layer needed sets) reused across runs; bounded by entry count."""
-
-    def __init__(self, max_views: int = 4):
-        self.max_views = max_views
-        self._views: OrderedDict[tuple, TraceView] = OrderedDict()
-        self.quality: dict[tuple, dict] = {}
-
-    def view(self, trace: Trace, config: RunConfig, spec: ModelSpec) -> TraceView:
-        w = config.workload
-        key = (_trace_key(trace), w.prompt_tokens, w.tokens, w.batch, spec.n_layers, spec.d_ff, config.sim.rescale)
-        v = self._views.get(key)
-        if v is None:
-            steps = build_steps(trace, w.prompt_tokens, w.tokens, w.batch)
-            v = TraceView(trace, steps, spec.n_layers, spec.d_ff, rescale=config.sim.rescale)
-            self._views[key] = v
-            while len(self._views) > self.max_views:
-                old, _ = self._views.popitem(last=False)
-                self.quality = {k: q for k, q in self.quality.items() if k[0] != old}
-        else:
-            self._views.move_to_end(key)
-        v.cache_key = key  # type: ignore[attr-defined]
-        return v
-
-
-    def quality_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig) -> dict:
-        """The quality sums of one computed-set configuration: the computed sets depend only on the
-        trace view, the predictor (and its seed) and what the residency allows (SelectInfer), never
-        on the device or the budget."""
-        allowed = stack.residency.describe() if type(stack.residency).allowed is not Residency.allowed else None
-        key = (view.cache_key, json.dumps(stack.predictor.describe(), sort_keys=True, default=str),  # type: ignore[attr-defined]
-               json.dumps(allowed, sort_keys=True, default=str), config.sim.seed,
-               stack.precision.transform(view.trace.spec).d_ff)
-        return self.quality.setdefault(key, {})
-
-
-def _trace_key(trace: Trace) -> tuple:
-    files = {k: v.sha256 for k, v in trace.manifest.files.items()}
-    return (str(trace.path), hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest())
-
-
-DEFAULT_CACHE = SetAlgebraCache()
 
 
 @dataclass
@@ -136,7 +89,7 @@ class Simulation:
             p = self.planner
             self.planner = StepPlanner(self.stack, self.view, self.spec, self.profile, self.memory, p.compute,
                                    p.in_flight, p.stream_non_ffn, quality_memo=p.quality_memo,
-                                   dropped=p.dropped)
+                                   dropped=p.dropped, memo=p.memo)
             self.notes = self.ctx.notes
         self._used = True
 
@@ -152,7 +105,7 @@ class Simulation:
                             if self._unified() else None, min_share=MIN_BANDWIDTH_SHARE)
         tl = self.config.budget_timeline
         if tl is None:
-            plan = self.planner.plan_all(self.budget_bytes)
+            plan = self._plan_all()
             if use_fast:
                 run_fast(plan, rec)
             else:
@@ -173,6 +126,20 @@ class Simulation:
                          recall=(plan.rec_num.copy(), plan.rec_den.copy()), notes=list(self.notes),
                          memory=rec.memory, intervals=rec.intervals, flash_log=flash.log,
                          device=self.profile.name, prune=prune, energy=energy)
+
+    def _plan_all(self):  # type: ignore[no-untyped-def]
+        """The plan at the static budget; the notes the policies write while planning are kept with a
+        decision memo and repeated when the memo is replayed."""
+        memo = self.planner.memo
+        if memo is not None and memo.complete:
+            plan = self.planner.plan_all(self.budget_bytes)
+            self.notes.extend(n for n in memo.notes if n not in self.notes)
+            return plan
+        n0 = len(self.notes)
+        plan = self.planner.plan_all(self.budget_bytes)
+        if memo is not None:
+            memo.notes = self.notes[n0:]
+        return plan
 
     def prune_summary(self) -> dict[str, Any]:
         """The dropped set (canonical text) and what it saves; see RunResult.summary()["prune"]."""
@@ -309,8 +276,9 @@ def build(trace: Trace, spec: ModelSpec | None, profile: DeviceProfile, config: 
     memo = cache.quality_memo(view, stack, config) if config.budget_timeline is None else None
     compute = ComputeModel(eff_spec, profile, stack.layout.dram_bytes_per_neuron(eff_spec), config.compute.framework,
                            config.compute.decoder, load_runtime(config.compute.runtime))
+    decisions = cache.decision_memo(view, stack, config, eff_spec, profile, budget)
     planner = StepPlanner(stack, view, eff_spec, profile, memory, compute, in_flight,
-                      config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped)
+                          config.memory.stream_non_ffn, quality_memo=memo, dropped=dropped, memo=decisions)
     if dropped.any():
         notes.append(f"pruned: {format_blocks(dropped)} dropped ({int(dropped[0::2].sum())} mha, "
                      f"{int(dropped[1::2].sum())} ffn); the trace's activations of the dense model are replayed "

@@ -42,19 +42,26 @@ def layer_quality(view: TraceView, layer: int, start: int, stop: int, computed: 
         den = bitsets.count(A).astype(np.float64)
     else:
         idx, mag, tot = view.token_top(layer, pos)
-        cb = np.ascontiguousarray(computed).view(np.uint8)
         if view.rescaled:
             ok = idx >= 0
             idx = np.where(ok, idx, 0)
             n_stored = ok.sum(axis=1)
         else:
             ok, n_stored = None, idx.shape[1]
-        flat = (step_of * cb.shape[1]).astype(np.int32)[:, None] + (idx >> 3)
-        bit = (cb.ravel()[flat] >> (idx & 7).astype(np.uint8)) & np.uint8(1)
+        if ok is None and bool(np.all(n_comp == N)):   # every neuron computed: every stored one is in
+            bit = np.ones(idx.shape, np.uint8)
+        else:
+            # each stored neuron's bit in its step's computed set, gathered from the unpacked sets
+            cbits = bitsets.unpack(computed, N).view(np.uint8)
+            flat_type = np.int32 if cbits.size < 2**31 else np.int64
+            flat = (step_of * N).astype(flat_type)[:, None] + idx
+            bit = np.take(cbits.ravel(), flat)
         if ok is not None:
             bit &= ok
         stored_in = np.einsum("ij,ij->i", mag, bit.astype(np.float32), dtype=np.float64)
-        stored_all = mag.sum(axis=1, dtype=np.float64)
+        stored_all = view.token_stored_sum(layer, pos)
+        if stored_all is None:
+            stored_all = mag.sum(axis=1, dtype=np.float64)
         n_in = bit.sum(axis=1, dtype=np.int64)
         n_rest = N - n_stored
         rest = np.maximum(tot.astype(np.float64) - stored_all, 0.0)

@@ -34,6 +34,7 @@ from sim import bitsets
 from sim.components.compute import ComputeModel, HostCpu, Phase
 from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
+from sim.decisions import PAGES, DecisionMemo, LayerOutcome
 from sim.policies.base import CapacityError
 from sim.policies.stack import LayerPlan, PolicyStack
 from sim.quality_proxy import layer_quality
@@ -89,8 +90,10 @@ class StepPlanner:
 
     def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
                  memory: MemoryModel, compute: ComputeModel, in_flight: int, stream_non_ffn: bool,
-                 quality_memo: dict | None = None, dropped: np.ndarray | None = None):
+                 quality_memo: dict | None = None, dropped: np.ndarray | None = None,
+                 memo: DecisionMemo | None = None):
         self.stack, self.view, self.spec, self.profile = stack, view, spec, profile
+        self.memo = memo   # this run's decisions: recorded by plan_all, or replayed when complete
         self.dropped = np.zeros(2 * spec.n_layers, bool) if dropped is None else np.asarray(dropped, bool)
         if self.dropped.shape != (2 * spec.n_layers,):
             raise ValueError(f"dropped must have shape ({2 * spec.n_layers},), got {self.dropped.shape}")
@@ -156,18 +159,23 @@ class StepPlanner:
     # ---- filling ------------------------------------------------------------------------------
     def plan_all(self, budget_bytes: int) -> PlanArrays:
         a = self.arr
+        replay = self.memo is not None and self.memo.complete
         if self.stack.residency.page_granular:
             self._plan_pages(0, self.S, budget_bytes)
         else:
-            cap = self.memory.layer_caps(budget_bytes, 0, self.S, self.L)   # [S + 1, L]
+            cap = None if replay else self.memory.layer_caps(budget_bytes, 0, self.S, self.L)   # [S + 1, L]
             for layer in range(self.L):
                 for a0 in range(0, self.S, PLAN_CHUNK_STEPS):
                     b0 = min(self.S, a0 + PLAN_CHUNK_STEPS)
-                    if self.ffn_kept[layer]:
-                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1, layer])
-                    else:
+                    if not self.ffn_kept[layer]:
                         self._fill_dropped(layer, a0, b0)
+                    elif replay:
+                        self._price(layer, a0, b0, self.memo.outcomes[(layer, a0, b0)])  # type: ignore[union-attr,arg-type]
+                    else:
+                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1, layer])  # type: ignore[index]
         self.finish_steps(0, self.S, budget_bytes)
+        if self.memo is not None:
+            self.memo.complete = True
         return a
 
     def plan_cell(self, step: int, layer: int, budget_bytes: int) -> None:
@@ -195,15 +203,43 @@ class StepPlanner:
         self._store(layer, a0, b0, lp)
 
     def _store(self, layer: int, a0: int, b0: int, lp: LayerPlan) -> None:
-        a, rc, layout = self.arr, self.read_cost, self.stack.layout
+        out = self._outcome(layer, a0, b0, lp)
+        if self.memo is not None and not self.memo.complete:
+            self.memo.outcomes[(layer, a0, b0)] = out
+        self._price(layer, a0, b0, out)
+
+    def _outcome(self, layer: int, a0: int, b0: int, lp: LayerPlan) -> LayerOutcome:
+        """The counts pricing needs from one layer's sets (no time, no device number)."""
+        layout = self.stack.layout
+        n_comp = bitsets.count(lp.computed)
+        n_need = bitsets.count(lp.needed)
+        n_corr = bitsets.count(lp.computed & lp.needed)
+        c = lp.cache
+        moved = None
+        if self.manages_cache:
+            moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
+        key = (layer, a0, b0)
+        q = self.quality_memo.get(key) if self.quality_memo is not None else None
+        if q is None:
+            q = layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
+            if self.quality_memo is not None:
+                self.quality_memo[key] = q
+        return LayerOutcome(
+            dem_counts=layout.read_counts(layer, lp.demand),
+            pf_counts=layout.read_counts(layer, lp.prefetch_next) if lp.prefetch_next.any() else None,
+            computed=n_comp, needed=n_need, correct=n_corr, hits=lp.hits, before=c.before, after=c.after,
+            peak=c.peak, moved=moved, quality=q)
+
+    def _price(self, layer: int, a0: int, b0: int, o: LayerOutcome) -> None:
+        """Read, FFN and memory-management times of one layer's outcome on this run's device."""
+        a, rc = self.arr, self.read_cost
         rows = slice(a0, b0)
-        counts = layout.read_counts(layer, lp.demand)
-        n_dem = counts.sum(axis=1)
-        a.dem_s[rows, layer] = self._reads_s(counts, n_dem)
-        a.dem_bytes[rows, layer] = rc.bytes(counts)
+        n_dem = o.dem_counts.sum(axis=1)
+        a.dem_s[rows, layer] = self._reads_s(o.dem_counts, n_dem)
+        a.dem_bytes[rows, layer] = rc.bytes(o.dem_counts)
         a.dem_reads[rows, layer] = n_dem
-        if lp.prefetch_next.any():
-            pc = layout.read_counts(layer, lp.prefetch_next)
+        if o.pf_counts is not None:
+            pc = o.pf_counts
             n_pf = pc.sum(axis=1)
             tgt = np.arange(a0, b0) + 1
             ok = tgt < self.S
@@ -211,35 +247,25 @@ class StepPlanner:
             a.pf_s[tgt[ok], layer] = pf_s[ok]
             a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
             a.pf_reads[tgt[ok], layer] = n_pf[ok]
-        n_comp = bitsets.count(lp.computed)
-        n_need = bitsets.count(lp.needed)
-        n_corr = bitsets.count(lp.computed & lp.needed)
-        c = lp.cache
+        n_comp = o.computed
         a.computed[rows, layer] = n_comp
-        a.needed[rows, layer] = n_need
-        a.correct[rows, layer] = n_corr
-        a.hits[rows, layer] = lp.hits
-        a.before[rows, layer] = c.before
-        a.after[rows, layer] = c.after
-        a.peak[rows, layer] = c.peak
+        a.needed[rows, layer] = o.needed
+        a.correct[rows, layer] = o.correct
+        a.hits[rows, layer] = o.hits
+        a.before[rows, layer] = o.before
+        a.after[rows, layer] = o.after
+        a.peak[rows, layer] = o.peak
         gathers = self.stack.residency.gathers_at(n_comp)
         ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, gathers)
         a.ffn_flop_s[rows, layer] = ffn.flop_s
         a.ffn_mem_s[rows, layer] = ffn.mem_s
         a.ffn_gather_s[rows, layer] = ffn.gather_s
         a.ffn_ovh_s[rows, layer] = ffn.ovh_s
-        if self.manages_cache:
-            moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
-            mg = self.compute.memory_management(moved)
+        if o.moved is not None:
+            mg = self.compute.memory_management(o.moved)
             a.mgmt_mem_s[rows, layer] = mg.mem_s
             a.mgmt_ovh_s[rows, layer] = mg.ovh_s
-        key = (layer, a0, b0)
-        q = self.quality_memo.get(key) if self.quality_memo is not None else None
-        if q is None:
-            q = layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
-            if self.quality_memo is not None:
-                self.quality_memo[key] = q
-        mn, md, rn, rd = q
+        mn, md, rn, rd = o.quality
         a.mass_num[rows] += mn
         a.mass_den[rows] += md
         a.rec_num[rows] += rn
@@ -273,12 +299,18 @@ class StepPlanner:
         """Page-granular residency (mmap): the policy reports misses per tensor group."""
         a = self.arr
         res = self.stack.residency
-        cap_bytes = self.memory.cache_bytes(budget_bytes, a0, b0)
-        pages = res.advance_pages(a0, b0, cap_bytes)
+        key = (PAGES, a0, b0)
+        if self.memo is not None and self.memo.complete:
+            pages, quality = self.memo.outcomes[key]  # type: ignore[misc]
+        else:
+            pages = res.advance_pages(a0, b0, self.memory.cache_bytes(budget_bytes, a0, b0))
+            quality = [self._dense_quality(layer, a0, b0) for layer in range(self.L)]
+            if self.memo is not None:
+                self.memo.outcomes[key] = (pages, quality)
         rows = slice(a0, b0)
-        for key, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
-                                     ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
-            misses = pages[key]                      # [S, L] read-ahead windows missed
+        for key_, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
+                                      ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
+            misses = pages[key_]                     # [S, L] read-ahead windows missed
             t, nbytes = res.miss_cost(misses, self.profile.flash.curve)
             a.sl[t_f][rows] = t
             a.sl[b_f][rows] = nbytes
@@ -287,14 +319,10 @@ class StepPlanner:
         a.head_read_s[rows] = t
         a.head_read_bytes[rows] = nbytes
         a.head_reads[rows] = pages["head"]
-        N = self.spec.d_ff
-        a.computed[rows] = N
-        for layer in range(self.L):
-            needed = self.view.needed(layer, a0, b0)
-            full = np.broadcast_to(bitsets.full(N), needed.shape)
-            a.needed[rows, layer] = bitsets.count(needed)
-            a.correct[rows, layer] = a.needed[rows, layer]
-            mn, md, rn, rd = layer_quality(self.view, layer, a0, b0, np.ascontiguousarray(full), needed)
+        a.computed[rows] = self.spec.d_ff
+        for layer, (n_need, (mn, md, rn, rd)) in enumerate(quality):
+            a.needed[rows, layer] = n_need
+            a.correct[rows, layer] = n_need
             a.mass_num[rows] += mn
             a.mass_den[rows] += md
             a.rec_num[rows] += rn
@@ -304,6 +332,19 @@ class StepPlanner:
         a.ffn_flop_s[rows], a.ffn_mem_s[rows] = ffn.flop_s, ffn.mem_s
         a.ffn_gather_s[rows], a.ffn_ovh_s[rows] = ffn.gather_s, ffn.ovh_s
         a.s["cache_bytes"][rows] = pages["cached_bytes"]
+
+    def _dense_quality(self, layer: int, a0: int, b0: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """(needed counts, quality sums) of a layer that computes every neuron (the page path)."""
+        needed = self.view.needed(layer, a0, b0)
+        n_need = bitsets.count(needed)
+        key = (layer, a0, b0)
+        q = self.quality_memo.get(key) if self.quality_memo is not None else None   # a dense run's, when one ran
+        if q is None:
+            full = np.broadcast_to(bitsets.full(self.spec.d_ff), needed.shape)
+            q = layer_quality(self.view, layer, a0, b0, np.ascontiguousarray(full), needed, None, n_need, n_need)
+            if self.quality_memo is not None:
+                self.quality_memo[key] = q
+        return n_need, q
 
     def finish_steps(self, a0: int, b0: int, budget_bytes: int | np.ndarray) -> None:
         """DRAM accounting of steps [a0, b0) once all their layers are planned; checks the budget."""

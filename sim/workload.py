@@ -148,6 +148,11 @@ def build_steps(trace: Trace, prompt_tokens: int | None, tokens: int | None, bat
                  sequence_prompts=tuple(seq_prompts))
 
 
+# Converted top-K arrays a view keeps (see TraceView._full_top): a 128-token planning trace of a 7B
+# model with K = 1024 is ~30 MB.
+TOP_CACHE_BYTES = 256 << 20
+
+
 def _rows(positions: np.ndarray) -> slice | np.ndarray:
     """A slice when the positions are one run of consecutive tokens (memmap slicing is much cheaper
     than fancy indexing), else the positions themselves."""
@@ -207,11 +212,15 @@ class TraceView:
         Rescaled traces repeat each stored neuron once per tile (and the sums scale with it);
         entries beyond the model's width have idx -1 and |a| 0."""
         tl = self.trace_layer(layer)
-        idx, mag = self.trace.top(tl)
         rows = _rows(positions)
-        idx = np.asarray(idx[rows]).astype(np.int32)
-        mag = np.asarray(mag[rows]).astype(np.float32)
-        tot = np.asarray(self.trace.abs_sum(tl)[rows]).astype(np.float32)
+        full = self._full_top(tl)
+        if full is not None:
+            idx, mag, tot = (x[rows] for x in full[:3])
+        else:
+            idx, mag = self.trace.top(tl)
+            idx = np.asarray(idx[rows]).astype(np.int32)
+            mag = np.asarray(mag[rows]).astype(np.float32)
+            tot = np.asarray(self.trace.abs_sum(tl)[rows]).astype(np.float32)
         if self._neuron_map is not None:
             Nt = self.trace.n_neurons
             reps = -(-self.n_neurons // Nt)
@@ -222,6 +231,31 @@ class TraceView:
             idx = np.where(valid, idx, -1)
             tot = tot * (self.n_neurons / Nt)
         return idx, mag, tot
+
+    def _full_top(self, tl: int) -> tuple[np.ndarray, ...] | None:
+        """Trace layer `tl`'s top-K (idx int32, |a| float32, abs_sum float32, stored sum float64) over
+        all its tokens, kept on the view when the whole trace's fit in TOP_CACHE_BYTES (else None):
+        the quality proxy of every run of a sweep or plan reads them, and converting the stored
+        dtypes is most of its cost."""
+        c = self.__dict__.get("_top")
+        if c is None:
+            t = self.trace
+            fits = t.n_layers * t.n_tokens * (8 * t.top_k + 12) <= TOP_CACHE_BYTES
+            c = self.__dict__["_top"] = {} if fits else False
+        if c is False:
+            return None
+        if tl not in c:
+            idx, mag = self.trace.top(tl)
+            mag32 = np.asarray(mag).astype(np.float32)
+            c[tl] = (np.asarray(idx).astype(np.int32), mag32, np.asarray(self.trace.abs_sum(tl)).astype(np.float32),
+                     mag32.sum(axis=1, dtype=np.float64))
+        return c[tl]
+
+    def token_stored_sum(self, layer: int, positions: np.ndarray) -> np.ndarray | None:
+        """float64 [t]: the sum of the stored |a| of each token (None: not kept, see _full_top);
+        only for a view that is not rescaled."""
+        full = None if self._neuron_map is not None else self._full_top(self.trace_layer(layer))
+        return None if full is None else full[3][_rows(positions)]
 
     def token_magnitudes(self, layer: int, positions: np.ndarray) -> np.ndarray:
         """float32 [t, N]: |a| where stored (top K), 0 elsewhere."""

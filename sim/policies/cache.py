@@ -158,8 +158,9 @@ class NeuronCache:
         )
         if st["last_use"] is not None:
             Cb = bitsets.unpack(C, self.N)
-            used = Cb.any(axis=0)
-            last = S - 1 - np.argmax(Cb[::-1], axis=0)
+            # each neuron's last computing row (-1: none); a row-wise max, contiguous in memory
+            last = np.where(Cb, np.arange(S, dtype=np.int32)[:, None], np.int32(-1)).max(axis=0)
+            used = last >= 0
             st["last_use"][used] = st["next"] + last[used]
         st["res"] = Rn[-1].copy()
         st["hint"] = H[-1].copy() if H is not None else np.zeros(self.W, bitsets.WORD)

@@ -82,6 +82,8 @@ class SelectiveResidency(CachedResidency, Residency):
             raise FlashsimError(f"selective.profile {self.params.profile}: {prof.n_layers} x {prof.n_neurons} "
                                 f"neurons, the trace has {view.trace.n_layers} x {view.trace.n_neurons}")
         task = self.params.task or self._replayed_task(view)
+        self._source_key = self.params.profile or ""
+        self._base_key = task if task in prof.scores_task else ""
         if task in prof.scores_task:
             self._base_scores = prof.scores_task[task]
         else:
@@ -111,12 +113,21 @@ class SelectiveResidency(CachedResidency, Residency):
         s = table[v.trace_layer(layer)]
         return s[np.arange(v.n_neurons) % v.trace.n_neurons] if v.rescaled else s
 
+    def _order(self, table: np.ndarray, task: str, layer: int) -> np.ndarray:
+        """Neurons by descending score (stable); kept on the view, which a sweep's or plan's runs
+        share, since the ranking depends only on the profile, the task and the layer."""
+        store = self.ctx.view.__dict__.setdefault("_selective_orders", {})
+        key = (self._source_key, task, layer)
+        if key not in store:
+            store[key] = np.argsort(-self._scores(table, layer), kind="stable")
+        return store[key]
+
     def _sets(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(loaded bool [N], static bool [N])."""
         if layer not in self._loaded:
             N = self.ctx.n_neurons
-            base = np.argsort(-self._scores(self._base_scores, layer), kind="stable")
-            sec = np.argsort(-self._scores(self._secondary_scores, layer), kind="stable")
+            base = self._order(self._base_scores, self._base_key, layer)
+            sec = self._order(self._secondary_scores, "", layer)
             n_static = int(round(self.params.static_ratio * N))
             n_load = int(round(self.params.load_ratio * N))
             static = np.zeros(N, bool)

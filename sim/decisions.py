@@ -1,0 +1,72 @@
+"""A run's decisions as counts (`LayerOutcome` per layer and step range, `DecisionMemo` per run).
+
+The policies decide sets; pricing those sets on a device is the rest of a run. A run that repeats
+another's decisions on a device with other speed numbers (the datasheet-peak bound beside every
+achievable figure) prices the recorded outcomes instead of asking the policies again
+(sim/step_plans.py records and replays them; sim/set_cache.py keys and bounds the memos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class LayerOutcome:
+    """What the policies decided for steps [a0, b0) of one layer, as the counts pricing needs: reads
+    per chunk size (demand; prefetch for the next step, None when nothing is prefetched), set sizes,
+    cache sizes, rows moved (None without a managed cache) and the quality sums. No time and no
+    device number: the same outcome is priced on any device."""
+
+    dem_counts: np.ndarray
+    pf_counts: np.ndarray | None
+    computed: np.ndarray
+    needed: np.ndarray
+    correct: np.ndarray
+    hits: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    peak: np.ndarray
+    moved: np.ndarray | None
+    quality: tuple[np.ndarray, ...]
+
+
+@dataclass
+class DecisionMemo:
+    """One run's decisions: a LayerOutcome per (layer, a0, b0) (the page path: its misses and quality
+    per (PAGES, a0, b0)) and the notes its policies wrote while planning. `plan_all` fills it and marks
+    it complete; a planner given a complete memo prices it instead of asking the policies again.
+    Valid for runs whose decisions are the same: sim.engine.SetAlgebraCache keys it (same trace view,
+    model, configuration, budget and device memory; the device's speed numbers are not decisions)."""
+
+    outcomes: dict[tuple, object] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    complete: bool = False
+    _nbytes: int | None = None
+
+    def nbytes(self) -> int:
+        """Bytes of its arrays (counted once the memo is complete; an incomplete one is changing)."""
+        if self._nbytes is not None:
+            return self._nbytes
+        n = sum(_nbytes(o) for o in self.outcomes.values())
+        if self.complete:
+            self._nbytes = n
+        return n
+
+
+def _nbytes(x: object) -> int:
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(y) for y in x)
+    if isinstance(x, dict):
+        return sum(_nbytes(y) for y in x.values())
+    if isinstance(x, LayerOutcome):
+        return sum(_nbytes(getattr(x, f)) for f in LAYER_OUTCOME_FIELDS)
+    return 0
+
+
+PAGES = "pages"
+LAYER_OUTCOME_FIELDS = tuple(LayerOutcome.__dataclass_fields__)
