@@ -212,7 +212,9 @@ class KindState:
         pos, vals, held, extra = (np.concatenate(c) for c in zip(*chunks)) if len(chunks) > 1 else chunks[0]
         a, b = np.searchsorted(pos, [lo_flat, hi_flat])
         ha, hb = np.searchsorted(held, [a, b])
-        self.buf_pos, self.buf_val, self.buf_held, self.buf_extra = pos[b:], vals[b:], held[hb:] - b, extra[hb:]
+        # copies: the few events beyond this range, without the chunk arrays they were drawn in
+        self.buf_pos, self.buf_val = pos[b:].copy(), vals[b:].copy()
+        self.buf_held, self.buf_extra = held[hb:] - b, extra[hb:].copy()
         return pos[a:b], vals[a:b], held[ha:hb] - a, extra[ha:hb]
 
 
