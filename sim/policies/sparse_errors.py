@@ -111,17 +111,19 @@ def geometric(rng: np.random.Generator, p: float, n: int) -> np.ndarray:
     return out
 
 
-def event_positions(rng: np.random.Generator, p: float, n: int, start: int) -> np.ndarray:
-    """int64 [n]: `start` plus the running sum of n `geometric(rng, p, n)` gaps (the same numbers),
-    summed exactly in float64 where every sum stays below 2**53."""
+def event_positions(rng: np.random.Generator, p: float, start: int, out: np.ndarray) -> None:
+    """out (int64 [n]) = `start` plus the running sums of `geometric(rng, p, n)` gaps (the same numbers)."""
+    n = len(out)
     if p < 1e-9 or p >= 0.333333333333333333333333:
-        return start + np.cumsum(geometric(rng, p, n))
-    z = rng.standard_exponential(out=work("gaps", (n,), np.float64))
-    z /= -math.log1p(-p)
-    np.ceil(z, out=z)
-    z[0] += start
-    np.cumsum(z, out=z)
-    return z.astype(np.int64)
+        out[:] = geometric(rng, p, n)
+    else:
+        z = rng.standard_exponential(out=work("gaps", (n,), np.float64))
+        z /= -math.log1p(-p)
+        np.ceil(z, out=z)
+        out[:] = z
+    if n:
+        out[0] += start
+    np.cumsum(out, out=out)
 
 
 def geometric_above_one(rng: np.random.Generator, p: float, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,28 +193,36 @@ class KindState:
             return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.last_pos < 0:
             self.last_pos = n_bits - 1          # the stream starts at step 1 (step 0 is drawn apart)
-        chunks = [(self.buf_pos, self.buf_val, self.buf_held, self.buf_extra)] if len(self.buf_pos) else []
+        # the buffered events, then fresh ones drawn after them into the same (work) arrays
         n_buf = len(self.buf_pos)
+        need = max(int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64, 0) if self.last_pos < hi_flat - 1 else 0
+        name = "fp" if self.valued else "miss"
+        pos = work(f"{name}_pos", (n_buf + need,), np.int64)
+        vals = work(f"{name}_val", (n_buf + need,), np.float32)
+        pos[:n_buf], vals[:n_buf] = self.buf_pos, self.buf_val
+        helds, extras = [self.buf_held], [self.buf_extra]
         while self.last_pos < hi_flat - 1:
-            n = int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64
-            pos = event_positions(self.rngs["gap"], self.rate, n, self.last_pos)
+            if need == 0:        # rarely: the first draw fell short; another, in fresh arrays
+                need = int(1.05 * self.rate * (hi_flat - 1 - self.last_pos)) + 64
+                pos, vals = np.concatenate([pos, np.empty(need, np.int64)]), np.concatenate([vals, np.empty(need, np.float32)])
+            new_pos, new_vals = pos[len(pos) - need:], vals[len(vals) - need:]
+            event_positions(self.rngs["gap"], self.rate, self.last_pos, new_pos)
             if self.valued:
-                v64 = self.rngs["value"].random(out=work("values", (n,), np.float64))
+                v64 = self.rngs["value"].random(out=work("values", (need,), np.float64))
                 v64 *= self.width
                 v64 += self.lo
-                vals = v64.astype(np.float32)
+                new_vals[:] = v64
             else:
-                vals = np.full(n, self.lo, np.float32)
-            held, extra = self.extras(self.rngs["extra"], n)
-            chunks.append((pos, vals, held + n_buf, extra))
-            n_buf += n
-            self.last_pos = int(pos[-1])
-        if not chunks:
-            return self.buf_pos[:0], self.buf_val[:0], self.buf_held[:0], self.buf_extra[:0]
-        pos, vals, held, extra = (np.concatenate(c) for c in zip(*chunks)) if len(chunks) > 1 else chunks[0]
+                new_vals.fill(self.lo)
+            held, extra = self.extras(self.rngs["extra"], need)
+            helds.append(held + (len(pos) - need))
+            extras.append(extra)
+            self.last_pos = int(new_pos[-1])
+            need = 0
+        held, extra = (np.concatenate(helds), np.concatenate(extras)) if len(helds) > 1 else (helds[0], extras[0])
         a, b = np.searchsorted(pos, [lo_flat, hi_flat])
         ha, hb = np.searchsorted(held, [a, b])
-        # copies: the few events beyond this range, without the chunk arrays they were drawn in
+        # copies: the few events beyond this range (the arrays are reused by the next call)
         self.buf_pos, self.buf_val = pos[b:].copy(), vals[b:].copy()
         self.buf_held, self.buf_extra = held[hb:] - b, extra[hb:].copy()
         return pos[a:b], vals[a:b], held[ha:hb] - a, extra[ha:hb]
@@ -331,7 +341,7 @@ def _sojourns(ks: KindState, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray,
         held0, extra0 = ks.extras(ks.rngs["first"], len(hit))
         held, extra = np.concatenate([held0, held + len(hit)]), np.concatenate([extra0, extra])
     else:
-        pos = pos - s0 * n_bits
+        pos -= s0 * n_bits                                     # in place: the events' work array
     # a latent kept past its event's step (and those carried in) lasts until the neuron's next event
     row, neuron = np.divmod(pos[held], n_bits)
     n_rows = s1 - s0
