@@ -25,7 +25,11 @@ more DRAM means fewer reads. A configuration that does not fit is bound by memor
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,27 +108,47 @@ def resident_floor_bytes(config: RunConfig, spec: ModelSpec) -> int:
     return int(config.precision.instantiate().transform(spec).non_ffn_bytes)
 
 
+def default_workers() -> int:
+    """Threads `Planner.evaluate_many` uses: the cores this process may run on (at most 4), or
+    FLASHSIM_PLAN_THREADS."""
+    env = os.environ.get("FLASHSIM_PLAN_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, 4))
+
+
 class Planner:
     """Evaluates configurations of one (trace, model, device) at any budget, memoised. `trace` may be
-    a callable that returns it: it is called once, on the first configuration that must run."""
+    a callable that returns it: it is called once, on the first configuration that must run.
+
+    `evaluate_many` runs independent configurations on `workers` threads: a run is NumPy work on
+    arrays of a layer's sets, which releases the GIL, and each run's result depends only on its
+    configuration (its policies and generators are its own; the shared caches hold values that any
+    thread computes alike), so the answers do not depend on the number of threads or their order."""
 
     def __init__(self, trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DeviceProfile, *,
                  rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
-                 cache: SetAlgebraCache | None = None, runtime: str | None = None):
+                 cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None):
         self._trace = trace
         self.runtime = runtime      # compute.runtime of every configuration (None: the preset's)
         self.spec, self.profile = spec, profile
         self.rescale, self.seed, self.progress = rescale, seed, progress
         self.cache = cache or SetAlgebraCache()
+        self.workers = workers or default_workers()
         self._memo: dict[tuple, Evaluation] = {}
+        self._lock = threading.RLock()
+        self._active = 0          # runs in progress (threads)
+        self._active_since = 0.0
         self.n_runs = 0
-        self.run_s = 0.0     # seconds spent in simulated runs
+        self.run_s = 0.0     # wall seconds during which at least one simulated run was in progress
 
     @property
     def trace(self) -> Trace:
-        if callable(self._trace) and not isinstance(self._trace, Trace):
-            self._trace = self._trace()
-        return self._trace
+        with self._lock:
+            if callable(self._trace) and not isinstance(self._trace, Trace):
+                self._trace = self._trace()
+            return self._trace
 
     @property
     def trace_loaded(self) -> bool:
@@ -142,6 +166,19 @@ class Planner:
         if self.rescale is None:
             return (trace.n_layers, trace.n_neurons) != (self.spec.n_layers, self.spec.d_ff)
         return self.rescale
+
+    def evaluate_many(self, requests: Sequence[tuple[str, Sequence[str], int]], *, ideal: bool = False) -> list[Evaluation]:
+        """`evaluate` of each (preset, overrides, budget_bytes), in order, on `workers` threads. The
+        first request that runs goes alone (it loads the trace and builds the shared view)."""
+        todo = [r for r in dict.fromkeys((p, tuple(o), int(b)) for p, o, b in requests)
+                if (r[0], r[1], r[2], ideal) not in self._memo]
+        if self.workers > 1 and len(todo) > 1:
+            if not self.trace_loaded or not self.cache.has_views():
+                self.evaluate(*todo[0], ideal=ideal)
+                todo = todo[1:]
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
+                list(pool.map(lambda r: self.evaluate(*r, ideal=ideal), todo))
+        return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
         key = (preset, tuple(overrides), int(budget_bytes), ideal)
@@ -162,16 +199,18 @@ class Planner:
                         f"alone are {format_bytes(floor)} (from the model spec)")
         else:
             self._run(ev, cfg)
-        self._memo[key] = ev
-        return ev
+        with self._lock:
+            self._memo.setdefault(key, ev)
+            return self._memo[key]
 
     def _run(self, ev: Evaluation, cfg: RunConfig) -> None:
-        import time
-
         trace = self.trace
         if self._rescale(trace):
             cfg = cfg.with_overrides(["sim.rescale=true"])
-        t0 = time.perf_counter()
+        with self._lock:
+            if self._active == 0:
+                self._active_since = time.perf_counter()
+            self._active += 1
         try:
             sim = build(trace, self.spec, self.profile, cfg, cache=self.cache)
             ev.summary = sim.run().summary()
@@ -180,7 +219,11 @@ class Planner:
             ev.failure, ev.error = DOES_NOT_FIT, str(e)
         except FlashsimError as e:
             ev.failure, ev.error = CANNOT_RUN, str(e)
-        self.run_s += time.perf_counter() - t0
-        self.n_runs += 1
-        if self.progress:
-            self.progress()
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self.run_s += time.perf_counter() - self._active_since
+                self.n_runs += 1
+                if self.progress:
+                    self.progress()

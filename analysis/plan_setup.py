@@ -214,8 +214,9 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
         note("peak bound")
         pl = Planner(result.trace_source, spec, at_bound(raw, "peak"), rescale=None, seed=seed,
                      progress=lambda: note(None), cache=cache, runtime=runtime)
-        peak = {r["label"]: finite_or_none(pl.evaluate(r["preset"], r["overrides"], r["dram_budget_bytes"])
-                                           .metric(TOKENS_PER_S)) for r in result.rows if r["fits"]}
+        fits = [r for r in result.rows if r["fits"]]
+        runs = pl.evaluate_many([(r["preset"], r["overrides"], r["dram_budget_bytes"]) for r in fits])
+        peak = {r["label"]: finite_or_none(e.metric(TOKENS_PER_S)) for r, e in zip(fits, runs)}
         for r in result.rows:
             r["peak_bound_tokens_per_s"] = peak.get(r["label"])
         result.peak_bound = {"configurations": peak,

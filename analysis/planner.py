@@ -278,11 +278,11 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
         raise FlashsimError(f"--dram-free {format_bytes(budget)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
     pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime)
-    evals = [pl.evaluate(p, o, budget) for p, o in grid]
+    evals = pl.evaluate_many([(p, o, budget) for p, o in grid])
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
-    for r, e in zip(rows, evals):   # the same configuration with a perfect predictor and prefetch
-        r["ideal_policy_tokens_per_s"] = finite_or_none(pl.evaluate(e.preset, e.overrides, budget, ideal=True)
-                                                        .metric("tokens_per_s"))
+    ideal = pl.evaluate_many([(e.preset, e.overrides, budget) for e in evals], ideal=True)
+    for r, e in zip(rows, ideal):   # the same configuration with a perfect predictor and prefetch
+        r["ideal_policy_tokens_per_s"] = finite_or_none(e.metric("tokens_per_s"))
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
     best = feasible[0] if feasible else None
     # closest: the fastest one that ran at the quality floor (what to relax to make it work)
@@ -372,7 +372,7 @@ def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling
               **floors: Any) -> dict[str, Any]:
     """Bisection for the frugal feasible configuration of every preset family at the ceiling.
     `floors`: max_jpt, min_agreement and table, as `reasons` takes them."""
-    evals = at_ceiling if at_ceiling is not None else [pl.evaluate(p, o, ceiling) for p, o in grid]
+    evals = at_ceiling if at_ceiling is not None else pl.evaluate_many([(p, o, ceiling) for p, o in grid])
     ok_rows = [(e, row(e, target_tps, min_quality, **floors)) for e in evals]
     ok_rows = [(e, r) for e, r in ok_rows if r["feasible"]]
     out: dict[str, Any] = {"bytes": None, "configuration": None, "tolerance_bytes": tol,

@@ -44,6 +44,7 @@ class DecisionMemo:
     outcomes: dict[tuple, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     complete: bool = False
+    failed: bool = False              # its run raised: never complete, dropped by the cache
     _nbytes: int | None = None
 
     def nbytes(self) -> int:

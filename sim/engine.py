@@ -136,7 +136,12 @@ class Simulation:
             self.notes.extend(n for n in memo.notes if n not in self.notes)
             return plan
         n0 = len(self.notes)
-        plan = self.planner.plan_all(self.budget_bytes)
+        try:
+            plan = self.planner.plan_all(self.budget_bytes)
+        except BaseException:
+            if memo is not None:
+                memo.failed, memo.outcomes = True, {}
+            raise
         if memo is not None:
             memo.notes = self.notes[n0:]
         return plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 
 from devices.model_spec import ModelSpec
@@ -34,8 +35,16 @@ class SetAlgebraCache:
         self.quality: dict[tuple, dict] = {}
         self.max_decision_bytes = max_decision_bytes
         self._decisions: OrderedDict[tuple, DecisionMemo] = OrderedDict()
+        self._lock = threading.RLock()    # runs on several threads share one cache (analysis/plan_eval.py)
+
+    def has_views(self) -> bool:
+        return bool(self._views)
 
     def view(self, trace: Trace, config: RunConfig, spec: ModelSpec) -> TraceView:
+        with self._lock:
+            return self._view(trace, config, spec)
+
+    def _view(self, trace: Trace, config: RunConfig, spec: ModelSpec) -> TraceView:
         w = config.workload
         key = (_trace_key(trace), w.prompt_tokens, w.tokens, w.batch, spec.n_layers, spec.d_ff, config.sim.rescale)
         v = self._views.get(key)
@@ -61,7 +70,8 @@ class SetAlgebraCache:
         key = (view.cache_key, json.dumps(stack.predictor.describe(), sort_keys=True, default=str),  # type: ignore[attr-defined]
                json.dumps(allowed, sort_keys=True, default=str), config.sim.seed,
                stack.precision.transform(view.trace.spec).d_ff)
-        return self.quality.setdefault(key, {})
+        with self._lock:
+            return self.quality.setdefault(key, {})
 
 
     def decision_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig, spec: ModelSpec,
@@ -75,6 +85,11 @@ class SetAlgebraCache:
         timeline, planned cell by cell as the DES goes, gets no memo."""
         if config.budget_timeline is not None:
             return None
+        with self._lock:
+            return self._decision_memo(view, stack, config, spec, profile, budget_bytes)
+
+    def _decision_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig, spec: ModelSpec,
+                       profile: DeviceProfile, budget_bytes: int) -> DecisionMemo:
         self.trim_decisions()
         key = (view.cache_key, spec.model_dump_json(), profile.name, profile.memory.capacity_bytes,  # type: ignore[attr-defined]
                json.dumps(config.to_dict(), sort_keys=True, default=str), int(budget_bytes))
@@ -87,13 +102,18 @@ class SetAlgebraCache:
         return memo
 
     def trim_decisions(self) -> None:
-        """Drop incomplete memos (runs that failed) and the oldest complete ones beyond the byte bound."""
-        for k in [k for k, m in self._decisions.items() if not m.complete]:
+        """Drop the memos of runs that failed and the oldest complete ones beyond the byte bound."""
+        with self._lock:
+            self._trim_decisions()
+
+    def _trim_decisions(self) -> None:
+        for k in [k for k, m in self._decisions.items() if m.failed]:
             del self._decisions[k]
-        total = sum(m.nbytes() for m in self._decisions.values())
-        while total > self.max_decision_bytes and self._decisions:
-            _, m = self._decisions.popitem(last=False)
-            total -= m.nbytes()
+        total = sum(m.nbytes() for m in self._decisions.values() if m.complete)
+        for k in [k for k, m in self._decisions.items() if m.complete]:   # oldest first; runs in progress stay
+            if total <= self.max_decision_bytes:
+                break
+            total -= self._decisions.pop(k).nbytes()
 
 
 def _trace_key(trace: Trace) -> tuple:

@@ -174,22 +174,30 @@ def count_layer(trace: Trace, layer: int, measured: np.ndarray, n_before: np.nda
 # ---- derived statistics -----------------------------------------------------------------------
 def hot_curve(counts: np.ndarray) -> np.ndarray:
     """float64 [N+1]: share of the total given by the m most active neurons, m = 0..N."""
-    c = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
+    counts = np.asarray(counts)
+    if counts.dtype.kind in "iu" and len(counts) and 0 <= counts.min() and counts.max() <= 4 * len(counts):
+        hist = np.bincount(counts)                  # event counts: a counting sort, the same order
+        c = np.repeat(np.arange(len(hist) - 1, -1, -1, dtype=np.float64), hist[::-1])
+    else:
+        c = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
     total = c.sum()
     curve = np.concatenate([[0.0], np.cumsum(c)])
     return curve / total if total > 0 else np.full(len(curve), np.nan)
 
 
-def hot_cdf(counts: np.ndarray, grid: tuple[float, ...] | np.ndarray = HOT_CDF_GRID) -> np.ndarray:
-    """Share of events given by the top x*N neurons at each x of `grid` (linear between counts)."""
-    curve = hot_curve(counts)
+def hot_cdf(counts: np.ndarray, grid: tuple[float, ...] | np.ndarray = HOT_CDF_GRID,
+            curve: np.ndarray | None = None) -> np.ndarray:
+    """Share of events given by the top x*N neurons at each x of `grid` (linear between counts).
+    `curve`: `hot_curve(counts)` when already computed."""
+    curve = hot_curve(counts) if curve is None else curve
     n = len(curve) - 1
     return np.interp(np.asarray(grid) * n, np.arange(n + 1), curve)
 
 
-def hot_fraction(counts: np.ndarray, share: float = HOT_SHARE) -> float | None:
-    """Smallest fraction of neurons whose counts sum to >= `share` of the total (None if empty)."""
-    curve = hot_curve(counts)
+def hot_fraction(counts: np.ndarray, share: float = HOT_SHARE, curve: np.ndarray | None = None) -> float | None:
+    """Smallest fraction of neurons whose counts sum to >= `share` of the total (None if empty).
+    `curve`: `hot_curve(counts)` when already computed."""
+    curve = hot_curve(counts) if curve is None else curve
     if np.isnan(curve[-1]):
         return None
     m = int(np.searchsorted(curve, share - 1e-12, side="left"))
@@ -230,14 +238,15 @@ def _summary(counts: list[LayerCounts], pooled_counts: np.ndarray, pooled_mass: 
     pairs = [{"tasks": [a, b], "jaccard": jaccard(sets[a], sets[b])} for a, b in itertools.combinations(tasks, 2)]
     stored = sum(c.stored_mass for c in counts)
     total = sum(c.total_mass for c in counts)
+    curve = hot_curve(pooled_counts)
     return {
         "active_fraction": _ratio(events, cells),
         "overlap_prev": cov["1"],
         "window_coverage": cov,
-        "hot80_fraction": hot_fraction(pooled_counts),
+        "hot80_fraction": hot_fraction(pooled_counts, curve=curve),
         "hot80_mass_fraction": None if pooled_mass is None else hot_fraction(pooled_mass),
         "magnitude_coverage": None if pooled_mass is None else _ratio(stored, total),
-        "hot_cdf": [None if np.isnan(v) else float(v) for v in hot_cdf(pooled_counts)],
+        "hot_cdf": [None if np.isnan(v) else float(v) for v in hot_cdf(pooled_counts, curve=curve)],
         "task_hot_overlap": pairs,
     }
 

@@ -78,7 +78,9 @@ from traces.synthetic_chain import (
     CONTEXT_PENALTY,
     QUAD_Z,
     RATE_FLOOR,
+    bit_thresholds,
     class_matrix,
+    context_norm,
     count_inflation,
     cycle_segments,
     expected_hot80,
@@ -92,6 +94,7 @@ from traces.synthetic_chain import (
     shrink_rates,
     solve_overlap,
     transition_probs,
+    uniform_bits,
 )
 from traces.synthetic_magnitudes import (
     MagnitudeModel,
@@ -192,6 +195,7 @@ def _fit_layer(p_hat: np.ndarray, t_src: int, pl: dict[str, Any], segments: list
     target_cov = [pl["window_coverage"][str(k)] for k in range(1, FIT_WINDOWS + 1)]
     infl: float | np.ndarray = 1.0
     scale = 1.0
+    shares = None
     for it in range(4):                  # rates, classes and noise depend on each other
         src_rates, shrink = shrink_rates(p_hat, t_src, infl)
         rates = normalize_rates(resample_quantiles(src_rates, n), f * scale)
@@ -199,7 +203,7 @@ def _fit_layer(p_hat: np.ndarray, t_src: int, pl: dict[str, Any], segments: list
         # Coverage pools events, so classes mix by their share of events v_c = w_c ratio_c / sum:
         # linear in v. The neuron shares follow as w_c = v_c / ratio_c, normalised.
         shares = fit_classes(cov, target_cov, minimax_iters=1 if it < 2 else 15, context_penalty=CONTEXT_PENALTY,
-                             fallback_index=CLASSES.index((0.0, 0.0)))
+                             fallback_index=CLASSES.index((0.0, 0.0)), start=shares)
         weights = shares / ratio
         weights /= weights.sum()
         mean_rate = float(weights @ ratio) * float(rates.mean())
@@ -250,34 +254,67 @@ def plan_params(spec: ModelSpec, n_tokens: int, active_fraction: float, overlap:
 # ---- generation -------------------------------------------------------------------------------
 def generate_layer(plan: LayerPlan, restart: np.ndarray, rng: np.random.Generator,
                    block: int = TOKEN_BLOCK, task_of_token: np.ndarray | None = None):
-    """Yield (t0, bool [b, N]) blocks of one layer. At restart[t] (a prompt start) each neuron gets
-    a fresh prompt rate and a stationary state; otherwise it follows its chain from token t-1.
-    With task_of_token (int per token, -1 = none) and plan.task_z, a prompt of a fitted task takes
-    that task's z per neuron and rate scale instead of random z (see traces/synthetic_tasks.py)."""
+    """Yield (t0, uint8 [b, ceil(N/8)]) blocks of one layer, bit-packed like the trace's masks
+    (np.packbits, bitorder="little"; `unpack` gives bool [b, N]). At restart[t] (a prompt start)
+    each neuron gets a fresh prompt rate and a stationary state; otherwise it follows its chain from
+    token t-1. With task_of_token (int per token, -1 = none) and plan.task_z, a prompt of a fitted
+    task takes that task's z per neuron and rate scale instead of random z (see
+    traces/synthetic_tasks.py).
+
+    Within a prompt, token t is on iff u_t < p11 (if on at t-1) or u_t < p01 (if off), u_t uniform
+    float32 (compared as its 32-bit draw, `uniform_bits`): both comparisons are made for the whole
+    block at once and packed, and the recurrence
+    x_t = B_t ^ ((A_t ^ B_t) & x_(t-1)) (A = [u < p11], B = [u < p01]) runs on 64-bit words, 64
+    neurons per operation."""
     n_tokens, n = len(restart), len(plan.rates)
+    nb = (n + 7) // 8
+    words = -(-nb // 8)                                   # 64-bit words per token (padded)
     has_ctx = bool(np.any(plan.sigma > 0))
-    prev = None
-    lam = p01 = p11 = None
+    norm = context_norm(plan.sigma)
+    prev = np.zeros(words, np.uint64)
+    th01 = th11 = (np.zeros(n, np.uint32), np.zeros(n, bool))    # set at the first token (a prompt start)
     for t0 in range(0, n_tokens, block):
         b = min(block, n_tokens - t0)
-        u = rng.random((b, n), dtype=np.float32)
-        x = np.empty(u.shape, bool)
-        for t in range(b):
-            if restart[t0 + t]:
-                task = -1 if task_of_token is None or plan.task_z is None else int(task_of_token[t0 + t])
+        u = uniform_bits(rng, (b, n))                     # u < p  <=>  bits < bit_thresholds(p)
+        out = np.zeros((b, words * 8), np.uint8)
+        out64 = out.view(np.uint64)
+        starts = np.flatnonzero(restart[t0:t0 + b])
+        bounds = np.unique(np.concatenate([[0], starts, [b]]))
+        for s0, s1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            if restart[t0 + s0]:
+                task = -1 if task_of_token is None or plan.task_z is None else int(task_of_token[t0 + s0])
                 if task >= 0:
                     assert plan.task_scale is not None
-                    lam64 = prompt_rates(plan.rates * plan.task_scale[task], plan.sigma, plan.task_z[task])
+                    lam64 = prompt_rates(plan.rates * plan.task_scale[task], plan.sigma, plan.task_z[task], norm)
                 else:
                     z = QUAD_Z[rng.integers(0, len(QUAD_Z), n)] if has_ctx else 0.0
-                    lam64 = prompt_rates(plan.rates, plan.sigma, z)
+                    lam64 = prompt_rates(plan.rates, plan.sigma, z, norm)
                 q01, q11 = transition_probs(lam64, plan.rho)
-                lam, p01, p11 = (a.astype(np.float32) for a in (lam64, q01, q11))
-                np.less(u[t], lam, out=x[t])
-            else:
-                np.less(u[t], np.where(x[t - 1] if t else prev, p11, p01), out=x[t])
-        prev = x[-1].copy()
-        yield t0, x
+                (t_lam, one_lam), th01, th11 = (bit_thresholds(a.astype(np.float32)) for a in (lam64, q01, q11))
+                out[s0, :nb] = np.packbits((u[s0] < t_lam) | one_lam, bitorder="little")
+                prev = out64[s0]
+                s0 += 1
+            if s0 == s1:
+                continue
+            on = np.zeros((2, s1 - s0, words * 8), np.uint8)
+            for j, (thr, one) in enumerate((th11, th01)):
+                on[j, :, :nb] = np.packbits(u[s0:s1] < thr, axis=1, bitorder="little")
+                if one.any():                              # p = 1: on whatever the draw
+                    on[j, :, :nb] |= np.packbits(one, bitorder="little")
+            flip, base = on.view(np.uint64)                   # A ^ B and B per token
+            flip ^= base
+            for i in range(s1 - s0):
+                row = out64[s0 + i]
+                np.bitwise_and(flip[i], prev, out=row)
+                np.bitwise_xor(row, base[i], out=row)
+                prev = row
+        prev = prev.copy()
+        yield t0, out[:, :nb]
+
+
+def unpack(packed: np.ndarray, n: int) -> np.ndarray:
+    """bool [b, n] from packed masks uint8 [b, ceil(n/8)] (bitorder="little")."""
+    return np.unpackbits(packed, axis=1, count=n, bitorder="little").view(bool)
 
 
 def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, like: Trace | None = None,
@@ -348,15 +385,16 @@ def synthesize(out: str | Path, spec: ModelSpec, n_tokens: int, seed: int, *, li
         for layer, plan in enumerate(plans):
             rng = np.random.default_rng(layer_ss[layer])
             mrng = np.random.default_rng(mlayer_ss[layer])
-            for t0, x in generate_layer(plan, restart, rng, task_of_token=task_ids):
-                t1 = t0 + len(x)
-                w.masks[layer, t0:t1] = np.packbits(x, axis=1, bitorder="little")
+            for t0, packed in generate_layer(plan, restart, rng, task_of_token=task_ids):
+                t1 = t0 + len(packed)
+                w.masks[layer, t0:t1] = packed
                 if k:
                     assert plan.magnitude is not None
                     w.top_idx[layer, t0:t1], w.top_mag[layer, t0:t1], w.abs_sum[layer, t0:t1] = \
-                        draw_magnitudes(x, plan.magnitude, k, mrng, plan.log_weight)
+                        draw_magnitudes(unpack(packed, spec.d_ff), plan.magnitude, k, mrng, plan.log_weight,
+                                        w.top_idx.dtype, packed)
                 else:
-                    w.abs_sum[layer, t0:t1] = x.sum(axis=1)
+                    w.abs_sum[layer, t0:t1] = np.bitwise_count(packed).sum(axis=1)
             counts.append(count_packed(w.masks[layer], spec.d_ff, measured, n_before, None, FIT_WINDOWS))
             stage.update()
         overall, per_layer = summarize_counts(counts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,19 +50,72 @@ def transition_probs(rates: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np
     return rates * (1.0 - r), rates + r * (1.0 - rates)
 
 
-def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | float) -> np.ndarray:
+def prompt_rates(rates: np.ndarray, sigma: np.ndarray | float, z: np.ndarray | float,
+                 norm: np.ndarray | None = None) -> np.ndarray:
     """Prompt-level rates lambda = min(pi exp(sigma z) / M(sigma), RATE_CAP) for z among the QUAD_Z
-    nodes, M(sigma) = mean over the nodes of exp(sigma z), so E[lambda] = pi before the cap."""
+    nodes, M(sigma) = mean over the nodes of exp(sigma z), so E[lambda] = pi before the cap.
+    `norm` is M(sigma) when already known (`context_norm`)."""
     sigma = np.asarray(sigma, np.float64)
-    norm = np.exp(sigma[..., None] * QUAD_Z).mean(axis=-1)
+    if norm is None:
+        norm = np.exp(sigma[..., None] * QUAD_Z).mean(axis=-1)
     return np.clip(rates * np.exp(sigma * z) / norm, RATE_FLOOR, RATE_CAP)
+
+
+def context_norm(sigma: np.ndarray) -> np.ndarray:
+    """M(sigma) of `prompt_rates` per neuron, evaluated once per distinct sigma (the same values):
+    the classes give a neuron one of a few sigma values."""
+    sigma = np.asarray(sigma, np.float64)
+    norm = np.empty(len(sigma))
+    todo = np.ones(len(sigma), bool)
+    for _ in range(len(SIGMA_GRID) + 2):
+        if not todo.any():
+            return norm
+        value = sigma[np.argmax(todo)]
+        same = sigma == value
+        norm[same] = np.exp(value * QUAD_Z).mean()
+        todo &= ~same
+    norm[todo] = np.exp(sigma[todo, None] * QUAD_Z).mean(axis=-1)
+    return norm
+
+
+def uniform_bits(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """uint32 [shape]: the 32-bit draws behind `rng.random(shape, dtype=np.float32)`, whose values
+    are u = (x >> 8) / 2^24, leaving rng where that call would (so the chains compare integers with
+    `bit_thresholds` and get the same booleans). NumPy's PCG64 hands out each 64-bit output as two
+    32-bit draws, low half first, and keeps an odd one's high half for the next draw: on a
+    little-endian host the raw outputs viewed as uint32 are that sequence. Otherwise the float32
+    draws are scaled back (the same top 24 bits)."""
+    bitgen, size = rng.bit_generator, shape[0] * shape[1]
+    if not isinstance(bitgen, np.random.PCG64) or sys.byteorder != "little" or size == 0:
+        return (rng.random(shape, dtype=np.float32) * np.float32(1 << 24)).astype(np.uint32) << 8
+    state = bitgen.state
+    first = [np.uint32(state["uinteger"])] if state["has_uint32"] else []
+    if first:
+        state["has_uint32"] = 0
+        bitgen.state = state
+    rest = size - len(first)
+    raw = bitgen.random_raw((rest + 1) // 2).view(np.uint32)
+    if rest % 2:                                  # the last output's high half stays buffered
+        state = bitgen.state
+        state["has_uint32"], state["uinteger"] = 1, int(raw[-1])
+        bitgen.state = state
+    bits = np.concatenate([first, raw[:rest]]).astype(np.uint32, copy=False) if first else raw[:rest]
+    return bits.reshape(shape)
+
+
+def bit_thresholds(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint32 thresholds, bool [p >= 1]) such that for x from `uniform_bits` and its float32
+    u = (x >> 8) / 2^24: u < p  <=>  x < threshold, or p >= 1 (whose threshold 2^32 does not fit)."""
+    t = np.ceil(np.asarray(p, np.float32).astype(np.float64) * (1 << 24)) * 256.0
+    return np.minimum(t, 2.0 ** 32 - 1).astype(np.uint32), np.asarray(p) >= 1.0
 
 
 def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np.ndarray, np.ndarray]:
     """(values, neuron counts) standing for a rate distribution in the coverage integrals: all
     rates when there are at most n_reps, else the n_reps/4 hottest one by one (they carry the most
     events) and equal-count bin means of the rest."""
-    pi = np.sort(np.asarray(rates, np.float64))[::-1]
+    r = np.asarray(rates, np.float64)
+    pi = (r if np.all(r[1:] >= r[:-1]) else np.sort(r))[::-1]     # the fits pass ascending rates
     if len(pi) <= n_reps:
         return pi, np.ones(len(pi))
     top = n_reps // 4
@@ -71,37 +125,89 @@ def representative_rates(rates: np.ndarray, n_reps: int = FIT_RATES) -> tuple[np
     return np.concatenate([pi[:top], means]), np.concatenate([np.ones(top), counts])
 
 
-def class_matrix(rates: np.ndarray, max_k: int,
-                 classes: Sequence[tuple[float, float]] = CLASSES) -> tuple[np.ndarray, np.ndarray]:
+def class_matrix(rates: np.ndarray, max_k: int, classes: Sequence[tuple[float, float]] = CLASSES,
+                 reps: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Expected coverage [max_k, C] at k = 1..max_k if every neuron were in class c, and the mean
-    rate ratio [C] E[lambda] / E[pi] (below 1 where the cap bites)."""
-    pi, count = representative_rates(rates)
-    cov = np.empty((max_k, len(classes)))
-    ratio = np.empty(len(classes))
+    rate ratio [C] E[lambda] / E[pi] (below 1 where the cap bites).
+
+    Over the representative rates (and QUAD_Z nodes) i, with events w_i = count_i lambda_i and
+    r = max(rho, floor_i) (floor_i = `rho_floor`), coverage_k = 1 - miss_k / sum w with
+        miss_k = sum_i w_i (1 - r)(1 - lambda_i)(1 - lambda_i (1 - r))^(k-1).
+    Where rho is not clipped (r = rho, a = 1 - rho) the binomial expansion gives
+        miss_k = a sum_j C(k-1, j) (-a)^j M_j,   M_j = sum_i w_i (1 - lambda_i) lambda_i^j,
+    so every class shares the moments M_j; a class with rho < 0 clips the elements with
+    floor_i > rho, whose terms (r = floor_i) do not depend on the class: both are summed once per
+    level of floor_i between the classes' rho values. (All terms are in [0, 1] x w_i; the sums
+    agree with the direct ones to ~1e-15 absolute in coverage.) `reps`: `representative_rates(rates)`
+    when already computed."""
+    pi, count = representative_rates(rates) if reps is None else reps
     table = np.asarray(classes, np.float64).reshape(-1, 2)
-    for sigma in np.unique(table[:, 1]):
-        idx = np.flatnonzero(table[:, 1] == sigma)
-        lam = prompt_rates(pi[:, None], sigma, QUAD_Z[None, :]) if sigma else pi[:, None]
-        weight = (count[:, None] * lam).ravel()           # events: neurons x rate
-        lam = lam.ravel()
-        total = weight.sum()
-        r = np.maximum(table[idx, 0][:, None], rho_floor(lam)[None, :])
-        first = (1.0 - r) * (1.0 - lam)                  # P(off at t-1 | on at t)
-        stay_off = 1.0 - lam * (1.0 - r)
-        miss = first * weight
-        for k in range(1, max_k + 1):
-            cov[k - 1, idx] = 1.0 - miss.sum(axis=1) / total
-            miss *= stay_off
-        ratio[idx] = total / len(QUAD_Z if sigma else [0]) / float((count * pi).sum())
+    powers = np.arange(max_k)
+    binom = np.array([[math.comb(k, j) for j in powers] for k in powers], np.float64)   # C(k-1, j)
+    sigmas, group = np.unique(table[:, 1], return_inverse=True)
+    levels = [np.sort(table[group == g, 0]) for g in range(len(sigmas))]   # each sigma's rho values
+    width = max(len(v) for v in levels) + 1
+    lam_g, w_g, key_g, floor_g = [], [], [], []
+    for g, sigma in enumerate(sigmas):                 # elements: representative rates x QUAD_Z nodes
+        lam2 = prompt_rates(pi[:, None], sigma, QUAD_Z[None, :]) if sigma else pi[:, None]
+        lam = lam2.ravel()
+        floor = rho_floor(lam)
+        lam_g.append(lam)
+        w_g.append((count[:, None] * lam2).ravel())    # events: neurons x rate
+        floor_g.append(floor)
+        key_g.append(g * width + np.searchsorted(levels[g], floor, side="left"))  # + how many rho < floor_i
+    key = np.concatenate(key_g).astype(np.uint16)
+    order = np.argsort(key, kind="stable")
+    lam, weight, floor = (np.concatenate(v)[order] for v in (lam_g, w_g, floor_g))
+    feats = np.empty((2 * max_k, len(lam)))
+    feats[0] = weight * (1.0 - lam)                    # moments M_j (unclipped)
+    for j in range(1, max_k):
+        np.multiply(feats[j - 1], lam, out=feats[j])
+    feats[max_k] = weight * (1.0 - floor) * (1.0 - lam)   # clipped terms, k = 1..max_k
+    stay_off = 1.0 - lam * (1.0 - floor)
+    for k in range(1, max_k):
+        np.multiply(feats[max_k + k - 1], stay_off, out=feats[max_k + k])
+    key = key[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    present = key[starts]
+    sums = np.zeros((2 * max_k, len(sigmas) * width))
+    sums[:, present] = np.add.reduceat(feats, starts, axis=1)
+    upto = np.cumsum(sums.reshape(2 * max_k, len(sigmas), width), axis=2)   # sums over level <= q
+    total = np.array([float(v.sum()) for v in w_g])
+    rho = table[:, 0]
+    q = np.empty(len(rho), np.int64)
+    for g in range(len(sigmas)):
+        q[group == g] = np.searchsorted(levels[g], rho[group == g])
+    a = 1.0 - rho
+    coef = binom[None, :, :] * (-a[:, None, None]) ** powers[None, None, :]
+    miss = a[:, None] * np.einsum("ckj,jc->ck", coef, upto[:max_k, group, q]) \
+        + (upto[max_k:, group, -1] - upto[max_k:, group, q]).T            # clipped: level > q
+    cov = (1.0 - miss / total[group, None]).T
+    nodes = np.where(sigmas > 0, len(QUAD_Z), 1)
+    ratio = (total / nodes / float((count * pi).sum()))[group]
     return cov, ratio
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0."""
+def _nnls(a: np.ndarray, b: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0.
+
+    `start` (bool [n]) guesses the positive set (a warm start, e.g. the previous solution of a
+    slightly reweighted problem): its columns whose least-squares values are not positive are
+    dropped until all are, and the usual iteration continues from there. The KKT check that ends
+    it is the same, so the result is the same optimum, and when the final positive set is the
+    same it is the same floating-point solve, bit for bit."""
     n = a.shape[1]
     x = np.zeros(n)
     passive = np.zeros(n, bool)
     tol = 1e-12 * max(1.0, float(np.abs(a).max()))
+    if start is not None:
+        passive = start.copy()
+        while passive.any():
+            z = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if z.min() > tol:
+                x[passive] = z
+                break
+            passive[np.flatnonzero(passive)[z <= tol]] = False
     for _ in range(3 * n):
         w = a.T @ (b - a @ x)
         if passive.all() or w[~passive].max() <= tol:
@@ -122,7 +228,8 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_classes(cov: np.ndarray, target_cov: Sequence[float | None], minimax_iters: int = 15,
-                context_penalty: np.ndarray | None = None, fallback_index: int = 0) -> np.ndarray:
+                context_penalty: np.ndarray | None = None, fallback_index: int = 0,
+                start: np.ndarray | None = None) -> np.ndarray:
     """Class shares [C] whose mixture of coverages best matches `target_cov` (k = 1..; None = skip).
 
     The agreement that matters is the worst k (the tolerance is absolute per k), so the shares
@@ -131,7 +238,9 @@ def fit_classes(cov: np.ndarray, target_cov: Sequence[float | None], minimax_ite
     `context_penalty` [C] adds a small cost per unit share (a row asking sum(penalty * v) = 0), so
     that among equally good mixtures the one with the least prompt-level variability wins: context
     classes inflate count noise and must only be used where coverage needs them. Without any
-    target (no token has a predecessor) all share goes to `fallback_index`.
+    target (no token has a predecessor) all share goes to `fallback_index`. `start` [C] (e.g. the
+    shares of a previous fit to nearby coverages): its support warm-starts the first solve, and each
+    reweighted solve starts from the previous one's support (see `_nnls`: the same optimum).
     """
     n_cls = cov.shape[1]
     k_ok = [i for i, v in enumerate(target_cov) if v is not None]
@@ -145,9 +254,11 @@ def fit_classes(cov: np.ndarray, target_cov: Sequence[float | None], minimax_ite
     pen = np.zeros(n_cls) if context_penalty is None else np.asarray(context_penalty, np.float64)
     row_w = np.ones(len(b))
     best_w, best_err = fallback, np.inf
+    support = None if start is None else np.asarray(start) > 0
     for _ in range(max(1, minimax_iters)):
         w = _nnls(np.vstack([a * row_w[:, None], np.full((1, n_cls), big), pen[None, :]]),
-                  np.concatenate([b * row_w, [big, 0.0]]))
+                  np.concatenate([b * row_w, [big, 0.0]]), support)
+        support = w > 0
         if w.sum() <= 0:
             break
         w = w / w.sum()
@@ -283,8 +394,10 @@ def fit_hot_skew(n: int, mean: float, hot80: float, n_tokens: int, infl: float, 
 def solve_overlap(rates: np.ndarray, overlap: float, f: float, h: float) -> float:
     """The single persistence rho (sigma = 0) whose expected overlap_prev is `overlap` (bisection;
     rho is clipped per neuron at its floor, so the overlap is monotone in rho)."""
+    reps = representative_rates(rates)
+
     def ov(r: float) -> float:
-        return float(class_matrix(rates, 1, [(r, 0.0)])[0][0, 0])
+        return float(class_matrix(rates, 1, [(r, 0.0)], reps)[0][0, 0])
 
     lo, hi = -1.0, RHO_GRID[-2]
     if not ov(lo) - 1e-9 <= overlap <= ov(hi) + 1e-9:

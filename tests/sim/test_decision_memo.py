@@ -58,11 +58,19 @@ def test_memo_prices_on_the_run_s_own_device(small_trace) -> None:
 
 
 def test_a_failed_run_leaves_no_memo(small_trace, host) -> None:
-    cfg = preset_config("naive").with_overrides(["memory.dram_budget_bytes=1000"])
+    """A budget that holds the weights and KV cache but not one layer's computed neurons fails while
+    planning (after its memo was made): the memo is dropped, and a second run fails the same way."""
+    big = build(small_trace, None, host, preset_config("llm-in-a-flash"), cache=SetAlgebraCache())
+    mem = big.memory
+    budget = mem.fixed_bytes + int(mem.kv_bytes.max()) + 2 * mem.neuron_bytes
+    cfg = preset_config("llm-in-a-flash").with_overrides([f"memory.dram_budget_bytes={budget}"])
     cache = SetAlgebraCache()
-    for _ in range(2):      # the second run asks the policies again and fails the same way
-        with pytest.raises(BudgetError):
-            simulate(small_trace, None, host, cfg, cache=cache)
+    for _ in range(2):
+        sim = build(small_trace, None, host, cfg, cache=cache)
+        assert sim.planner.memo is not None and not sim.planner.memo.complete
+        with pytest.raises(BudgetError, match="DRAM budget too small"):
+            sim.run()
+        assert sim.planner.memo.failed and not sim.planner.memo.outcomes
     cache.trim_decisions()
     assert not cache._decisions
 

@@ -23,6 +23,7 @@ from traces.synthetic import (
     cdf_distance,
     generate_layer,
     synthesize,
+    unpack,
 )
 from traces.synthetic_chain import CLASSES, class_matrix, count_inflation
 
@@ -98,7 +99,7 @@ def test_generated_chains_follow_the_closed_form(cls):
     r, rho, sigma = assign_classes(rates, [cls], np.array([1.0]), rng)
     prompt = np.repeat(np.arange(prompts), per)
     before = tokens_before_in_prompt(prompt)
-    x = np.concatenate([b for _, b in generate_layer(LayerPlan(r, rho, sigma, [], {}, {}), before == 0, rng)])
+    x = unpack(np.concatenate([b for _, b in generate_layer(LayerPlan(r, rho, sigma, [], {}, {}), before == 0, rng)]), n)
     assert x.mean() == pytest.approx(rates.mean() * ratio[0], abs=0.004)
     for k in range(1, 5):
         ok = before >= k
