@@ -21,6 +21,7 @@ per layer a d_model x r and an r x d_ff matrix, resident in DRAM and run before 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,6 +172,7 @@ class NoisyPredictor(_RankedPredictor):
 # the most recent few parameter sets.
 MEMO_BYTES_PER_LAYER = 8 << 20
 MEMO_ENTRIES = 4
+_MEMO_LOCK = threading.Lock()   # runs on threads (plan) share views
 
 
 def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # type: ignore[no-untyped-def]
@@ -179,13 +181,14 @@ def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # t
         return None
     import json
 
-    store = view.__dict__.setdefault("_noisy_memo", {})
     key = (json.dumps(describe, sort_keys=True, default=str), int(seed))
-    if key not in store:
-        while len(store) >= MEMO_ENTRIES:
-            store.pop(next(iter(store)))
-        store[key] = {}
-    return store[key]
+    with _MEMO_LOCK:
+        store = view.__dict__.setdefault("_noisy_memo", {})
+        if key not in store:
+            while len(store) >= MEMO_ENTRIES:
+                store.pop(next(iter(store)))
+            store[key] = {}
+        return store[key]
 
 
 @PREDICTORS.register("recorded")
