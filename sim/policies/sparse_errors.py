@@ -298,8 +298,11 @@ def _rz_latents_at(ks: KindState, score: np.ndarray, n_rows: int, rows: np.ndarr
     that did not keep, found by stepping back through the kept steps."""
     m = len(ks.rz)
     d = ks.rngs["rz"].random((n_rows, m), dtype=np.float32)
+    if n_rows == 0:
+        return np.zeros(0, np.float32)
     first = ks.rz_latent is None
     last = np.arange(m)
+    n_asked = len(rows)                  # then the last row's, the state for the next block
     rows, cols = np.concatenate([rows, np.full(m, n_rows - 1)]), np.concatenate([cols, last])
     src = rows.copy()
     back = np.arange(len(src))
@@ -321,8 +324,8 @@ def _rz_latents_at(ks: KindState, score: np.ndarray, n_rows: int, rows: np.ndarr
     if not first:
         val[src < 0] = ks.rz_latent[cols[src < 0]]
     if n_rows:
-        ks.rz_latent = val[-m:].copy()
-    return val[:-m]
+        ks.rz_latent = val[n_asked:].copy()
+    return val[:n_asked]
 
 
 def _sojourns(ks: KindState, s0: int, s1: int, n_bits: int) -> tuple[np.ndarray, ...]:
