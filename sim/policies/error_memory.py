@@ -53,14 +53,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim import bitsets
+from sim.policies.scratch import work
 from sim.policies.sparse_errors import (
     SPARSE_MAX_REGION,
     SparseErrorState,
+    carry_kept,
     new_state,
+    select,
     sparse_noisy_block,
 )
 
-BLOCK_ROWS = 128   # rows per block: bounds the [rows, 2, N] draw and the unpacked rows to a few tens of MB
+# Cells per block of rows: the block's draws ([rows, 3, N] float32) and latents stay in cache.
+BLOCK_CELLS = 1 << 18
 
 
 def false_positive_rate(n_true: np.ndarray, n_bits: int, recall: float, precision: float) -> np.ndarray:
@@ -116,39 +120,24 @@ class Persistence:
         return self.fp > 0 or self.fp_far > 0 or self.fn > 0 or self.fn_far > 0
 
 
-def _carry(fresh: np.ndarray, keep: np.ndarray, before: np.ndarray | None) -> np.ndarray:
-    """float32 [S, N]: row s is row s - 1 where `keep[s]` (row -1 = `before`), else `fresh[s]`.
-    One vectorised select per row: a running gather over all rows at once costs more than this
-    sequential scan of S rows of N."""
-    out = np.empty_like(fresh)
-    prev = before
-    for s in range(fresh.shape[0]):
-        prev = fresh[s] if prev is None else np.where(keep[s], prev, fresh[s])
-        out[s] = prev
-    return out
-
-
-def _latents(u: np.ndarray, v: np.ndarray, p: Persistence, memory: ErrorMemory) -> tuple[np.ndarray, np.ndarray]:
-    """(miss latent, fp latent) float32 [S, N] for one block; updates `memory`."""
-    assert memory.score is not None
-    out = []
-    for kind, (a, lam) in enumerate((mixture(p.fn, p.fn_far), mixture(p.fp, p.fp_far))):
-        # one uniform decides keep (< lam), else redraw to the score (< lam + (1 - lam) a), else fresh
-        keep = v[:, kind] < np.float32(lam)
-        before = memory.miss_chain if kind == 0 else memory.fp_chain
-        if before is None:                  # the run's first step: nothing to keep
-            keep[:1] = False
-        to_score = v[:, kind] < np.float32(lam + (1.0 - lam) * a)
-        if before is None:
-            to_score[:1] = v[:1, kind] < np.float32(a)
-        redraw = np.where(to_score, memory.score[None, :], u)
-        latent = _carry(redraw, keep, before)
-        if kind == 0:
-            memory.miss_chain = latent[-1].copy()
-        else:
-            memory.fp_chain = latent[-1].copy()
-        out.append(latent)
-    return out[0], out[1]
+def _latent(kind: str, u: np.ndarray, v: np.ndarray, a: float, lam: float, score: np.ndarray,
+            before: np.ndarray | None) -> np.ndarray:
+    """float32 [S + 1, N] (a work array named `kind`): row 0 the latent before the block (`before`, or
+    anything at the run's first step), rows 1.. each step's latent, from the fresh uniforms `u`
+    [S, N] and the deciding uniforms `v` [S, N]: keep (v < lam), else redraw to the score (v < lam +
+    (1 - lam) a), else `u`."""
+    full = work(kind, (u.shape[0] + 1, u.shape[1]), np.float32)
+    full[1:] = u
+    keep = np.less(v, np.float32(lam), out=work("keep", v.shape, bool))
+    to_score = np.less(v, np.float32(lam + (1.0 - lam) * a), out=work("to_score", v.shape, bool))
+    if before is None:                  # the run's first step: nothing to keep
+        keep[:1] = False
+        to_score[:1] = v[:1] < np.float32(a)
+    else:
+        full[0] = before
+    select(to_score, score, full[1:])
+    carry_kept(full, keep, lam)
+    return full
 
 
 def sparse_applies(recall: float, persistence: Persistence, q_cap: float | None) -> bool:
@@ -177,17 +166,28 @@ def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Genera
         n_true = bitsets.count(truth)
         return sparse_noisy_block(memory.sparse, memory.score, truth, n_bits, recall,
                                   false_positive_rate(n_true, n_bits, recall, precision))
-    out = np.empty_like(truth)
-    for a in range(0, truth.shape[0], BLOCK_ROWS):
-        t = bitsets.unpack(truth[a:a + BLOCK_ROWS], n_bits)
-        u = rng.random(t.shape, dtype=np.float32)
-        q = false_positive_rate(t.sum(axis=1), n_bits, recall, precision)
+    words = np.ascontiguousarray(truth, dtype=bitsets.WORD)
+    q32 = false_positive_rate(bitsets.count(words), n_bits, recall, precision).astype(np.float32)
+    out = np.empty_like(words)
+    rows = max(1, BLOCK_CELLS // max(n_bits, 1))
+    mix = (mixture(persistence.fn, persistence.fn_far), mixture(persistence.fp, persistence.fp_far))
+    for r0 in range(0, len(words), rows):
+        t = np.unpackbits(words[r0:r0 + rows].view(np.uint8), axis=-1, count=n_bits, bitorder="little").view(bool)
+        u = rng.random(dtype=np.float32, out=work("u", t.shape, np.float32))
         if persistence.any:
             if memory.score is None:
                 memory.score = stratified_scores(memory_rng, n_bits)
-            v = memory_rng.random((t.shape[0], 2, n_bits), dtype=np.float32)
-            miss_l, fp_l = _latents(u, v, persistence, memory)
+            v = memory_rng.random(dtype=np.float32, out=work("v", (t.shape[0], 2, n_bits), np.float32))
+            miss = _latent("miss", u, v[:, 0], *mix[0], memory.score, memory.miss_chain)
+            fp = _latent("fp", u, v[:, 1], *mix[1], memory.score, memory.fp_chain)
+            memory.miss_chain, memory.fp_chain = miss[-1].copy(), fp[-1].copy()
+            miss_l, fp_l = miss[1:], fp[1:]
         else:
             miss_l = fp_l = u
-        out[a:a + BLOCK_ROWS] = bitsets.pack((t & (miss_l < recall)) | (~t & (fp_l < q[:, None].astype(np.float32))))
+        pred = np.less(miss_l, np.float32(recall), out=work("pred", t.shape, bool))
+        pred &= t
+        add = np.less(fp_l, q32[r0:r0 + rows, None], out=work("add", t.shape, bool))
+        np.greater(add, t, out=add)        # below q and inactive
+        pred |= add
+        out[r0:r0 + rows] = bitsets.pack(pred)
     return out

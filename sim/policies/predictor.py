@@ -21,6 +21,7 @@ per layer a d_model x r and an r x d_ff matrix, resident in DRAM and run before 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,13 +104,9 @@ class OraclePredictor(_RankedPredictor):
 def noisy_sets(rng: np.random.Generator, truth: np.ndarray, n_bits: int, recall: float,
                precision: float) -> np.ndarray:
     """The sets a memoryless predictor of this recall/precision would output (words [S, W]); one
-    uniform draw per neuron per row, in row order."""
-    t = bitsets.unpack(truth, n_bits)
-    u = rng.random(t.shape, dtype=np.float32)
-    keep = t & (u < recall)
-    q = false_positive_rate(t.sum(axis=1), n_bits, recall, precision)
-    add = ~t & (u < q[:, None].astype(np.float32))
-    return bitsets.pack(keep | add)
+    uniform draw per neuron per row, in row order: an active neuron is kept below `recall`, an
+    inactive one added below the false-positive rate of its row."""
+    return persistent_noisy_sets(rng, rng, truth, n_bits, recall, precision, Persistence(), ErrorMemory())
 
 
 @PREDICTORS.register("noisy")
@@ -175,6 +172,7 @@ class NoisyPredictor(_RankedPredictor):
 # the most recent few parameter sets.
 MEMO_BYTES_PER_LAYER = 8 << 20
 MEMO_ENTRIES = 4
+_MEMO_LOCK = threading.Lock()   # runs on threads (plan) share views
 
 
 def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # type: ignore[no-untyped-def]
@@ -183,13 +181,14 @@ def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # t
         return None
     import json
 
-    store = view.__dict__.setdefault("_noisy_memo", {})
     key = (json.dumps(describe, sort_keys=True, default=str), int(seed))
-    if key not in store:
-        while len(store) >= MEMO_ENTRIES:
-            store.pop(next(iter(store)))
-        store[key] = {}
-    return store[key]
+    with _MEMO_LOCK:
+        store = view.__dict__.setdefault("_noisy_memo", {})
+        if key not in store:
+            while len(store) >= MEMO_ENTRIES:
+                store.pop(next(iter(store)))
+            store[key] = {}
+        return store[key]
 
 
 @PREDICTORS.register("recorded")
