@@ -7,17 +7,22 @@ one. Objectives are columns to maximize (tokens_per_s, activation_mass_kept) or 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _BLOCK = 1024  # rows compared at once: memory is _BLOCK * n booleans per objective
 
 
-def pareto_mask(df: pd.DataFrame, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> np.ndarray:
-    """bool [len(df)]: True where the row is not dominated (ties are all kept)."""
-    cols = [df[c].to_numpy(float) for c in maximize] + [-df[c].to_numpy(float) for c in minimize]
+def pareto_mask(df: pd.DataFrame | Mapping[str, Any], maximize: Sequence[str] = (),
+                minimize: Sequence[str] = ()) -> np.ndarray:
+    """bool [len(df)]: True where the row is not dominated (ties are all kept). `df`: a DataFrame or
+    a mapping of column name to values."""
+    cols = [np.asarray(df[c], float) for c in maximize] + [-np.asarray(df[c], float) for c in minimize]
     if not cols:
         raise ValueError("give at least one objective")
     v = np.stack(cols, axis=1)  # every objective: larger is better

@@ -43,8 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
-
 from analysis.pareto import pareto_mask
 from analysis.plan_eval import (  # noqa: F401  (re-exported: the planner's public names)
     CACHE_FULL_SHARE,
@@ -347,10 +345,10 @@ def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ran = [r for r in rows if r["fits"] and r[qk] is not None]   # on the ppl axis: the rows with evidence
     if not ran:
         return []
-    df = pd.DataFrame({"tokens_per_s": [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.inf
-                                        for r in ran],
-                       "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
-                       qk: [r[qk] for r in ran]})
+    df: dict[str, list] = {"tokens_per_s": [r["tokens_per_s"] if r["tokens_per_s"] is not None else math.inf
+                                            for r in ran],
+                           "dram_peak_bytes": [r["dram_peak_bytes"] for r in ran],
+                           qk: [r[qk] for r in ran]}
     minimize: tuple[str, ...] = ("dram_peak_bytes",)
     if all(r.get("joules_per_token") is not None for r in ran):  # energy is an axis where every row has it
         df["joules_per_token"] = [r["joules_per_token"] for r in ran]
