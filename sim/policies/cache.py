@@ -157,9 +157,11 @@ class NeuronCache:
             inserted=n_D + n_P, evicted=n_X - n_Rn + n_P,
         )
         if st["last_use"] is not None:
-            Cb = bitsets.unpack(C, self.N)
-            # each neuron's last computing row (-1: none); a row-wise max, contiguous in memory
-            last = np.where(Cb, np.arange(S, dtype=np.int32)[:, None], np.int32(-1)).max(axis=0)
+            # each neuron's last computing row (-1: none): the max over rows of bit x (row + 1), in
+            # the narrowest integer that holds S (a row-wise max over contiguous rows)
+            dt = np.uint8 if S < 255 else np.uint16 if S < 65535 else np.int64
+            Cb = bitsets.unpack(C, self.N).view(np.uint8).astype(dt, copy=False)
+            last = (Cb * np.arange(1, S + 1, dtype=dt)[:, None]).max(axis=0).astype(np.int64) - 1
             used = last >= 0
             st["last_use"][used] = st["next"] + last[used]
         st["res"] = Rn[-1].copy()
