@@ -249,14 +249,15 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
          rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
          max_jpt: float | None = None, min_agreement: float | None = None,
          quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None,
-         cache: SetAlgebraCache | None = None, runtime: str | None = None) -> Plan:
+         cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
     `trace` may be a callable returning it (called only if some configuration passes the spec check).
     `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
     `quality`: the measured-quality table (default: the shipped one; None: the mass-kept proxy only, no
     quality floor); it and the published ratios rate each configuration for `spec` (quality_evidence.py);
     `min_agreement` / `max_ppl_ratio`: floors on that rating (`plan_model` and the CLI default to
-    DEFAULT_MAX_PPL_RATIO; here None, no floor)."""
+    DEFAULT_MAX_PPL_RATIO; here None, no floor). `workers`: threads for independent runs
+    (analysis/plan_eval.py; default: default_workers())."""
     import time
 
     t0 = time.perf_counter()
@@ -275,7 +276,8 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     if budget > profile.memory.capacity_bytes:
         raise FlashsimError(f"--dram-free {format_bytes(budget)} exceeds the DRAM of {profile.name} "
                             f"({format_bytes(profile.memory.capacity_bytes)})")
-    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime)
+    pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime,
+                 workers=workers)
     evals = pl.evaluate_many([(p, o, budget) for p, o in grid])
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
     ideal = pl.evaluate_many([(e.preset, e.overrides, budget) for e in evals], ideal=True)

@@ -145,9 +145,12 @@ class NoisyPredictor(_RankedPredictor):
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
         memo = _memo(self.ctx.view, self.describe(), self.ctx.rng.seed)
-        rows = memo.get(layer) if memo is not None else None
-        if rows is None and memo is not None and steps.start == 0:   # the whole layer once, for every run
-            rows = memo[layer] = self._draw(layer, self.ctx.view.needed(layer, 0, self.ctx.view.steps.n))
+        rows = None
+        if memo is not None:
+            with memo.lock:       # one thread draws a layer; runs on other threads wait and share it
+                rows = memo.rows.get(layer)
+                if rows is None and steps.start == 0:   # the whole layer once, for every run
+                    rows = memo.rows[layer] = self._draw(layer, self.ctx.view.needed(layer, 0, self.ctx.view.steps.n))
         if rows is not None:
             return rows[steps.start:steps.stop]
         return self._draw(layer, needed)
@@ -175,7 +178,15 @@ MEMO_ENTRIES = 4
 _MEMO_LOCK = threading.Lock()   # runs on threads (plan) share views
 
 
-def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # type: ignore[no-untyped-def]
+@dataclass
+class _LayerMemo:
+    """One parameter set's predicted rows per layer, and the lock a layer is drawn under."""
+
+    rows: dict[int, np.ndarray]
+    lock: threading.Lock
+
+
+def _memo(view, describe: dict, seed: int) -> _LayerMemo | None:  # type: ignore[no-untyped-def]
     """The view's memo of one parameter set's predicted rows per layer (None: too large to keep)."""
     if view.steps.n * view.W * 8 > MEMO_BYTES_PER_LAYER:
         return None
@@ -187,7 +198,7 @@ def _memo(view, describe: dict, seed: int) -> dict[int, np.ndarray] | None:  # t
         if key not in store:
             while len(store) >= MEMO_ENTRIES:
                 store.pop(next(iter(store)))
-            store[key] = {}
+            store[key] = _LayerMemo({}, threading.Lock())
         return store[key]
 
 
