@@ -46,7 +46,9 @@ def test_bench_plan_wall_vs_runs_vs_replay(tmp_path) -> None:
             print(f"\nplan {Path(model).stem} on {device} ({attempt}): {wall:.2f} s wall (printed "
                   f"{d['plan_seconds']:.2f} s), {d['simulated_runs']} runs in {runs_s:.2f} s, "
                   f"{wall - runs_s:.2f} s outside them; stages {d['stage_seconds']}")
-        if d["trace"]["path"]:
+        best = d["best"]
+        if d["trace"]["path"] and best:     # the plan's answer, replayed alone (expected, peak-bound, ideal-policy runs)
+            sets = [a for o in best["overrides"] for a in ("--set", o)]
             wall, _ = _flashsim(["replay", "--trace", d["trace"]["path"], "--model", model, "--device", device,
-                                 "--preset", "llm-in-a-flash", "--json"], env)
-            print(f"one replay (llm-in-a-flash, expected + peak-bound + ideal-policy runs): {wall:.2f} s wall")
+                                 "--preset", best["preset"], *sets, "--json"], env)
+            print(f"one replay of the best ({best['label']}): {wall:.2f} s wall")
