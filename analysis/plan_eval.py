@@ -176,8 +176,13 @@ class Planner:
             if not self.trace_loaded or not self.cache.has_views():
                 self.evaluate(*todo[0], ideal=ideal)
                 todo = todo[1:]
+            # one configuration of each preset first: runs of one preset share their predictor's draws,
+            # which one thread makes while the others would wait for it
+            seen: set[str] = set()
+            leaders = [r for r in todo if not (r[0] in seen or seen.add(r[0]))]
+            order = leaders + [r for r in todo if r not in leaders]
             with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
-                list(pool.map(lambda r: self.evaluate(*r, ideal=ideal), todo))
+                list(pool.map(lambda r: self.evaluate(*r, ideal=ideal), order))
         return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
