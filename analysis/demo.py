@@ -37,7 +37,7 @@ from sim.metric_names import (
     MS_PER_TOKEN,
     TOKENS_PER_S,
 )
-from traces.outputs import replace_output
+from traces.outputs import carries_marker, replace_output
 
 DEMO_DEVICES = ("jetson-orin-nano-8gb", "this-host")
 DEMO_PROMPTS = 3          # builtin prompts captured (one per task: qa, translation, summarization)
@@ -64,12 +64,24 @@ def capture_available() -> str | None:
     return None
 
 
-def _own_dir(path: Path, marker: str) -> None:
-    """Remove a subfolder a previous demo wrote (recognised by its marker file) before rewriting it."""
-    if path.exists():
-        if not (path / marker).exists():
-            raise FlashsimError(f"{path}: exists and was not written by `flashsim demo`; choose another --out")
-        shutil.rmtree(path)
+def _is_demo_report(folder: Path) -> bool:
+    """Whether `folder` holds a report this tool wrote (its page's title names flashsim)."""
+    page = folder / "report.html"
+    try:
+        return page.is_file() and b"<title>flashsim report:" in page.open("rb").read(4096)
+    except OSError:
+        return False
+
+
+def _own_dir(path: Path, kind: str) -> None:
+    """Remove a subfolder a previous demo wrote before rewriting it: a real folder (no link) that
+    carries this tool's marker of its kind (`trace`, `sweep`: traces/outputs.py; `report`: the page)."""
+    if not (path.is_symlink() or path.exists()):
+        return
+    ours = _is_demo_report(path) if kind == "report" else carries_marker(path, kind)
+    if path.is_symlink() or not path.is_dir() or not ours:
+        raise FlashsimError(f"{path}: exists and was not written by `flashsim demo`; choose another --out")
+    shutil.rmtree(path)
 
 
 def obtain_trace(out: Path, capture: bool, note: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
@@ -81,7 +93,7 @@ def obtain_trace(out: Path, capture: bool, note: Callable[[str], None]) -> tuple
         from traces.capture import capture_trace, load_hf_model, load_prompts
 
         dest = out / "trace"
-        _own_dir(dest, "manifest.json")
+        _own_dir(dest, "trace")
         t0 = time.perf_counter()
         note(f"capturing a fresh trace from the embedded SmolLM2-135M ({DEMO_PROMPTS} prompts x "
              f"{DEMO_NEW_TOKENS} new tokens)")
@@ -156,7 +168,7 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
     spec_path = out / "sweep.yaml"
     _write_text(spec_path, yaml.safe_dump(sweep_spec(trace, quick), sort_keys=False))
     sweep_dir = out / "sweep"
-    _own_dir(sweep_dir, "manifest.json")
+    _own_dir(sweep_dir, "sweep")
     note(f"replaying every preset on {' and '.join(DEMO_DEVICES)}")
     outcome = run_sweep(spec_path, sweep_dir, workers=workers, progress=progress)
     timings["replay_s"] = time.perf_counter() - t
@@ -175,7 +187,7 @@ def run_demo(out_dir: str | Path, *, quick: bool = False, capture: bool = True, 
     t = time.perf_counter()
     note("writing the report")
     report_dir = out / "report"
-    _own_dir(report_dir, "report.html")
+    _own_dir(report_dir, "report")
     report = build_report(sweep_dir, report_dir, title="flashsim demo: SmolLM2-135M, every preset, two devices",
                           plan=out / "plan.json")
     timings["report_s"] = time.perf_counter() - t

@@ -61,6 +61,24 @@ def test_demo_refuses_a_folder_it_did_not_write(tmp_path, capsys) -> None:
     assert (tmp_path / "sweep" / "precious.txt").read_text() == "keep me"
 
 
+def test_demo_refuses_a_foreign_manifest_or_a_link(tmp_path, capsys) -> None:
+    """Any manifest.json is not this tool's marker, and a link to a folder is never removed."""
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "manifest.json").write_text('{"name": "someone else\'s project"}')
+    rc = main(["demo", "--quick", "--workers", "1", "--out", str(tmp_path)])
+    assert rc == 2 and "not written by `flashsim demo`" in capsys.readouterr().err
+    assert (tmp_path / "sweep" / "manifest.json").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "manifest.json").write_text('{"points": []}')     # a sweep marker, behind a link
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sweep").symlink_to(elsewhere)
+    rc = main(["demo", "--quick", "--workers", "1", "--out", str(out)])
+    assert rc == 2 and "not written by `flashsim demo`" in capsys.readouterr().err
+    assert (elsewhere / "manifest.json").exists()
+
+
 @pytest.mark.slow
 def test_full_demo(tmp_path, capsys) -> None:
     out = tmp_path / "demo"
