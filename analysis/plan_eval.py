@@ -178,9 +178,10 @@ class Planner:
                 todo = todo[1:]
             # one configuration of each preset first: runs of one preset share their predictor's draws,
             # which one thread makes while the others would wait for it
-            seen: set[str] = set()
-            leaders = [r for r in todo if not (r[0] in seen or seen.add(r[0]))]
-            order = leaders + [r for r in todo if r not in leaders]
+            first: dict[str, tuple] = {}
+            for r in todo:
+                first.setdefault(r[0], r)
+            order = list(first.values()) + [r for r in todo if r not in first.values()]
             with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
                 list(pool.map(lambda r: self.evaluate(*r, ideal=ideal), order))
         return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]

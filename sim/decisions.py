@@ -8,7 +8,7 @@ achievable figure) prices the recorded outcomes instead of asking the policies a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class DecisionMemo:
     """One run's decisions: a LayerOutcome per (layer, a0, b0) (the page path: its misses and quality
     per (PAGES, a0, b0)) and the notes its policies wrote while planning. `plan_all` fills it and marks
     it complete; a planner given a complete memo prices it instead of asking the policies again.
-    Valid for runs whose decisions are the same: sim.engine.SetAlgebraCache keys it (same trace view,
+    Valid for runs whose decisions are the same: sim.set_cache.SetAlgebraCache keys it (same trace view,
     model, configuration, budget and device memory; the device's speed numbers are not decisions)."""
 
     outcomes: dict[tuple, object] = field(default_factory=dict)
@@ -58,6 +58,7 @@ class DecisionMemo:
 
 
 def _nbytes(x: object) -> int:
+    """Bytes of the arrays inside an outcome (a LayerOutcome, or the page path's dict and tuples)."""
     if isinstance(x, np.ndarray):
         return x.nbytes
     if isinstance(x, (tuple, list)):
@@ -65,9 +66,8 @@ def _nbytes(x: object) -> int:
     if isinstance(x, dict):
         return sum(_nbytes(y) for y in x.values())
     if isinstance(x, LayerOutcome):
-        return sum(_nbytes(getattr(x, f)) for f in LAYER_OUTCOME_FIELDS)
+        return sum(_nbytes(getattr(x, f.name)) for f in fields(x))
     return 0
 
 
-PAGES = "pages"
-LAYER_OUTCOME_FIELDS = tuple(LayerOutcome.__dataclass_fields__)
+PAGES = "pages"   # the outcome key of the page path: (PAGES, a0, b0)

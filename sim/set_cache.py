@@ -61,7 +61,6 @@ class SetAlgebraCache:
         v.cache_key = key  # type: ignore[attr-defined]
         return v
 
-
     def quality_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig) -> dict:
         """The quality sums of one computed-set configuration: the computed sets depend only on the
         trace view, the predictor (and its seed) and what the residency allows (SelectInfer), never
@@ -73,10 +72,9 @@ class SetAlgebraCache:
         with self._lock:
             return self.quality.setdefault(key, {})
 
-
     def decision_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig, spec: ModelSpec,
                       profile: DeviceProfile, budget_bytes: int) -> DecisionMemo | None:
-        """The memo of a run's decisions (sim.step_plans.DecisionMemo): complete when a run with the
+        """The memo of a run's decisions (sim.decisions.DecisionMemo): complete when a run with the
         same decisions finished before (e.g. the same configuration at the datasheet peak after the
         achievable run), else empty, to be filled. Decisions depend on the trace view, the model, the
         configuration (policies, seed, budget) and the device's memory, not on its speed numbers: a

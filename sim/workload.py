@@ -148,8 +148,8 @@ def build_steps(trace: Trace, prompt_tokens: int | None, tokens: int | None, bat
                  sequence_prompts=tuple(seq_prompts))
 
 
-# Converted top-K arrays a view keeps (see TraceView._full_top): a 128-token planning trace of a 7B
-# model with K = 1024 is ~30 MB.
+# Converted top-K arrays a view keeps (see TraceView._full_top): the 7B-shape planning trace (32
+# layers x 128 tokens, K = 7,532) takes ~250 MB; a 70B shape's (80 x 128, K ~ 14,000) is not kept.
 TOP_CACHE_BYTES = 256 << 20
 
 
