@@ -28,8 +28,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim.config import RunConfig
 from sim.energy import step_traffic
-from sim.engine import SetAlgebraCache, build
+from sim.engine import SetAlgebraCache, Simulation, build
 from sim.policies.presets import ideal_policy, preset_config
 from traces.format import DECODE, Trace
 
@@ -168,68 +169,117 @@ class Planner:
         return self.rescale
 
     def evaluate_many(self, requests: Sequence[tuple[str, Sequence[str], int]], *, ideal: bool = False) -> list[Evaluation]:
-        """`evaluate` of each (preset, overrides, budget_bytes), in order, on `workers` threads. The
-        first request that runs goes alone (it loads the trace and builds the shared view)."""
+        """`evaluate` of each (preset, overrides, budget_bytes), in order, on `workers` threads. Every
+        run is built (its policies bound) before any runs, in order: the first loads the trace and
+        builds the shared view, and runs whose policies share work on the view see each other (noisy
+        predictors that differ only in recall and precision draw each layer's latents once for all,
+        sim/policies/predictor.py)."""
         todo = [r for r in dict.fromkeys((p, tuple(o), int(b)) for p, o, b in requests)
                 if (r[0], r[1], r[2], ideal) not in self._memo]
-        if self.workers > 1 and len(todo) > 1:
-            if not self.trace_loaded or not self.cache.has_views():
-                self.evaluate(*todo[0], ideal=ideal)
-                todo = todo[1:]
+        built = [b for b in (self._built(*r, ideal=ideal) for r in todo) if b is not None]
+        if self.workers > 1 and len(built) > 1:
             # one configuration of each preset first: runs of one preset share their predictor's draws,
             # which one thread makes while the others would wait for it
-            first: dict[str, tuple] = {}
-            for r in todo:
-                first.setdefault(r[0], r)
-            order = list(first.values()) + [r for r in todo if r not in first.values()]
+            first: dict[str, _Built] = {}
+            for b in built:
+                first.setdefault(b.ev.preset, b)
+            order = list(first.values()) + [b for b in built if b not in first.values()]
             with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
-                list(pool.map(lambda r: self.evaluate(*r, ideal=ideal), order))
+                list(pool.map(self._finish, order))
+        else:
+            for b in built:
+                self._finish(b)
         return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
         key = (preset, tuple(overrides), int(budget_bytes), ideal)
         if key in self._memo:
             return self._memo[key]
-        cfg = self.config(preset, overrides, budget_bytes)
+        if ideal and ideal_policy(self.config(preset, overrides, budget_bytes)) is None:
+            # already ideal: its own run is the bound
+            return self._keep(key, self.evaluate(preset, overrides, budget_bytes))
+        b = self._built(preset, overrides, budget_bytes, ideal=ideal)
+        if b is not None:
+            self._finish(b)
+        return self._memo[key]
+
+    def _built(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool) -> _Built | None:
+        """The request's run, built and not yet run; None when there is nothing to run: memoised,
+        already ideal (`evaluate` shares its own run), or refused before running (memoised now)."""
+        key = (preset, tuple(overrides), int(budget_bytes), ideal)
+        if key in self._memo:
+            return None
+        cfg: RunConfig | None = self.config(preset, overrides, budget_bytes)
         if ideal:
-            ideal_cfg = ideal_policy(cfg)
-            if ideal_cfg is None:       # already ideal: its own run is the bound
-                ev = self._memo[key] = self.evaluate(preset, overrides, budget_bytes)
-                return ev
-            cfg = ideal_cfg
+            cfg = ideal_policy(cfg)
+            if cfg is None:
+                return None
         ev = Evaluation(preset, tuple(overrides), int(budget_bytes))
         floor = resident_floor_bytes(cfg, self.spec)
         if floor > budget_bytes:
             ev.failure = DOES_NOT_FIT
             ev.error = (f"DRAM budget {format_bytes(int(budget_bytes))} is too small: the resident non-FFN weights "
                         f"alone are {format_bytes(floor)} (from the model spec)")
-        else:
-            self._run(ev, cfg)
-        with self._lock:
-            self._memo.setdefault(key, ev)
-            return self._memo[key]
-
-    def _run(self, ev: Evaluation, cfg: RunConfig) -> None:
+            self._keep(key, ev)
+            return None
         trace = self.trace
         if self._rescale(trace):
             cfg = cfg.with_overrides(["sim.rescale=true"])
+        with self._active_window():
+            try:
+                return _Built(key, ev, build(trace, self.spec, self.profile, cfg, cache=self.cache))
+            except FlashsimError as e:
+                self._refused(ev, e)
+        self._counted()
+        self._keep(key, ev)
+        return None
+
+    def _finish(self, b: _Built) -> None:
+        """Run a built request and memoise its evaluation."""
+        with self._active_window():
+            try:
+                b.ev.summary = b.sim.run().summary()
+                b.ev.summary.update(compute_split(b.sim))
+            except FlashsimError as e:
+                self._refused(b.ev, e)
+        self._counted()
+        self._keep(b.key, b.ev)
+
+    @staticmethod
+    def _refused(ev: Evaluation, e: FlashsimError) -> None:
+        # the budget check and cache-capacity refusals name the shortfall
+        ev.failure, ev.error = (DOES_NOT_FIT if isinstance(e, BudgetError) else CANNOT_RUN), str(e)
+
+    def _keep(self, key: tuple, ev: Evaluation) -> Evaluation:
+        with self._lock:
+            return self._memo.setdefault(key, ev)
+
+    def _counted(self) -> None:
+        with self._lock:
+            self.n_runs += 1
+        if self.progress:
+            self.progress()
+
+    @contextmanager
+    def _active_window(self) -> Iterator[None]:
+        """Counts the wall time during which at least one run is being built or run (`run_s`)."""
         with self._lock:
             if self._active == 0:
                 self._active_since = time.perf_counter()
             self._active += 1
         try:
-            sim = build(trace, self.spec, self.profile, cfg, cache=self.cache)
-            ev.summary = sim.run().summary()
-            ev.summary.update(compute_split(sim))
-        except BudgetError as e:       # the budget check and cache-capacity refusals name the shortfall
-            ev.failure, ev.error = DOES_NOT_FIT, str(e)
-        except FlashsimError as e:
-            ev.failure, ev.error = CANNOT_RUN, str(e)
+            yield
         finally:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
                     self.run_s += time.perf_counter() - self._active_since
-                self.n_runs += 1
-                if self.progress:
-                    self.progress()
+
+
+@dataclass
+class _Built:
+    """A request's run, built (its policies bound) and not yet run."""
+
+    key: tuple
+    ev: Evaluation
+    sim: Simulation

@@ -121,11 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from devices.errors import FlashsimError
     from devices.progress import quiet_third_party
+    from flashsim.allocator import tune_allocator
 
     if not getattr(args, "func", None):
         parser.print_help()
         return 2 if args.command is None else 0
     quiet_third_party()   # model-loading libraries' bars: none in logs (devices/progress.py)
+    tune_allocator()      # large temporaries reused from the heap (flashsim/allocator.py)
     previous = _install_sigterm()
     try:
         check_thread_counts(args)

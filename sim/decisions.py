@@ -1,4 +1,5 @@
-"""A run's decisions as counts (`LayerOutcome` per layer and step range, `DecisionMemo` per run).
+"""A run's decisions as counts (`LayerOutcome` per layer and step range, `DecisionMemo` per run),
+and the quality sums that runs computing the same sets share (`QualityMemo`).
 
 The policies decide sets; pricing those sets on a device is the rest of a run. A run that repeats
 another's decisions on a device with other speed numbers (the datasheet-peak bound beside every
@@ -8,6 +9,7 @@ achievable figure) prices the recorded outcomes instead of asking the policies a
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -71,3 +73,29 @@ def _nbytes(x: object) -> int:
 
 
 PAGES = "pages"   # the outcome key of the page path: (PAGES, a0, b0)
+
+
+class QualityMemo:
+    """Quality sums per (layer, start, stop) of one computed-set configuration (`by_config`), falling
+    back to the view's sums keyed by the computed sets' content (`by_content`, a 16-byte BLAKE2b
+    digest of the words), so that any two runs computing the same sets price their quality once."""
+
+    def __init__(self, by_config: dict, by_content: dict):
+        self.by_config, self.by_content = by_config, by_content
+
+    @staticmethod
+    def _content_key(key: tuple, computed: np.ndarray) -> tuple:
+        words = np.ascontiguousarray(computed)
+        return (*key, words.shape, hashlib.blake2b(words.data, digest_size=16).digest())
+
+    def get(self, key: tuple, computed: np.ndarray) -> tuple | None:
+        q = self.by_config.get(key)
+        if q is None:
+            q = self.by_content.get(self._content_key(key, computed))
+            if q is not None:
+                self.by_config[key] = q
+        return q
+
+    def put(self, key: tuple, computed: np.ndarray, q: tuple) -> None:
+        self.by_config[key] = q
+        self.by_content[self._content_key(key, computed)] = q

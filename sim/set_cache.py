@@ -14,7 +14,7 @@ from collections import OrderedDict
 from devices.model_spec import ModelSpec
 from devices.schema import DeviceProfile
 from sim.config import RunConfig
-from sim.decisions import DecisionMemo
+from sim.decisions import DecisionMemo, QualityMemo
 from sim.policies.base import Residency
 from sim.policies.stack import PolicyStack
 from sim.workload import TraceView, build_steps
@@ -61,16 +61,19 @@ class SetAlgebraCache:
         v.cache_key = key  # type: ignore[attr-defined]
         return v
 
-    def quality_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig) -> dict:
+    def quality_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig) -> QualityMemo:
         """The quality sums of one computed-set configuration: the computed sets depend only on the
         trace view, the predictor (and its seed) and what the residency allows (SelectInfer), never
-        on the device or the budget."""
+        on the device or the budget. Backed by the view's sums by computed-set content, which
+        configurations that compute the same sets under other parameters (SelectInfer's load ratio,
+        a predictor's rank) share."""
         allowed = stack.residency.describe() if type(stack.residency).allowed is not Residency.allowed else None
+        d_ff = stack.precision.transform(view.trace.spec).d_ff
         key = (view.cache_key, json.dumps(stack.predictor.describe(), sort_keys=True, default=str),  # type: ignore[attr-defined]
-               json.dumps(allowed, sort_keys=True, default=str), config.sim.seed,
-               stack.precision.transform(view.trace.spec).d_ff)
+               json.dumps(allowed, sort_keys=True, default=str), config.sim.seed, d_ff)
         with self._lock:
-            return self.quality.setdefault(key, {})
+            by_content = self.quality.setdefault((view.cache_key, "content", d_ff), {})  # type: ignore[attr-defined]
+            return QualityMemo(self.quality.setdefault(key, {}), by_content)
 
     def decision_memo(self, view: TraceView, stack: PolicyStack, config: RunConfig, spec: ModelSpec,
                       profile: DeviceProfile, budget_bytes: int) -> DecisionMemo | None:

@@ -34,7 +34,7 @@ from sim import bitsets
 from sim.components.compute import ComputeModel, HostCpu, Phase
 from sim.components.flash import ReadCost, region_time_s
 from sim.components.memory import MemoryModel
-from sim.decisions import PAGES, DecisionMemo, LayerOutcome
+from sim.decisions import PAGES, DecisionMemo, LayerOutcome, QualityMemo
 from sim.policies.base import CapacityError
 from sim.policies.stack import LayerPlan, PolicyStack
 from sim.quality_proxy import layer_quality
@@ -90,7 +90,7 @@ class StepPlanner:
 
     def __init__(self, stack: PolicyStack, view: TraceView, spec: ModelSpec, profile: DeviceProfile,
                  memory: MemoryModel, compute: ComputeModel, in_flight: int, stream_non_ffn: bool,
-                 quality_memo: dict | None = None, dropped: np.ndarray | None = None,
+                 quality_memo: QualityMemo | None = None, dropped: np.ndarray | None = None,
                  memo: DecisionMemo | None = None):
         self.stack, self.view, self.spec, self.profile = stack, view, spec, profile
         self.memo = memo   # this run's decisions: recorded by plan_all, or replayed when complete
@@ -219,11 +219,11 @@ class StepPlanner:
         if self.manages_cache:
             moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
         key = (layer, a0, b0)
-        q = self.quality_memo.get(key) if self.quality_memo is not None else None
+        q = self.quality_memo.get(key, lp.computed) if self.quality_memo is not None else None
         if q is None:
             q = layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
             if self.quality_memo is not None:
-                self.quality_memo[key] = q
+                self.quality_memo.put(key, lp.computed, q)
         return LayerOutcome(
             dem_counts=layout.read_counts(layer, lp.demand),
             pf_counts=layout.read_counts(layer, lp.prefetch_next) if lp.prefetch_next.any() else None,
@@ -338,12 +338,12 @@ class StepPlanner:
         needed = self.view.needed(layer, a0, b0)
         n_need = bitsets.count(needed)
         key = (layer, a0, b0)
-        q = self.quality_memo.get(key) if self.quality_memo is not None else None   # a dense run's, when one ran
+        full = np.ascontiguousarray(np.broadcast_to(bitsets.full(self.spec.d_ff), needed.shape))
+        q = self.quality_memo.get(key, full) if self.quality_memo is not None else None   # a dense run's, when one ran
         if q is None:
-            full = np.broadcast_to(bitsets.full(self.spec.d_ff), needed.shape)
-            q = layer_quality(self.view, layer, a0, b0, np.ascontiguousarray(full), needed, None, n_need, n_need)
+            q = layer_quality(self.view, layer, a0, b0, full, needed, None, n_need, n_need)
             if self.quality_memo is not None:
-                self.quality_memo[key] = q
+                self.quality_memo.put(key, full, q)
         return n_need, q
 
     def finish_steps(self, a0: int, b0: int, budget_bytes: int | np.ndarray) -> None:

@@ -166,9 +166,18 @@ def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Genera
         n_true = bitsets.count(truth)
         return sparse_noisy_block(memory.sparse, memory.score, truth, n_bits, recall,
                                   false_positive_rate(n_true, n_bits, recall, precision))
+    return dense_noisy_sets(rng, memory_rng, truth, n_bits, [(recall, precision)], persistence, memory)[0]
+
+
+def dense_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Generator, truth: np.ndarray, n_bits: int,
+                     rates: list[tuple[float, float]], persistence: Persistence, memory: ErrorMemory) -> list[np.ndarray]:
+    """The dense draws of `persistent_noisy_sets`, for several (recall, precision) at once: the latents
+    depend only on the streams and the error memory, so predictors that differ only in recall and
+    precision threshold the same latents (each result identical to its own call)."""
     words = np.ascontiguousarray(truth, dtype=bitsets.WORD)
-    q32 = false_positive_rate(bitsets.count(words), n_bits, recall, precision).astype(np.float32)
-    out = np.empty_like(words)
+    n_true = bitsets.count(words)
+    q32 = [false_positive_rate(n_true, n_bits, recall, precision).astype(np.float32) for recall, precision in rates]
+    outs = [np.empty_like(words) for _ in rates]
     rows = max(1, BLOCK_CELLS // max(n_bits, 1))
     mix = (mixture(persistence.fn, persistence.fn_far), mixture(persistence.fp, persistence.fp_far))
     for r0 in range(0, len(words), rows):
@@ -184,10 +193,11 @@ def persistent_noisy_sets(rng: np.random.Generator, memory_rng: np.random.Genera
             miss_l, fp_l = miss[1:], fp[1:]
         else:
             miss_l = fp_l = u
-        pred = np.less(miss_l, np.float32(recall), out=work("pred", t.shape, bool))
-        pred &= t
-        add = np.less(fp_l, q32[r0:r0 + rows, None], out=work("add", t.shape, bool))
-        np.greater(add, t, out=add)        # below q and inactive
-        pred |= add
-        out[r0:r0 + rows] = bitsets.pack(pred)
-    return out
+        for (recall, _), q, out in zip(rates, q32, outs):
+            pred = np.less(miss_l, np.float32(recall), out=work("pred", t.shape, bool))
+            pred &= t
+            add = np.less(fp_l, q[r0:r0 + rows, None], out=work("add", t.shape, bool))
+            np.greater(add, t, out=add)        # below q and inactive
+            pred |= add
+            out[r0:r0 + rows] = bitsets.pack(pred)
+    return outs

@@ -22,7 +22,7 @@ per layer a d_model x r and an r x d_ff matrix, resident in DRAM and run before 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,8 +33,10 @@ from sim.policies.base import Predictor
 from sim.policies.error_memory import (
     ErrorMemory,
     Persistence,
+    dense_noisy_sets,
     false_positive_rate,
     persistent_noisy_sets,
+    sparse_applies,
 )
 from sim.policies.registry import PREDICTORS
 from sim.workload import StepSlice
@@ -142,18 +144,33 @@ class NoisyPredictor(_RankedPredictor):
         def persistence(self) -> Persistence:
             return Persistence(self.fp_memory, self.fp_memory_far, self.fn_memory, self.fn_memory_far)
 
+    @property
+    def rates(self) -> tuple[float, float]:
+        return (self.params.recall, self.params.precision)
+
+    def bind(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().bind(ctx)
+        family = _family(ctx.view, self.params.persistence, ctx.rng.seed)
+        if family is not None:       # runs bound on this view draw each layer's latents once for all of them
+            family.announce(self.rates)
+
     def predict(self, layer: int, steps: StepSlice, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
-        memo = _memo(self.ctx.view, self.describe(), self.ctx.rng.seed)
+        family = _family(self.ctx.view, self.params.persistence, self.ctx.rng.seed)
         rows = None
-        if memo is not None:
-            with memo.lock:       # one thread draws a layer; runs on other threads wait and share it
-                rows = memo.rows.get(layer)
+        if family is not None:
+            with family.layer_lock(layer):   # one thread draws a layer; runs on other threads wait and share it
+                with family.lock:
+                    rows = family.rows.get(self.rates, {}).get(layer)
                 if rows is None and steps.start == 0:   # the whole layer once, for every run
-                    rows = memo.rows[layer] = self._draw(layer, self.ctx.view.needed(layer, 0, self.ctx.view.steps.n))
+                    rows = self._draw_family(family, layer)
         if rows is not None:
             return rows[steps.start:steps.stop]
         return self._draw(layer, needed)
+
+    def _q_cap(self, n_true: np.ndarray, rates: tuple[float, float]) -> float:
+        assert self.ctx is not None
+        return float(false_positive_rate(n_true, self.ctx.n_neurons, *rates).max(initial=0.0))
 
     def _draw(self, layer: int, needed: np.ndarray) -> np.ndarray:
         assert self.ctx is not None
@@ -161,44 +178,87 @@ class NoisyPredictor(_RankedPredictor):
         p = self.params
         if st is None:
             view = self.ctx.view
-            n_true = bitsets.count(view.needed(layer, 0, view.steps.n))
-            q_cap = float(false_positive_rate(n_true, self.ctx.n_neurons, p.recall, p.precision).max(initial=0.0))
-            st = self.state[layer] = (self.ctx.rng.fresh(f"predictor/noisy/layer{layer}"),
-                                      self.ctx.rng.fresh(f"predictor/noisy-memory/layer{layer}"), ErrorMemory(), q_cap)
+            q_cap = self._q_cap(bitsets.count(view.needed(layer, 0, view.steps.n)), self.rates)
+            st = self.state[layer] = (*self._streams(layer), ErrorMemory(), q_cap)
         return persistent_noisy_sets(st[0], st[1], needed, self.ctx.n_neurons, p.recall, p.precision,
                                      p.persistence, st[2], q_cap=st[3])
 
+    def _streams(self, layer: int) -> tuple[np.random.Generator, np.random.Generator]:
+        assert self.ctx is not None
+        rng = self.ctx.rng
+        return rng.fresh(f"predictor/noisy/layer{layer}"), rng.fresh(f"predictor/noisy-memory/layer{layer}")
+
+    def _draw_family(self, family: _Family, layer: int) -> np.ndarray:
+        """This layer's whole rows for this predictor, kept in the family with those of every other
+        announced (recall, precision) that lacks them and takes the same dense draws."""
+        assert self.ctx is not None
+        view, p, n = self.ctx.view, self.params, self.ctx.n_neurons
+        truth = view.needed(layer, 0, view.steps.n)
+        n_true = bitsets.count(truth)
+        q_cap = self._q_cap(n_true, self.rates)
+        if sparse_applies(p.recall, p.persistence, q_cap):     # its own numbers (sim/policies/sparse_errors.py)
+            rates = [self.rates]
+            drawn = [persistent_noisy_sets(*self._streams(layer), truth, n, p.recall, p.precision, p.persistence,
+                                           ErrorMemory(), q_cap=q_cap)]
+        else:
+            with family.lock:
+                others = [r for r in family.announced if r != self.rates and layer not in family.rows.get(r, {})]
+            rates = [self.rates] + [r for r in others if not sparse_applies(r[0], p.persistence, self._q_cap(n_true, r))]
+            drawn = dense_noisy_sets(*self._streams(layer), truth, n, rates, p.persistence, ErrorMemory())
+        with family.lock:
+            for r, rows in zip(rates, drawn):
+                family.rows.setdefault(r, {})[layer] = rows
+        return drawn[0]
+
 
 # A noisy predictor's sets depend only on the trace view, its parameters and the seed, never on the
-# device or the budget: a sweep or plan replaying one view draws them once per layer. Kept on the
-# view (which `sim.engine.SetAlgebraCache` shares across runs) for layers of at most this size, for
-# the most recent few parameter sets.
+# device or the budget: a sweep or plan replaying one view draws them once per layer. Predictors
+# with the same error memory take the same latents from the same streams and differ only in the
+# thresholds (recall, precision): one draw serves all those bound to runs on the view. Kept on the
+# view (which `sim.set_cache.SetAlgebraCache` shares across runs) for layers of at most this size,
+# for the two most recent error memories and, in each, the four most recent (recall, precision).
 MEMO_BYTES_PER_LAYER = 8 << 20
+MEMO_FAMILIES = 2
 MEMO_ENTRIES = 4
 _MEMO_LOCK = threading.Lock()   # runs on threads (plan) share views
 
 
 @dataclass
-class _LayerMemo:
-    """One parameter set's predicted rows per layer, and the lock a layer is drawn under."""
+class _Family:
+    """The predicted rows per (recall, precision) and layer of the noisy predictors of one error memory
+    and seed on one view; the pairs announced by runs bound to it; the lock a layer is drawn under."""
 
-    rows: dict[int, np.ndarray]
-    lock: threading.Lock
+    rows: dict[tuple[float, float], dict[int, np.ndarray]] = field(default_factory=dict)
+    announced: dict[tuple[float, float], None] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    layer_locks: dict[int, threading.Lock] = field(default_factory=dict)
+
+    def announce(self, rates: tuple[float, float]) -> None:
+        with self.lock:
+            self.announced.pop(rates, None)
+            self.announced[rates] = None         # the most recent last
+            for old in list(self.announced)[:-MEMO_ENTRIES]:
+                del self.announced[old]
+                self.rows.pop(old, None)
+
+    def layer_lock(self, layer: int) -> threading.Lock:
+        """The lock a layer is drawn under: a run waits only for the layer it needs, so one run can use
+        layer l while another draws layer l + 1."""
+        with self.lock:
+            return self.layer_locks.setdefault(layer, threading.Lock())
 
 
-def _memo(view, describe: dict, seed: int) -> _LayerMemo | None:  # type: ignore[no-untyped-def]
-    """The view's memo of one parameter set's predicted rows per layer (None: too large to keep)."""
+def _family(view, persistence: Persistence, seed: int) -> _Family | None:  # type: ignore[no-untyped-def]
+    """The view's memo of the noisy predictors with this error memory and seed (None: too large to keep)."""
     if view.steps.n * view.W * 8 > MEMO_BYTES_PER_LAYER:
         return None
-    import json
-
-    key = (json.dumps(describe, sort_keys=True, default=str), int(seed))
+    key = (persistence, int(seed))
     with _MEMO_LOCK:
         store = view.__dict__.setdefault("_noisy_memo", {})
         if key not in store:
-            while len(store) >= MEMO_ENTRIES:
+            while len(store) >= MEMO_FAMILIES:
                 store.pop(next(iter(store)))
-            store[key] = _LayerMemo({}, threading.Lock())
+            store[key] = _Family()
         return store[key]
 
 
