@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,19 +176,20 @@ class Planner:
         sim/policies/predictor.py)."""
         todo = [r for r in dict.fromkeys((p, tuple(o), int(b)) for p, o, b in requests)
                 if (r[0], r[1], r[2], ideal) not in self._memo]
-        built = [b for b in (self._built(*r, ideal=ideal) for r in todo) if b is not None]
-        if self.workers > 1 and len(built) > 1:
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") if self.workers > 1 else None
+        with pool or nullcontext():
+            apply = pool.map if pool is not None else map
+            # the first build alone: it loads the trace and builds the shared view
+            built = [self._built(*r, ideal=ideal) for r in todo[:1]]
+            built += apply(lambda r: self._built(*r, ideal=ideal), todo[1:])
             # one configuration of each preset first: runs of one preset share their predictor's draws,
             # which one thread makes while the others would wait for it
             first: dict[str, _Built] = {}
             for b in built:
-                first.setdefault(b.ev.preset, b)
-            order = list(first.values()) + [b for b in built if b not in first.values()]
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
-                list(pool.map(self._finish, order))
-        else:
-            for b in built:
-                self._finish(b)
+                if b is not None:
+                    first.setdefault(b.ev.preset, b)
+            rest = [b for b in built if b is not None and b not in first.values()]
+            list(apply(self._finish, [*first.values(), *rest]))
         return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:

@@ -10,6 +10,7 @@ achievable figure) prices the recorded outcomes instead of asking the policies a
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -77,25 +78,22 @@ PAGES = "pages"   # the outcome key of the page path: (PAGES, a0, b0)
 
 class QualityMemo:
     """Quality sums per (layer, start, stop) of one computed-set configuration (`by_config`), falling
-    back to the view's sums keyed by the computed sets' content (`by_content`, a 16-byte BLAKE2b
-    digest of the words), so that any two runs computing the same sets price their quality once."""
+    back to the view's sums keyed by the computed sets' content (`by_content`, a SHA-256 digest of
+    the words: the fastest of hashlib's digests where the CPU has SHA instructions), so that any
+    two runs computing the same sets price their quality once."""
 
     def __init__(self, by_config: dict, by_content: dict):
         self.by_config, self.by_content = by_config, by_content
 
-    @staticmethod
-    def _content_key(key: tuple, computed: np.ndarray) -> tuple:
-        words = np.ascontiguousarray(computed)
-        return (*key, words.shape, hashlib.blake2b(words.data, digest_size=16).digest())
-
-    def get(self, key: tuple, computed: np.ndarray) -> tuple | None:
+    def get_or_compute(self, key: tuple, computed: np.ndarray, compute: Callable[[], tuple]) -> tuple:
+        """The sums of `computed` (words) at `key`, from either memo or from `compute()` (then kept)."""
         q = self.by_config.get(key)
+        if q is not None:
+            return q
+        words = np.ascontiguousarray(computed)
+        content = (*key, words.shape, hashlib.sha256(words.data).digest())
+        q = self.by_content.get(content)
         if q is None:
-            q = self.by_content.get(self._content_key(key, computed))
-            if q is not None:
-                self.by_config[key] = q
-        return q
-
-    def put(self, key: tuple, computed: np.ndarray, q: tuple) -> None:
+            q = self.by_content[content] = compute()
         self.by_config[key] = q
-        self.by_content[self._content_key(key, computed)] = q
+        return q

@@ -58,11 +58,11 @@ def layer_quality(view: TraceView, layer: int, start: int, stop: int, computed: 
             bit = np.take(cbits.ravel(), flat)
         if ok is not None:
             bit &= ok
-        stored_in = np.einsum("ij,ij->i", mag, bit.astype(np.float32), dtype=np.float64)
+        stored_in = np.einsum("ij,ij->i", mag, bit, dtype=np.float64)   # the 0/1 bits cast to float64 as they are read
         stored_all = view.token_stored_sum(layer, pos)
         if stored_all is None:
             stored_all = mag.sum(axis=1, dtype=np.float64)
-        n_in = bit.sum(axis=1, dtype=np.int64)
+        n_in = np.add.reduce(bit, axis=1, dtype=np.int32).astype(np.int64)
         n_rest = N - n_stored
         rest = np.maximum(tot.astype(np.float64) - stored_all, 0.0)
         frac = np.where(n_rest > 0, (n_comp[step_of] - n_in) / np.maximum(n_rest, 1), 0.0)

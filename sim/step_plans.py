@@ -164,15 +164,20 @@ class StepPlanner:
             self._plan_pages(0, self.S, budget_bytes)
         else:
             cap = None if replay else self.memory.layer_caps(budget_bytes, 0, self.S, self.L)   # [S + 1, L]
+            priced: list[tuple[int, int, int, LayerOutcome]] = []
             for layer in range(self.L):
                 for a0 in range(0, self.S, PLAN_CHUNK_STEPS):
                     b0 = min(self.S, a0 + PLAN_CHUNK_STEPS)
                     if not self.ffn_kept[layer]:
                         self._fill_dropped(layer, a0, b0)
-                    elif replay:
-                        self._price(layer, a0, b0, self.memo.outcomes[(layer, a0, b0)])  # type: ignore[union-attr,arg-type]
+                        continue
+                    if replay:
+                        out = self.memo.outcomes[(layer, a0, b0)]  # type: ignore[union-attr]
                     else:
-                        self._fill_layer(layer, a0, b0, cap[a0:b0 + 1, layer])  # type: ignore[index]
+                        out = self._fill_layer(layer, a0, b0, cap[a0:b0 + 1, layer])  # type: ignore[index]
+                    self._record(layer, a0, b0, out)
+                    priced.append((layer, a0, b0, out))
+            self._price_times(priced)
         self.finish_steps(0, self.S, budget_bytes)
         if self.memo is not None:
             self.memo.complete = True
@@ -187,9 +192,11 @@ class StepPlanner:
             self._fill_dropped(layer, step, step + 1)
             return
         cap = self.memory.layer_caps(budget_bytes, step, step + 1, self.L)[:, layer]
-        self._fill_layer(layer, step, step + 1, cap)
+        self._price(layer, step, step + 1, self._fill_layer(layer, step, step + 1, cap))
 
-    def _fill_layer(self, layer: int, a0: int, b0: int, cap: np.ndarray) -> None:
+    def _fill_layer(self, layer: int, a0: int, b0: int, cap: np.ndarray) -> LayerOutcome:
+        """Ask the policies for one layer's sets over steps [a0, b0) and count them (recorded in the
+        run's decision memo)."""
         try:
             lp = self.stack.plan(layer, a0, b0, cap)
         except CapacityError as e:
@@ -200,13 +207,10 @@ class StepPlanner:
                 f"({format_bytes(e.need * nb)}) but its share of the cache holds {e.cap} "
                 f"({format_bytes(e.cap * nb)}); the caches need about {format_bytes(short)} ({short:,} bytes) "
                 "more over all layers; raise --dram-budget or use a sparser policy") from None
-        self._store(layer, a0, b0, lp)
-
-    def _store(self, layer: int, a0: int, b0: int, lp: LayerPlan) -> None:
         out = self._outcome(layer, a0, b0, lp)
         if self.memo is not None and not self.memo.complete:
             self.memo.outcomes[(layer, a0, b0)] = out
-        self._price(layer, a0, b0, out)
+        return out
 
     def _outcome(self, layer: int, a0: int, b0: int, lp: LayerPlan) -> LayerOutcome:
         """The counts pricing needs from one layer's sets (no time, no device number)."""
@@ -219,11 +223,9 @@ class StepPlanner:
         if self.manages_cache:
             moved = rows_moved(c.evicted, c.peak) + (c.inserted if self.insert_copy else 0)
         key = (layer, a0, b0)
-        q = self.quality_memo.get(key, lp.computed) if self.quality_memo is not None else None
-        if q is None:
-            q = layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
-            if self.quality_memo is not None:
-                self.quality_memo.put(key, lp.computed, q)
+        def quality() -> tuple:
+            return layer_quality(self.view, layer, a0, b0, lp.computed, lp.needed, n_comp, n_corr, n_need)
+        q = quality() if self.quality_memo is None else self.quality_memo.get_or_compute(key, lp.computed, quality)
         return LayerOutcome(
             dem_counts=layout.read_counts(layer, lp.demand),
             pf_counts=layout.read_counts(layer, lp.prefetch_next) if lp.prefetch_next.any() else None,
@@ -231,45 +233,64 @@ class StepPlanner:
             peak=c.peak, moved=moved, quality=q)
 
     def _price(self, layer: int, a0: int, b0: int, o: LayerOutcome) -> None:
-        """Read, FFN and memory-management times of one layer's outcome on this run's device."""
-        a, rc = self.arr, self.read_cost
-        rows = slice(a0, b0)
-        n_dem = o.dem_counts.sum(axis=1)
-        a.dem_s[rows, layer] = self._reads_s(o.dem_counts, n_dem)
-        a.dem_bytes[rows, layer] = rc.bytes(o.dem_counts)
-        a.dem_reads[rows, layer] = n_dem
-        if o.pf_counts is not None:
-            pc = o.pf_counts
-            n_pf = pc.sum(axis=1)
-            tgt = np.arange(a0, b0) + 1
-            ok = tgt < self.S
-            pf_s = self._reads_s(pc, n_pf)
-            a.pf_s[tgt[ok], layer] = pf_s[ok]
-            a.pf_bytes[tgt[ok], layer] = rc.bytes(pc)[ok]
-            a.pf_reads[tgt[ok], layer] = n_pf[ok]
-        n_comp = o.computed
-        a.computed[rows, layer] = n_comp
+        """Counts, quality and times of one layer's outcome on this run's device."""
+        self._record(layer, a0, b0, o)
+        self._price_times([(layer, a0, b0, o)])
+
+    def _record(self, layer: int, a0: int, b0: int, o: LayerOutcome) -> None:
+        """One layer's set sizes, cache sizes and quality sums (added to the steps' in layer order)."""
+        a, rows = self.arr, slice(a0, b0)
+        a.computed[rows, layer] = o.computed
         a.needed[rows, layer] = o.needed
         a.correct[rows, layer] = o.correct
         a.hits[rows, layer] = o.hits
         a.before[rows, layer] = o.before
         a.after[rows, layer] = o.after
         a.peak[rows, layer] = o.peak
-        gathers = self.stack.residency.gathers_at(n_comp)
-        ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, gathers)
-        a.ffn_flop_s[rows, layer] = ffn.flop_s
-        a.ffn_mem_s[rows, layer] = ffn.mem_s
-        a.ffn_gather_s[rows, layer] = ffn.gather_s
-        a.ffn_ovh_s[rows, layer] = ffn.ovh_s
-        if o.moved is not None:
-            mg = self.compute.memory_management(o.moved)
-            a.mgmt_mem_s[rows, layer] = mg.mem_s
-            a.mgmt_ovh_s[rows, layer] = mg.ovh_s
         mn, md, rn, rd = o.quality
         a.mass_num[rows] += mn
         a.mass_den[rows] += md
         a.rec_num[rows] += rn
         a.rec_den[rows] += rd
+
+    def _price_times(self, items: list[tuple[int, int, int, LayerOutcome]]) -> None:
+        """Read, FFN and memory-management times of layer outcomes (layer, a0, b0, outcome) on this
+        run's device, all layers of a step range at once: every price is elementwise per (step,
+        layer), so the numbers are those of one layer at a time."""
+        groups: dict[tuple[int, int], list[tuple[int, LayerOutcome]]] = {}
+        for layer, a0, b0, o in items:
+            groups.setdefault((a0, b0), []).append((layer, o))
+        a, rc = self.arr, self.read_cost
+        for (a0, b0), group in groups.items():
+            rows = slice(a0, b0)
+            layers = np.array([layer for layer, _ in group])
+            dem = np.stack([o.dem_counts for _, o in group])          # [layers, steps, chunk sizes]
+            n_dem = dem.sum(axis=-1)
+            a.dem_s[rows, layers] = self._reads_s(dem, n_dem).T
+            a.dem_bytes[rows, layers] = rc.bytes(dem).T
+            a.dem_reads[rows, layers] = n_dem.T
+            with_pf = [(layer, o.pf_counts) for layer, o in group if o.pf_counts is not None]
+            if with_pf:
+                pc = np.stack([c for _, c in with_pf])
+                n_pf = pc.sum(axis=-1)
+                tgt = np.arange(a0, b0) + 1                           # prefetched for the next step
+                ok = tgt < self.S
+                cells = np.ix_(tgt[ok], np.array([layer for layer, _ in with_pf]))
+                a.pf_s[cells] = self._reads_s(pc, n_pf).T[ok]
+                a.pf_bytes[cells] = rc.bytes(pc).T[ok]
+                a.pf_reads[cells] = n_pf.T[ok]
+            n_comp = np.stack([o.computed for _, o in group]).T            # [steps, layers]
+            ffn = self.compute.ffn(self.steps.n_tokens[rows], n_comp, self.stack.residency.gathers_at(n_comp))
+            a.ffn_flop_s[rows, layers] = ffn.flop_s
+            a.ffn_mem_s[rows, layers] = ffn.mem_s
+            a.ffn_gather_s[rows, layers] = ffn.gather_s
+            a.ffn_ovh_s[rows, layers] = ffn.ovh_s
+            moved = [(layer, o.moved) for layer, o in group if o.moved is not None]
+            if moved:
+                mg = self.compute.memory_management(np.stack([m for _, m in moved]).T)
+                cols = np.array([layer for layer, _ in moved])
+                a.mgmt_mem_s[rows, cols] = mg.mem_s
+                a.mgmt_ovh_s[rows, cols] = mg.ovh_s
 
     def _reads_s(self, counts: np.ndarray, n_reads: np.ndarray) -> np.ndarray:
         """Service time of each batch of reads (`counts`: reads per chunk size, [steps, sizes]): the
@@ -339,11 +360,10 @@ class StepPlanner:
         n_need = bitsets.count(needed)
         key = (layer, a0, b0)
         full = np.ascontiguousarray(np.broadcast_to(bitsets.full(self.spec.d_ff), needed.shape))
-        q = self.quality_memo.get(key, full) if self.quality_memo is not None else None   # a dense run's, when one ran
-        if q is None:
-            q = layer_quality(self.view, layer, a0, b0, full, needed, None, n_need, n_need)
-            if self.quality_memo is not None:
-                self.quality_memo.put(key, full, q)
+        def quality() -> tuple:
+            return layer_quality(self.view, layer, a0, b0, full, needed, None, n_need, n_need)
+        # a dense run's, when one ran
+        q = quality() if self.quality_memo is None else self.quality_memo.get_or_compute(key, full, quality)
         return n_need, q
 
     def finish_steps(self, a0: int, b0: int, budget_bytes: int | np.ndarray) -> None:
