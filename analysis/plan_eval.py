@@ -169,19 +169,23 @@ class Planner:
         return self.rescale
 
     def evaluate_many(self, requests: Sequence[tuple[str, Sequence[str], int]], *, ideal: bool = False) -> list[Evaluation]:
-        """`evaluate` of each (preset, overrides, budget_bytes), in order, on `workers` threads. Every
-        run is built (its policies bound) before any runs, in order: the first loads the trace and
-        builds the shared view, and runs whose policies share work on the view see each other (noisy
-        predictors that differ only in recall and precision draw each layer's latents once for all,
-        sim/policies/predictor.py)."""
-        todo = [r for r in dict.fromkeys((p, tuple(o), int(b)) for p, o, b in requests)
-                if (r[0], r[1], r[2], ideal) not in self._memo]
+        """`evaluate` of each (preset, overrides, budget_bytes), in order, run by `run_all`."""
+        self.run_all([(p, o, b, ideal) for p, o, b in requests])
+        return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
+
+    def run_all(self, requests: Sequence[tuple[str, Sequence[str], int, bool]]) -> None:
+        """Run every (preset, overrides, budget_bytes, ideal) not yet memoised, on `workers` threads.
+        Every run is built (its policies bound) before any runs: the first build alone (it loads the
+        trace and builds the shared view), and runs whose policies share work on the view see each
+        other (noisy predictors that differ only in recall and precision draw each layer's latents
+        once for all, sim/policies/predictor.py)."""
+        todo = [r for r in dict.fromkeys((p, tuple(o), int(b), bool(i)) for p, o, b, i in requests)
+                if r not in self._memo]
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") if self.workers > 1 else None
         with pool or nullcontext():
             apply = pool.map if pool is not None else map
-            # the first build alone: it loads the trace and builds the shared view
-            built = [self._built(*r, ideal=ideal) for r in todo[:1]]
-            built += apply(lambda r: self._built(*r, ideal=ideal), todo[1:])
+            built = [self._built(*r) for r in todo[:1]]
+            built += apply(lambda r: self._built(*r), todo[1:])
             # one configuration of each preset first: runs of one preset share their predictor's draws,
             # which one thread makes while the others would wait for it
             first: dict[str, _Built] = {}
@@ -190,7 +194,6 @@ class Planner:
                     first.setdefault(b.ev.preset, b)
             rest = [b for b in built if b is not None and b not in first.values()]
             list(apply(self._finish, [*first.values(), *rest]))
-        return [self.evaluate(p, o, b, ideal=ideal) for p, o, b in requests]
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
         key = (preset, tuple(overrides), int(budget_bytes), ideal)
@@ -199,12 +202,12 @@ class Planner:
         if ideal and ideal_policy(self.config(preset, overrides, budget_bytes)) is None:
             # already ideal: its own run is the bound
             return self._keep(key, self.evaluate(preset, overrides, budget_bytes))
-        b = self._built(preset, overrides, budget_bytes, ideal=ideal)
+        b = self._built(preset, overrides, budget_bytes, ideal)
         if b is not None:
             self._finish(b)
         return self._memo[key]
 
-    def _built(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool) -> _Built | None:
+    def _built(self, preset: str, overrides: Sequence[str], budget_bytes: int, ideal: bool) -> _Built | None:
         """The request's run, built and not yet run; None when there is nothing to run: memoised,
         already ideal (`evaluate` shares its own run), or refused before running (memoised now)."""
         key = (preset, tuple(overrides), int(budget_bytes), ideal)

@@ -278,9 +278,11 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
                             f"({format_bytes(profile.memory.capacity_bytes)})")
     pl = Planner(trace, spec, profile, rescale=rescale, seed=seed, progress=progress, cache=cache, runtime=runtime,
                  workers=workers)
-    evals = pl.evaluate_many([(p, o, budget) for p, o in grid])
+    requests = [(p, tuple(o), budget) for p, o in grid]
+    pl.run_all([(*r, ideal) for ideal in (False, True) for r in requests])   # both on one set of threads
+    evals = pl.evaluate_many(requests)
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
-    ideal = pl.evaluate_many([(e.preset, e.overrides, budget) for e in evals], ideal=True)
+    ideal = pl.evaluate_many(requests, ideal=True)
     for r, e in zip(rows, ideal):   # the same configuration with a perfect predictor and prefetch
         r["ideal_policy_tokens_per_s"] = finite_or_none(e.metric("tokens_per_s"))
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)

@@ -11,6 +11,7 @@ sizes, Literal choices, `X | None`), and turns the dataclass's own `ValueError`s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -29,7 +30,9 @@ def param(default: Any, help: str, *, unit: str | None = None) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, "unit": unit})
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """A Params class's resolved annotations (classes are defined once: resolved once)."""
     return typing.get_type_hints(cls)
 
 

@@ -298,7 +298,7 @@ class StepPlanner:
         segmented reads (Layout.segmented_reads: a read of j + 1 units, column j, has j extra)."""
         t = self.read_cost.time_s(counts) + self.staged_s_per_read * n_reads
         if self.segment_s > 0:
-            t = t + self.segment_s * (counts @ np.arange(counts.shape[1], dtype=np.float64))
+            t = t + self.segment_s * (counts @ np.arange(counts.shape[-1], dtype=np.float64))
         return t
 
     def _fill_dropped(self, layer: int, a0: int, b0: int) -> None:

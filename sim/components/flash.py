@@ -29,6 +29,7 @@ leaves to the compute (`cpu_segments_after`).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,17 @@ import numpy as np
 
 from devices.curves import ReadCurve
 from sim.components.compute import HostCpu
+
+
+@functools.lru_cache(maxsize=256)
+def _inverse_throughputs(curve: ReadCurve, sizes: tuple[float, ...], in_flight: int) -> np.ndarray:
+    """inv[q, g] = 1 / bw(sizes[g], q) for q = 1..in_flight (row 0 unused), read-only: the runs of a
+    sweep or plan on one device and layout share it."""
+    inv = np.zeros((in_flight + 1, len(sizes)))
+    for q in range(1, in_flight + 1):
+        inv[q] = 1.0 / curve.bytes_per_s_many(np.asarray(sizes), q)
+    inv.flags.writeable = False
+    return inv
 
 
 class ReadCost:
@@ -53,10 +65,7 @@ class ReadCost:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self.curve, self.in_flight = curve, int(in_flight)
         self.sizes = np.asarray(chunk_sizes, np.float64)
-        # inv[q, g] = 1 / bw(size_g, q); row 0 unused.
-        self.inv = np.zeros((self.in_flight + 1, len(self.sizes)))
-        for q in range(1, self.in_flight + 1):
-            self.inv[q] = 1.0 / curve.bytes_per_s_many(self.sizes, q)
+        self.inv = _inverse_throughputs(curve, tuple(self.sizes.tolist()), self.in_flight)
         # batch[q] = overhead of a batch at depth q; batch[0] = 0 (no reads, no batch)
         self.batch = np.zeros(self.in_flight + 1)
         if batch_overhead_s is not None:
