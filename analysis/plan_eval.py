@@ -130,7 +130,8 @@ class Planner:
 
     def __init__(self, trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DeviceProfile, *,
                  rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
-                 cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None):
+                 cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None,
+                 clock: RunClock | None = None):
         self._trace = trace
         self.runtime = runtime      # compute.runtime of every configuration (None: the preset's)
         self.spec, self.profile = spec, profile
@@ -139,10 +140,8 @@ class Planner:
         self.workers = workers or default_workers()
         self._memo: dict[tuple, Evaluation] = {}
         self._lock = threading.RLock()
-        self._active = 0          # runs in progress (threads)
-        self._active_since = 0.0
         self.n_runs = 0
-        self.run_s = 0.0     # wall seconds during which at least one simulated run was in progress
+        self.clock = clock or RunClock()
 
     @property
     def trace(self) -> Trace:
@@ -229,7 +228,7 @@ class Planner:
         trace = self.trace
         if self._rescale(trace):
             cfg = cfg.with_overrides(["sim.rescale=true"])
-        with self._active_window():
+        with self.clock.running():
             try:
                 return _Built(key, ev, build(trace, self.spec, self.profile, cfg, cache=self.cache))
             except FlashsimError as e:
@@ -240,7 +239,7 @@ class Planner:
 
     def _finish(self, b: _Built) -> None:
         """Run a built request and memoise its evaluation."""
-        with self._active_window():
+        with self.clock.running():
             try:
                 b.ev.summary = b.sim.run().summary()
                 b.ev.summary.update(compute_split(b.sim))
@@ -264,12 +263,22 @@ class Planner:
         if self.progress:
             self.progress()
 
+class RunClock:
+    """Wall seconds during which at least one simulated run is being built or run (`seconds`), for
+    any number of threads and of planners sharing it (a plan's runs on the achievable numbers and
+    its peak-bound runs overlap)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._active = 0
+        self._since = 0.0
+        self._lock = threading.Lock()
+
     @contextmanager
-    def _active_window(self) -> Iterator[None]:
-        """Counts the wall time during which at least one run is being built or run (`run_s`)."""
+    def running(self) -> Iterator[None]:
         with self._lock:
             if self._active == 0:
-                self._active_since = time.perf_counter()
+                self._since = time.perf_counter()
             self._active += 1
         try:
             yield
@@ -277,7 +286,7 @@ class Planner:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
-                    self.run_s += time.perf_counter() - self._active_since
+                    self.seconds += time.perf_counter() - self._since
 
 
 @dataclass

@@ -27,8 +27,6 @@ from analysis.planner import (
     PLAN_GRID,
     SHIPPED,
     Plan,
-    Planner,
-    finite_or_none,
     plan,
     validate_targets,
 )
@@ -37,7 +35,6 @@ from analysis.quality_table import QualityTable
 from devices.errors import FlashsimError
 from devices.model_spec import ModelSpec
 from devices.units import format_bytes
-from sim.metric_names import TOKENS_PER_S
 from traces.format import Trace
 
 # ReLU FFNs (OPT) are far sparser than SwiGLU ones: LLM in a flash (Sec. 3.1) reports ~97%
@@ -210,20 +207,7 @@ def plan_model(model: str, device: str, *, budget_bytes: int | None = None, targ
                   min_quality=min_quality, trace_info=info, rescale=None, seed=seed,
                   grid=grid, tolerance_bytes=tolerance_bytes, progress=lambda: note(None), max_jpt=max_jpt,
                   min_agreement=min_agreement, quality=quality, max_ppl_ratio=max_ppl_ratio, cache=cache,
-                  runtime=runtime)
-    if bound == "achievable":   # every configuration that ran again at the datasheet ceiling (no bisection)
-        note("peak bound")
-        pl = Planner(result.trace_source, spec, at_bound(raw, "peak"), rescale=None, seed=seed,
-                     progress=lambda: note(None), cache=cache, runtime=runtime)
-        fits = [r for r in result.rows if r["fits"]]
-        runs = pl.evaluate_many([(r["preset"], r["overrides"], r["dram_budget_bytes"]) for r in fits])
-        peak = {r["label"]: finite_or_none(e.metric(TOKENS_PER_S)) for r, e in zip(fits, runs)}
-        for r in result.rows:
-            r["peak_bound_tokens_per_s"] = peak.get(r["label"])
-        result.peak_bound = {"configurations": peak,
-                             "best": peak.get(result.best["label"]) if result.best else None}
-        result.runs += pl.n_runs
-        result.run_seconds += pl.run_s
+                  runtime=runtime, peak_profile=at_bound(raw, "peak") if bound == "achievable" else None)
     stages[current["name"]] = stages.get(current["name"], 0.0) + time.perf_counter() - current["t0"]
     result.stages = stages
     result.power_mode, result.bound = raw.power_mode, bound

@@ -28,8 +28,9 @@ trace's sets are computed once) at the DRAM budget, and returns a `Plan`:
 
 Each row carries three speeds: the expected one (the presets' realistic predictors and prefetch on
 the achievable device numbers), the ideal-policy bound (the same with an oracle predictor and perfect
-prefetch, `ideal_policy_tokens_per_s`) and, from analysis/plan_setup.py, the device peak-bound
-(`peak_bound_tokens_per_s`, the datasheet ceiling). Evaluation, the typed failures, the spec-only
+prefetch, `ideal_policy_tokens_per_s`) and, given the device at its datasheet peak, the device
+peak-bound (`peak_bound_tokens_per_s`, the same decisions priced at the datasheet ceiling, run
+beside the minimum-DRAM search). Evaluation, the typed failures, the spec-only
 resident-weights check and the binding constraint (flash bandwidth, DRAM bandwidth, compute, memory
 management, memory capacity) live in analysis/plan_eval.py.
 
@@ -40,6 +41,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +83,7 @@ from devices.runtime import DEFAULT_RUNTIME
 from devices.schema import DeviceProfile
 from devices.units import format_bytes
 from sim.engine import SetAlgebraCache
+from sim.metric_names import TOKENS_PER_S
 from traces.format import Trace
 
 # (preset, overrides): the documented grid. Window k: LLM in a flash's Fig. 7 sweeps k of 1..10+;
@@ -249,7 +253,8 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
          rescale: bool | None = False, seed: int = 0, progress: Callable[[], None] | None = None,
          max_jpt: float | None = None, min_agreement: float | None = None,
          quality: QualityTable | str | None = SHIPPED, max_ppl_ratio: float | None = None,
-         cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None) -> Plan:
+         cache: SetAlgebraCache | None = None, runtime: str | None = None, workers: int | None = None,
+         peak_profile: DeviceProfile | None = None) -> Plan:
     """Evaluate `grid` at the budget, pick the best, find the Pareto front and the minimum DRAM.
     `trace` may be a callable returning it (called only if some configuration passes the spec check).
     `max_jpt`: the energy limit (joules per decode token), a constraint like the tok/s target.
@@ -257,7 +262,10 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     quality floor); it and the published ratios rate each configuration for `spec` (quality_evidence.py);
     `min_agreement` / `max_ppl_ratio`: floors on that rating (`plan_model` and the CLI default to
     DEFAULT_MAX_PPL_RATIO; here None, no floor). `workers`: threads for independent runs
-    (analysis/plan_eval.py; default: default_workers())."""
+    (analysis/plan_eval.py; default: default_workers()). `peak_profile`: the device at its datasheet
+    peak (devices.achievable.at_bound): every configuration that ran is run again on it for the
+    peak bound, on a thread of its own beside the minimum-DRAM search (it prices the same decisions,
+    sim/decisions.py)."""
     import time
 
     t0 = time.perf_counter()
@@ -295,14 +303,27 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
         closest = (good_q or ran)[0]
     pareto = _pareto(rows)
     ceiling = max(budget, avail)
-    if target_tps is None:  # "runs at all" is met by a thrashing mmap at any size: ask about the best only
-        only = [(best["preset"], tuple(best["overrides"]))] if best else []
-        min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes, **floors)
-        min_dram["scope"] = "the best configuration (no --target-tps: the smallest DRAM it runs in)"
-    else:
-        min_dram = _min_dram(pl, grid, evals if ceiling == budget else None, budget, ceiling, target_tps,
-                             min_quality, tolerance_bytes, **floors)
-        min_dram["scope"] = "every preset family (its most DRAM-frugal configuration meeting the target)"
+    peak_pl = peak = None
+    with ThreadPoolExecutor(1, thread_name_prefix="flashsim-peak") if peak_profile is not None else nullcontext() as bg:
+        if bg is not None:
+            peak_pl = Planner(pl.trace if pl.trace_loaded else trace, spec, peak_profile, rescale=rescale, seed=seed,
+                              progress=progress, cache=pl.cache, runtime=runtime, workers=workers, clock=pl.clock)
+            fits = [r for r in rows if r["fits"]]
+            peak = bg.submit(peak_pl.evaluate_many, [(r["preset"], r["overrides"], r["dram_budget_bytes"]) for r in fits])
+        if target_tps is None:  # "runs at all" is met by a thrashing mmap at any size: ask about the best only
+            only = [(best["preset"], tuple(best["overrides"]))] if best else []
+            min_dram = _min_dram(pl, only, None, budget, ceiling, None, min_quality, tolerance_bytes, **floors)
+            min_dram["scope"] = "the best configuration (no --target-tps: the smallest DRAM it runs in)"
+        else:
+            min_dram = _min_dram(pl, grid, evals if ceiling == budget else None, budget, ceiling, target_tps,
+                                 min_quality, tolerance_bytes, **floors)
+            min_dram["scope"] = "every preset family (its most DRAM-frugal configuration meeting the target)"
+        peak_bound = None
+        if peak is not None:
+            at_peak = {r["label"]: finite_or_none(e.metric(TOKENS_PER_S)) for r, e in zip(fits, peak.result())}
+            for r in rows:
+                r["peak_bound_tokens_per_s"] = at_peak.get(r["label"])
+            peak_bound = {"configurations": at_peak, "best": at_peak.get(best["label"]) if best else None}
     ref = best or closest
     binding = ref["binding_constraint"] if ref else MEM_CAP
     notes = []
@@ -327,8 +348,9 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     return Plan(runtime=runtime or DEFAULT_RUNTIME, model=spec.name, device=profile.name, budget_bytes=budget, target_tps=target_tps,
                 min_quality=min_quality, trace=trace_info or {"path": str(pl.trace.path) if pl.trace_loaded else None},
                 rows=rows, best=best, closest=closest, pareto=pareto, min_dram=min_dram, binding=binding,
-                notes=notes, seconds=time.perf_counter() - t0, runs=pl.n_runs, max_jpt=max_jpt,
-                min_agreement=min_agreement, quality=qinfo, comparisons=comparisons, run_seconds=pl.run_s,
+                notes=notes, seconds=time.perf_counter() - t0, runs=pl.n_runs + (peak_pl.n_runs if peak_pl else 0),
+                max_jpt=max_jpt, min_agreement=min_agreement, quality=qinfo, comparisons=comparisons,
+                run_seconds=pl.clock.seconds, peak_bound=peak_bound,
                 trace_source=pl.trace if pl.trace_loaded else trace)
 
 

@@ -107,7 +107,7 @@ def test_progress_is_one_line_per_stage_in_a_log(capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert [line.split(":")[2].strip() for line in err] == [
         "loading model and device", "checking resident weights against the budget (model spec)", "loading trace",
-        "simulating", "peak bound"]
+        "simulating"]
     assert all(line.startswith("flashsim: plan: ") and "\r" not in line for line in err)
 
 
