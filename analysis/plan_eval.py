@@ -186,13 +186,16 @@ class Planner:
             built = [self._built(*r) for r in todo[:1]]
             built += apply(lambda r: self._built(*r), todo[1:])
             # one configuration of each preset first: runs of one preset share their predictor's draws,
-            # which one thread makes while the others would wait for it
+            # which one thread makes while the others would wait for it; and first of those the ones
+            # whose predictor is simulated from statistics (drawn: the longest runs, which draw
+            # together when they start together)
             first: dict[str, _Built] = {}
             for b in built:
                 if b is not None:
                     first.setdefault(b.ev.preset, b)
+            leaders = sorted(first.values(), key=lambda b: b.sim.stack.predictor.sets_from_the_model())
             rest = [b for b in built if b is not None and b not in first.values()]
-            list(apply(self._finish, [*first.values(), *rest]))
+            list(apply(self._finish, [*leaders, *rest]))
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
         key = (preset, tuple(overrides), int(budget_bytes), ideal)

@@ -159,11 +159,16 @@ class NoisyPredictor(_RankedPredictor):
         family = _family(self.ctx.view, self.params.persistence, self.ctx.rng.seed)
         rows = None
         if family is not None:
-            with family.layer_lock(layer):   # one thread draws a layer; runs on other threads wait and share it
-                with family.lock:
-                    rows = family.rows.get(self.rates, {}).get(layer)
+            lock = family.layer_lock(layer)   # one thread draws a layer; runs on other threads share it
+            if not lock.acquire(blocking=False):
+                self._draw_ahead(family, layer + 1)   # while another run draws this layer: the next one
+                lock.acquire()
+            try:
+                rows = family.get(self.rates, layer)
                 if rows is None and steps.start == 0:   # the whole layer once, for every run
                     rows = self._draw_family(family, layer)
+            finally:
+                lock.release()
         if rows is not None:
             return rows[steps.start:steps.stop]
         return self._draw(layer, needed)
@@ -187,6 +192,19 @@ class NoisyPredictor(_RankedPredictor):
         assert self.ctx is not None
         rng = self.ctx.rng
         return rng.fresh(f"predictor/noisy/layer{layer}"), rng.fresh(f"predictor/noisy-memory/layer{layer}")
+
+    def _draw_ahead(self, family: _Family, layer: int) -> None:
+        """Draw `layer` for the family unless it is drawn or being drawn (or past the last layer)."""
+        assert self.ctx is not None
+        if layer >= self.ctx.view.n_layers:
+            return
+        lock = family.layer_lock(layer)
+        if lock.acquire(blocking=False):
+            try:
+                if family.get(self.rates, layer) is None:
+                    self._draw_family(family, layer)
+            finally:
+                lock.release()
 
     def _draw_family(self, family: _Family, layer: int) -> np.ndarray:
         """This layer's whole rows for this predictor, kept in the family with those of every other
@@ -240,6 +258,10 @@ class _Family:
             for old in list(self.announced)[:-MEMO_ENTRIES]:
                 del self.announced[old]
                 self.rows.pop(old, None)
+
+    def get(self, rates: tuple[float, float], layer: int) -> np.ndarray | None:
+        with self.lock:
+            return self.rows.get(rates, {}).get(layer)
 
     def layer_lock(self, layer: int) -> threading.Lock:
         """The lock a layer is drawn under: a run waits only for the layer it needs, so one run can use
