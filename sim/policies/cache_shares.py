@@ -193,9 +193,17 @@ def proportional_rows(weights: np.ndarray, floors: np.ndarray, ceil: int, total_
     rows = np.floor(val).astype(np.int64)
     rest = int(total_rows - rows.sum())
     if rest > 0:
-        frac = np.where(rows < ceil, val - rows, -1.0)
-        order = np.lexsort((np.arange(L), -frac))
-        rows[order[:rest]] += 1
+        frac = val - rows
+        room = [int(i) for i in np.lexsort((np.arange(L), -frac)) if rows[i] < ceil]
+        for i in room[:rest]:
+            rows[i] += 1
+        rest = int(total_rows - rows.sum())
+        # rows still left when every layer is fixed (some at their floors, the others at the ceiling):
+        # to the layers with room, in the same order, so that none is left while a layer has room
+        for i in room:
+            add = min(rest, ceil - int(rows[i]))
+            rows[i] += add
+            rest -= add
     return rows
 
 

@@ -213,3 +213,11 @@ def test_proportional_rows_raise_floors_before_capping_at_the_ceiling() -> None:
     (capping it at 4 first gave 2, 3, 4 = 9 rows, one more than there are)."""
     rows = proportional_rows(np.array([1.0, 0.6, 2.0]), np.array([2, 3, 3]), 4, 8)
     assert rows.tolist() == [2, 3, 3]
+
+
+def test_proportional_rows_leave_nothing_while_a_layer_has_room() -> None:
+    """Weights 3.5 : 0.25 over 10 rows, floors 4, 1, at most 5 each: the second layer is raised to its
+    floor (1), the first capped at the ceiling (5), and the 4 rows left go to the second layer, which
+    has room; by hand 5, 5 (before: each layer took one of them, the first 6 > the ceiling, 2 left)."""
+    rows = proportional_rows(np.array([3.5, 0.25]), np.array([4, 1]), 5, 10)
+    assert rows.tolist() == [5, 5]
