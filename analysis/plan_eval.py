@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,28 +174,40 @@ class Planner:
 
     def run_all(self, requests: Sequence[tuple[str, Sequence[str], int, bool]]) -> None:
         """Run every (preset, overrides, budget_bytes, ideal) not yet memoised, on `workers` threads.
-        Every run is built (its policies bound) before any runs: the first build alone (it loads the
-        trace and builds the shared view), and runs whose policies share work on the view see each
-        other (noisy predictors that differ only in recall and precision draw each layer's latents
-        once for all, sim/policies/predictor.py)."""
+        The first request is built alone (it loads the trace and builds the shared view), then every
+        request whose predictor is drawn (simulated from statistics) before any runs: bound, they
+        announce themselves, and noisy predictors that differ only in recall and precision draw each
+        layer's latents once for all (sim/policies/predictor.py). The others are built by the task
+        that runs them. Runs start with one configuration of each preset, the drawn ones first (the
+        longest runs, which draw together when they start together): runs of one preset share their
+        predictor's draws, which one thread makes while the others would wait for it."""
         todo = [r for r in dict.fromkeys((p, tuple(o), int(b), bool(i)) for p, o, b, i in requests)
                 if r not in self._memo]
-        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") if self.workers > 1 else None
-        with pool or nullcontext():
-            apply = pool.map if pool is not None else map
-            built = [self._built(*r) for r in todo[:1]]
-            built += apply(lambda r: self._built(*r), todo[1:])
-            # one configuration of each preset first: runs of one preset share their predictor's draws,
-            # which one thread makes while the others would wait for it; and first of those the ones
-            # whose predictor is simulated from statistics (drawn: the longest runs, which draw
-            # together when they start together)
-            first: dict[str, _Built] = {}
-            for b in built:
-                if b is not None:
-                    first.setdefault(b.ev.preset, b)
-            leaders = sorted(first.values(), key=lambda b: b.sim.stack.predictor.sets_from_the_model())
-            rest = [b for b in built if b is not None and b not in first.values()]
-            list(apply(self._finish, [*leaders, *rest]))
+        drawn = [r for r in todo if self._drawn(r)]
+        built = {r: self._built(*r) for r in dict.fromkeys([*todo[:1], *drawn])}
+        first: dict[str, tuple] = {}
+        for r in [*drawn, *todo]:
+            first.setdefault(r[0], r)
+        order = list(dict.fromkeys([*first.values(), *todo]))
+
+        def task(r: tuple) -> None:
+            b = built[r] if r in built else self._built(*r)
+            if b is not None:
+                self._finish(b)
+
+        if self.workers > 1 and len(order) > 1:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="flashsim-plan") as pool:
+                list(pool.map(task, order))
+        else:
+            for r in order:
+                task(r)
+
+    def _drawn(self, request: tuple) -> bool:
+        """Whether the request's predictor is simulated from statistics (drawn), from its configuration alone."""
+        cfg: RunConfig | None = self.config(*request[:3])
+        if request[3]:
+            cfg = ideal_policy(cfg)
+        return cfg is not None and not cfg.predictor.instantiate().sets_from_the_model()
 
     def evaluate(self, preset: str, overrides: Sequence[str], budget_bytes: int, *, ideal: bool = False) -> Evaluation:
         key = (preset, tuple(overrides), int(budget_bytes), ideal)

@@ -227,17 +227,26 @@ def _rank_key(r: dict[str, Any]) -> tuple:
 
 
 def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes: int,
-                      known_bad_bytes: int = 0) -> int | None:
+                      known_bad_bytes: int = 0, likely_ok_bytes: int | None = None) -> int | None:
     """Smallest budget n * tolerance (n >= 1) with ok(budget), assuming ok is monotone in the budget;
     None when even the largest grid budget <= hi_bytes fails. The result B satisfies ok(B) and, for
     B > tolerance, not ok(B - tolerance) (both evaluated). `known_bad_bytes`: a budget already known
-    to fail (the search starts above it)."""
+    to fail (the search starts above it). `likely_ok_bytes`: a budget likely to pass (the DRAM a run
+    at hi_bytes used): probed first, which only narrows the search (the answer is the same
+    smallest grid budget whichever way the probes go)."""
     n_hi = hi_bytes // tolerance_bytes
     if n_hi < 1 or not ok(n_hi * tolerance_bytes):
         return None
     n_lo = min(known_bad_bytes // tolerance_bytes, n_hi - 1)  # budget 0 holds nothing: infeasible
     if n_lo > 0 and ok(n_lo * tolerance_bytes):  # the known-bad budget rounded down must fail too
         n_lo = 0
+    if likely_ok_bytes is not None:
+        n_hint = -(-int(likely_ok_bytes) // tolerance_bytes)
+        if n_lo < n_hint < n_hi:
+            if ok(n_hint * tolerance_bytes):
+                n_hi = n_hint
+            else:
+                n_lo = n_hint
     while n_hi - n_lo > 1:
         mid = (n_lo + n_hi) // 2
         if ok(mid * tolerance_bytes):
@@ -415,7 +424,8 @@ def _min_dram(pl: Planner, grid: Sequence[tuple[str, Sequence[str]]], at_ceiling
         def ok(b: int, e: Evaluation = e) -> bool:
             return not reasons(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, **floors)
 
-        b = bisect_min_budget(ok, ceiling, tol, known_bad_bytes=budget if not ok(budget) else 0)
+        used = int(e.summary["dram_peak_bytes"]) if e.summary is not None else None   # e ran at the ceiling
+        b = bisect_min_budget(ok, ceiling, tol, known_bad_bytes=budget if not ok(budget) else 0, likely_ok_bytes=used)
         fam = {"label": e.label, "min_dram_bytes": b}
         if b is not None:
             fam["at_min"] = row(pl.evaluate(e.preset, e.overrides, b), target_tps, min_quality, **floors)

@@ -102,6 +102,25 @@ def test_bisect_min_budget_by_hand() -> None:
     assert bisect_min_budget(ok, 4096, 64, known_bad_bytes=900) == 1024
 
 
+def test_bisect_hint_narrows_the_search_and_keeps_the_answer() -> None:
+    """A likely-passing budget (the DRAM a run at the top used) is probed first: by hand, 1010 rounds up
+    to 1024 (16 x 64), which passes, so the search runs in (0, 16] instead of (0, 64]: 6 probes (the
+    top, the hint, then 8, 12, 14, 15) instead of 7. A hint that fails (960) is a lower bound, and a
+    hint outside the bracket is ignored: the answer is 1024 every time."""
+    calls: list[int] = []
+
+    def ok(b: int) -> bool:
+        calls.append(b)
+        return b >= 1000
+
+    assert bisect_min_budget(ok, 4096, 64, likely_ok_bytes=1010) == 1024
+    assert calls == [4096, 1024, 512, 768, 896, 960]
+    for hint in (960, 5000, 0):
+        calls.clear()
+        assert bisect_min_budget(ok, 4096, 64, likely_ok_bytes=hint) == 1024
+        assert 960 in calls and 1024 in calls
+
+
 def test_binding_constraint_from_breakdown() -> None:
     s = {"stall_ms_per_token": 5.0, "compute_ms_per_token": 2.0, "memory_mgmt_ms_per_token": 0.5,
          "dram_peak_bytes": 10}
