@@ -232,8 +232,9 @@ def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes:
     None when even the largest grid budget <= hi_bytes fails. The result B satisfies ok(B) and, for
     B > tolerance, not ok(B - tolerance) (both evaluated). `known_bad_bytes`: a budget already known
     to fail (the search starts above it). `likely_ok_bytes`: a budget likely to pass (the DRAM a run
-    at hi_bytes used): probed first, which only narrows the search (the answer is the same
-    smallest grid budget whichever way the probes go)."""
+    at hi_bytes used): the first probe instead of the midpoint when it lies in the lower half of
+    the bracket (a probe that narrows at least as much as a halving when it passes); the answer is
+    the same smallest grid budget whichever way the probes go."""
     n_hi = hi_bytes // tolerance_bytes
     if n_hi < 1 or not ok(n_hi * tolerance_bytes):
         return None
@@ -242,7 +243,7 @@ def bisect_min_budget(ok: Callable[[int], bool], hi_bytes: int, tolerance_bytes:
         n_lo = 0
     if likely_ok_bytes is not None:
         n_hint = -(-int(likely_ok_bytes) // tolerance_bytes)
-        if n_lo < n_hint < n_hi:
+        if n_lo < n_hint <= (n_lo + n_hi) // 2:
             if ok(n_hint * tolerance_bytes):
                 n_hi = n_hint
             else:

@@ -103,10 +103,11 @@ def test_bisect_min_budget_by_hand() -> None:
 
 
 def test_bisect_hint_narrows_the_search_and_keeps_the_answer() -> None:
-    """A likely-passing budget (the DRAM a run at the top used) is probed first: by hand, 1010 rounds up
-    to 1024 (16 x 64), which passes, so the search runs in (0, 16] instead of (0, 64]: 6 probes (the
-    top, the hint, then 8, 12, 14, 15) instead of 7. A hint that fails (960) is a lower bound, and a
-    hint outside the bracket is ignored: the answer is 1024 every time."""
+    """A likely-passing budget (the DRAM a run at the top used) in the lower half of the bracket is the
+    first probe: by hand, 1010 rounds up to 1024 (16 x 64), which passes, so the search runs in (0, 16]
+    instead of (0, 64]: 6 probes (the top, the hint, then 8, 12, 14, 15) instead of 7. A hint that
+    fails (960) is a lower bound; one in the upper half (3000) or outside the bracket is not probed
+    (a halving narrows more): the answer is 1024 every time."""
     calls: list[int] = []
 
     def ok(b: int) -> bool:
@@ -115,10 +116,11 @@ def test_bisect_hint_narrows_the_search_and_keeps_the_answer() -> None:
 
     assert bisect_min_budget(ok, 4096, 64, likely_ok_bytes=1010) == 1024
     assert calls == [4096, 1024, 512, 768, 896, 960]
-    for hint in (960, 5000, 0):
+    for hint in (960, 3000, 5000, 0):
         calls.clear()
         assert bisect_min_budget(ok, 4096, 64, likely_ok_bytes=hint) == 1024
         assert 960 in calls and 1024 in calls
+        assert 3008 not in calls                  # the upper-half hint (47 x 64) is never probed
 
 
 def test_binding_constraint_from_breakdown() -> None:
