@@ -37,9 +37,6 @@ class SetAlgebraCache:
         self._decisions: OrderedDict[tuple, DecisionMemo] = OrderedDict()
         self._lock = threading.RLock()    # runs on several threads share one cache (analysis/plan_eval.py)
 
-    def has_views(self) -> bool:
-        return bool(self._views)
-
     def view(self, trace: Trace, config: RunConfig, spec: ModelSpec) -> TraceView:
         with self._lock:
             return self._view(trace, config, spec)
