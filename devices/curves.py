@@ -44,6 +44,12 @@ class TableReadCurve:
     table_bytes_per_s: tuple[tuple[float, ...], ...]
 
     def __post_init__(self) -> None:
+        # tuples whatever the caller passed (lists from YAML or code): the curve is hashable, so the
+        # simulator's read-cost tables can be cached per curve (sim/components/flash.py)
+        object.__setattr__(self, "chunk_bytes", tuple(self.chunk_bytes))
+        object.__setattr__(self, "in_flight", tuple(self.in_flight))
+        object.__setattr__(self, "table_bytes_per_s", tuple(tuple(row) if np.iterable(row) else row
+                                                            for row in self.table_bytes_per_s))
         c = np.asarray(self.chunk_bytes, dtype=float)
         q = np.asarray(self.in_flight, dtype=float)
         bw = np.asarray(self.table_bytes_per_s, dtype=float)

@@ -101,3 +101,15 @@ def test_read_time_uses_only_the_reads_that_exist(tiny_curve: TableReadCurve) ->
 def test_invalid_tables_rejected(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         TableReadCurve(**kwargs)
+
+
+def test_a_table_curve_built_from_lists_is_the_tuple_curve() -> None:
+    """Lists (as YAML or code give them) become tuples: the curve equals and hashes like the one built
+    from tuples, so the simulator's read-cost table is cached per curve (sim/components/flash.py)."""
+    from sim.components.flash import ReadCost
+
+    listed = TableReadCurve([4096, 65536], [1, 4], [[1e8, 4e8], [1e9, 2e9]])
+    tupled = TableReadCurve((4096, 65536), (1, 4), ((1e8, 4e8), (1e9, 2e9)))
+    assert listed == tupled and hash(listed) == hash(tupled)
+    sizes = np.array([4096.0, 32768.0])
+    np.testing.assert_array_equal(ReadCost(listed, sizes, 4).inv, ReadCost(tupled, sizes, 4).inv)
