@@ -302,7 +302,7 @@ def plan(trace: Trace | Callable[[], Trace], spec: ModelSpec, profile: DevicePro
     rows = [row(e, target_tps, min_quality, **floors) for e in evals]
     ideal = pl.evaluate_many(requests, ideal=True)
     for r, e in zip(rows, ideal):   # the same configuration with a perfect predictor and prefetch
-        r["ideal_policy_tokens_per_s"] = finite_or_none(e.metric("tokens_per_s"))
+        r["ideal_policy_tokens_per_s"] = finite_or_none(e.metric(TOKENS_PER_S))
     feasible = sorted((r for r in rows if r["feasible"]), key=_rank_key)
     best = feasible[0] if feasible else None
     # closest: the fastest one that ran at the quality floor (what to relax to make it work)

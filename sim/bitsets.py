@@ -56,10 +56,7 @@ def zeros(shape: tuple[int, ...] | int, n_bits: int) -> np.ndarray:
 
 def count(words: np.ndarray) -> np.ndarray:
     """Set bits per row: words [..., W] -> int64 [...]."""
-    per_word = np.bitwise_count(words)
-    if words.shape[-1] < 1024:       # at most 65,472 bits a row: the sums fit 16 bits, which add faster
-        return per_word.sum(axis=-1, dtype=np.uint16).astype(np.int64)
-    return per_word.sum(axis=-1, dtype=np.int64)
+    return np.bitwise_count(words).sum(axis=-1, dtype=np.int64)
 
 
 def andnot(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -329,9 +329,9 @@ class StepPlanner:
             if self.memo is not None:
                 self.memo.outcomes[key] = (pages, quality)
         rows = slice(a0, b0)
-        for key_, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
+        for part, (t_f, b_f, r_f) in (("attn", ("stream_s", "stream_bytes", "stream_reads")),
                                       ("ffn", ("dem_s", "dem_bytes", "dem_reads"))):
-            misses = pages[key_]                     # [S, L] read-ahead windows missed
+            misses = pages[part]                     # [S, L] read-ahead windows missed
             t, nbytes = res.miss_cost(misses, self.profile.flash.curve)
             a.sl[t_f][rows] = t
             a.sl[b_f][rows] = nbytes
